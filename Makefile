@@ -1,0 +1,46 @@
+# Quick start: `make demo` and `make test` each do all set-up from a fresh clone.
+# Installs go through constraints.txt, which pins the CPU build of torch that this
+# project's machines have on local disk (a bare torch>=2.8 would pull a multi-GB CUDA build).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt
+
+.PHONY: demo test lint typecheck unit clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed-demo: pyproject.toml constraints.txt | $(BIN)/python
+	$(PIP) -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml constraints.txt | $(BIN)/python
+	$(PIP) -e '.[test]'
+	touch $@
+
+# A rejection (exit 2) is an expected demo result: an A100 cannot run fp8_per_channel.
+demo: $(VENV)/.installed-demo
+	@for device in cpu a100 h100; do \
+		echo "== kernelpick explain --scheme fp8_per_channel --device $$device"; \
+		$(BIN)/kernelpick explain --scheme fp8_per_channel --device $$device; \
+		status=$$?; \
+		if [ $$status -ne 0 ] && [ $$status -ne 2 ]; then exit $$status; fi; \
+		echo; \
+	done
+
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(VENV)/.installed-test
+	$(BIN)/mypy
+
+unit: $(VENV)/.installed-test
+	$(BIN)/python -m pytest
+
+test: lint typecheck unit
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis
