@@ -1,0 +1,68 @@
+"""The one error hierarchy of kernelpick.
+
+Every error the library raises for bad input derives from :class:`KernelpickError`, which
+is a :class:`ValueError`, so an engine that already catches ``ValueError`` around its
+quantization set-up keeps working. Each error carries the value that explains it.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+__all__ = [
+    "InvalidValueError",
+    "KernelpickError",
+    "UnknownNameError",
+    "closest_match",
+]
+
+
+class KernelpickError(ValueError):
+    """Root of every kernelpick error."""
+
+
+def closest_match(value: object, choices: Iterable[str]) -> str | None:
+    """The choice nearest to ``value`` by spelling, or None when nothing is close."""
+    text = str(value).strip().lower()
+    matches = difflib.get_close_matches(text, [c.lower() for c in choices], n=1, cutoff=0.6)
+    if not matches:
+        return None
+    by_lower = {c.lower(): c for c in choices}
+    return by_lower[matches[0]]
+
+
+class UnknownNameError(KernelpickError):
+    """A name (device profile, scheme, kernel id, dtype, ...) that is not one of the known ones.
+
+    ``kind`` says what was being named, ``value`` is what was given, ``choices`` the valid
+    names and ``closest`` the nearest valid name, if any is close.
+    """
+
+    def __init__(self, kind: str, value: object, choices: Iterable[str]) -> None:
+        self.kind = kind
+        self.value = value
+        self.choices = tuple(choices)
+        self.closest = closest_match(value, self.choices)
+        hint = f"; did you mean {self.closest!r}?" if self.closest is not None else "."
+        listed = ", ".join(self.choices) if self.choices else "(none)"
+        super().__init__(f"unknown {kind} {value!r}{hint} Known {kind}s: {listed}")
+
+    def __reduce__(self) -> tuple[type[UnknownNameError], tuple[str, object, tuple[str, ...]]]:
+        return (type(self), (self.kind, self.value, self.choices))
+
+
+class InvalidValueError(KernelpickError):
+    """A value of the right kind but out of its valid range, or malformed.
+
+    ``what`` names the field, ``value`` is what was given, ``expected`` says what is valid.
+    """
+
+    def __init__(self, what: str, value: object, expected: str) -> None:
+        self.what = what
+        self.value = value
+        self.expected = expected
+        super().__init__(f"invalid {what} {value!r}: expected {expected}")
+
+    def __reduce__(self) -> tuple[type[InvalidValueError], tuple[str, object, str]]:
+        return (type(self), (self.what, self.value, self.expected))
