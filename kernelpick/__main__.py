@@ -1,0 +1,7 @@
+"""``python -m kernelpick`` is the ``kernelpick`` command."""
+
+import sys
+
+from kernelpick.cli import main
+
+sys.exit(main())
