@@ -1,0 +1,166 @@
+"""An engine brings its own kernels: the seed's behaviours hold on an engine-style catalog.
+
+The catalog below mirrors vLLM's CUDA FP8 scaled-mm order (FlashInfer, CUTLASS, the torch
+per-tensor / row-wise / channel-wise paths) with the two weight-only kernels of the
+original bug, Marlin and Humming, appended. Their specs declare hardware facts only: the
+per-token rule is the core's, keyed on the declared W8A16 kind.
+"""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+import kernelpick as kp
+
+CUDA, W8A8, W8A16 = kp.Platform.CUDA, kp.KernelKind.W8A8, kp.KernelKind.W8A16
+SM75, SM89, SM90, SM100 = (
+    kp.MinComputeCapability(kp.CudaArch(*cc)) for cc in ((7, 5), (8, 9), (9, 0), (10, 0))
+)
+E4M3 = kp.Fp8Dtypes(frozenset({kp.Dtype.FLOAT8_E4M3FN, kp.Dtype.FLOAT8_E4M3FNUZ}))
+PER_TENSOR = frozenset({kp.GroupShape.PER_TENSOR})
+ACT_ANY = frozenset({kp.GroupShape.PER_TENSOR, kp.GroupShape.PER_TOKEN})
+WEIGHT_ANY = frozenset({kp.GroupShape.PER_TENSOR, kp.GroupShape.PER_CHANNEL})
+
+
+@attrs.frozen
+class NeedsFlashInfer:
+    """An engine-defined requirement: the protocol is two methods, nothing to subclass."""
+
+    def check(self, caps: kp.DeviceCaps, config: kp.QuantConfig) -> kp.Unmet | None:
+        if "flashinfer" in caps.libraries:
+            return None
+        return kp.Unmet(kp.RejectCode.UNSUPPORTED, "flashinfer installed", "not installed")
+
+    def describe(self) -> str:
+        return "flashinfer"
+
+
+ENGINE = kp.Catalog(
+    (
+        kp.KernelSpec(
+            "flashinfer_fp8",
+            CUDA,
+            W8A8,
+            (
+                SM100,
+                NeedsFlashInfer(),
+                E4M3,
+                kp.ActivationScales(PER_TENSOR),
+                kp.WeightScales(PER_TENSOR),
+            ),
+        ),
+        kp.KernelSpec(
+            "cutlass_fp8",
+            CUDA,
+            W8A8,
+            (
+                SM89,
+                E4M3,
+                kp.ActivationScales(ACT_ANY),
+                kp.WeightScales(WEIGHT_ANY),
+                kp.Alignment(16),
+            ),
+        ),
+        kp.KernelSpec(
+            "torch_per_tensor",
+            CUDA,
+            W8A8,
+            (SM89, E4M3, kp.ActivationScales(PER_TENSOR), kp.WeightScales(PER_TENSOR)),
+        ),
+        kp.KernelSpec(
+            "torch_row_wise",
+            CUDA,
+            W8A8,
+            (
+                SM90,
+                E4M3,
+                kp.ActivationScales(ACT_ANY),
+                kp.WeightScales(WEIGHT_ANY),
+                kp.NotBothPerTensor(),
+            ),
+        ),
+        kp.KernelSpec(
+            "torch_channel_wise",
+            CUDA,
+            W8A8,
+            (
+                SM89,
+                E4M3,
+                kp.ActivationScales(ACT_ANY),
+                kp.WeightScales(WEIGHT_ANY),
+                kp.NotBothPerTensor(),
+            ),
+        ),
+        kp.KernelSpec("marlin", CUDA, W8A16, (SM75, E4M3, kp.WeightScales(WEIGHT_ANY))),
+        kp.KernelSpec("humming", CUDA, W8A16, (SM75, E4M3)),
+    )
+)
+A100 = kp.device_profile("a100")
+SHAPE = (4096, 4096)
+
+
+def test_ptpc_on_sm80_is_rejected_with_both_weight_only_reasons() -> None:
+    decision = kp.choose(A100, kp.scheme("fp8_per_channel", weight_shape=SHAPE), catalog=ENGINE)
+    assert isinstance(decision, kp.Rejected)
+    assert [v.kernel for v in decision.trace] == list(ENGINE.ids)
+    text = decision.render()
+    for kernel in ("marlin", "humming"):
+        reasons = [r for r in decision.reasons if r.kernel == kernel]
+        assert [r.code for r in reasons] == [kp.RejectCode.WEIGHT_ONLY_ACTIVATION]
+        assert f"{kernel}: weight-only (W8A16) kernel cannot honour per-token" in text
+    assert "flashinfer_fp8: requires flashinfer installed; found not installed" in text
+
+
+def test_per_tensor_on_sm80_falls_back_to_marlin_degraded() -> None:
+    decision = kp.choose(A100, kp.scheme("fp8_per_tensor", weight_shape=SHAPE), catalog=ENGINE)
+    assert isinstance(decision, kp.Selected)
+    assert (decision.kernel, decision.degraded) == ("marlin", True)
+    assert decision.alternatives == ("humming",)
+
+
+def test_ptpc_on_h100_selects_the_engines_cutlass_kernel() -> None:
+    decision = kp.choose(
+        kp.device_profile("h100"), kp.scheme("fp8_per_channel", weight_shape=SHAPE), catalog=ENGINE
+    )
+    assert isinstance(decision, kp.Selected)
+    assert decision.kernel == "cutlass_fp8"
+
+
+def test_the_builtin_catalog_is_not_consulted_for_an_engine_catalog() -> None:
+    with pytest.raises(kp.UnknownNameError, match="marlin"):
+        kp.choose(
+            A100,
+            kp.scheme("fp8_per_tensor", weight_shape=SHAPE),
+            kp.Policy(force="cuda_w8a16_torch"),
+            catalog=ENGINE,
+        )
+    assert kp.catalog("cuda", ENGINE) == ENGINE.ids
+    assert kp.catalog("rocm", ENGINE) == ()
+
+
+def test_a_platform_with_no_kernels_is_rejected_and_says_so() -> None:
+    cpu = kp.device_profile("cpu")
+    decision = kp.choose(cpu, kp.scheme("fp8_per_tensor", weight_shape=SHAPE), catalog=ENGINE)
+    assert isinstance(decision, kp.Rejected)
+    assert decision.trace == ()
+    assert "no kernel for this device's platform" in decision.render()
+
+
+def test_a_catalog_refuses_duplicate_ids_and_non_requirements() -> None:
+    spec = kp.KernelSpec("marlin", CUDA, W8A16)
+    with pytest.raises(kp.InvalidValueError, match="marlin"):
+        kp.Catalog((spec, spec))
+    with pytest.raises(kp.InvalidValueError, match="requirement"):
+        kp.KernelSpec("bad", CUDA, W8A16, ("sm89",))  # type: ignore[arg-type]
+    with pytest.raises(kp.InvalidValueError, match="kernel id"):
+        kp.KernelSpec("has space", CUDA, W8A16)
+
+
+def test_extending_the_default_catalog_keeps_the_kind_rule() -> None:
+    extra = kp.KernelSpec("my_w8a16", CUDA, W8A16, (E4M3,))
+    catalog = kp.Catalog((*kp.default_catalog().kernels, extra))
+    decision = kp.choose(A100, kp.scheme("fp8_per_channel", weight_shape=SHAPE), catalog=catalog)
+    assert isinstance(decision, kp.Rejected)
+    mine = [r.code for r in decision.reasons if r.kernel == "my_w8a16"]
+    assert mine == [kp.RejectCode.WEIGHT_ONLY_ACTIVATION]

@@ -1,0 +1,72 @@
+"""Rendering at the edge: the text layout engines know, and the JSON-able record."""
+
+from __future__ import annotations
+
+import json
+
+import kernelpick as kp
+
+PTPC = kp.scheme("fp8_per_channel", weight_shape=(4096, 4096))
+
+
+def test_rejected_text_is_the_layout_of_design_section_6() -> None:
+    decision = kp.choose(kp.device_profile("a100"), PTPC)
+    assert isinstance(decision, kp.Rejected)
+    lines = decision.render().splitlines()
+    assert lines[0] == (
+        "Failed to find a kernel that can implement the ScaledMM linear layer. Reasons:"
+    )
+    assert lines[1] == (
+        "  - cuda_rowwise_scaled_mm: requires compute capability 8.9 or higher; device has 8.0"
+    )
+    assert lines[-1] == (
+        "  - cuda_w8a16_torch: weight-only (W8A16) kernel cannot honour per-token "
+        "activation quantization"
+    )
+    assert lines[1:] == [f"  - {reason}" for reason in decision.reasons]
+
+
+def test_selected_text_names_the_kernel_and_why_not_the_others() -> None:
+    decision = kp.choose(kp.device_profile("h100"), PTPC)
+    assert isinstance(decision, kp.Selected)
+    text = decision.render()
+    assert text.startswith("Selected cuda_rowwise_scaled_mm.\nOther kernels:\n")
+    assert "  - cuda_channelwise_unfused: also viable" in text
+    assert "  - cuda_tensorwise_scaled_mm: supports per-tensor activation scales" in text
+
+
+def test_degraded_choice_is_flagged_in_text() -> None:
+    config = kp.scheme("fp8_per_tensor", weight_shape=(4096, 4096))
+    decision = kp.choose(kp.device_profile("t4"), config)
+    assert isinstance(decision, kp.Selected)
+    assert decision.render().startswith("Selected cuda_w8a16_cupy (degraded: weight-only (W8A16)")
+
+
+def test_to_dict_is_json_and_carries_every_reason() -> None:
+    decision = kp.choose(kp.device_profile("a100"), PTPC)
+    assert isinstance(decision, kp.Rejected)
+    record = json.loads(json.dumps(decision.to_dict()))
+    assert record["schema_version"] == kp.SCHEMA_VERSION
+    assert (record["outcome"], record["kernel"]) == ("rejected", None)
+    assert [t["kernel"] for t in record["trace"]] == list(kp.catalog("cuda"))
+    flat = [r for t in record["trace"] for r in t["reasons"]]
+    assert [r["code"] for r in flat] == [r.code.value for r in decision.reasons]
+    assert [r["message"] for r in flat] == [r.message for r in decision.reasons]
+    assert flat[0] == {
+        "code": "compute_capability",
+        "needed": "8.9",
+        "found": "8.0",
+        "message": "requires compute capability 8.9 or higher; device has 8.0",
+    }
+
+
+def test_to_dict_statuses_for_a_selection() -> None:
+    decision = kp.choose(kp.device_profile("h100"), PTPC)
+    statuses = {t["kernel"]: t["status"] for t in decision.to_dict()["trace"]}
+    assert statuses == {
+        "cuda_rowwise_scaled_mm": "selected",
+        "cuda_tensorwise_scaled_mm": "rejected",
+        "cuda_channelwise_unfused": "viable",
+        "cuda_w8a16_cupy": "rejected",
+        "cuda_w8a16_torch": "rejected",
+    }
