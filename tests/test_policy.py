@@ -16,7 +16,9 @@ def test_a_disabled_kernel_is_reported_and_skipped() -> None:
     assert decision.kernel == "cuda_channelwise_unfused"
     rowwise = decision.trace[0]
     assert [r.code for r in rowwise.reasons] == [kp.RejectCode.DISABLED]
-    assert str(rowwise.reasons[0]) == "cuda_rowwise_scaled_mm: disabled by policy (disabled)"
+    assert str(rowwise.reasons[0]) == (
+        "cuda_rowwise_scaled_mm: disabled by policy (Policy.disabled, KERNELPICK_DISABLED_KERNELS)"
+    )
 
 
 def test_a_forced_kernel_that_fits_is_selected_and_others_say_not_forced() -> None:

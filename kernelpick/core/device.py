@@ -143,8 +143,9 @@ class DeviceCaps:
 
     def describe(self) -> str:
         """One line: name, platform, arch, toolkit and torch."""
-        kind = {Platform.CUDA: "compute capability", Platform.ROCM: "arch", Platform.CPU: "cpu"}
+        arch = f"compute capability {self.arch}" if self.platform is Platform.CUDA else self.arch
+        toolkit = "" if self.toolkit_version is None else f", {self.toolkit}"
         return (
-            f"{self.name} ({self.platform}, {kind[self.platform]} {self.arch}, "
-            f"{self.toolkit}, torch {self.torch_version}, FP8 {self.fp8_format})"
+            f"{self.name}: {self.platform}, {arch}{toolkit}, torch {self.torch_version}, "
+            f"FP8 {self.fp8_format}"
         )

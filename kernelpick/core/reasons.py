@@ -50,7 +50,7 @@ TEMPLATES: dict[RejectCode, str] = {
     RejectCode.GPU_ARCH: "requires GPU architecture {needed}; device is {found}",
     RejectCode.TOOLKIT_VERSION: "requires {needed}; device has {found}",
     RejectCode.TORCH_VERSION: "requires torch {needed} or newer; device has torch {found}",
-    RejectCode.TORCH_FEATURE: "requires {needed} in the torch build; {found}",
+    RejectCode.TORCH_FEATURE: "requires {needed}; {found}",
     RejectCode.LIBRARY_UNAVAILABLE: "requires {needed}; {found}",
     RejectCode.FP8_DTYPE: "supports FP8 {needed}; config has {found}",
     RejectCode.WEIGHT_ONLY_ACTIVATION: (
@@ -65,7 +65,7 @@ TEMPLATES: dict[RejectCode, str] = {
     RejectCode.SHAPE_ALIGNMENT: "requires {needed}; layer has {found}",
     RejectCode.INPUT_DTYPE: "supports input dtype {needed}; config has {found}",
     RejectCode.OUT_DTYPE: "supports output dtype {needed}; config asks for {found}",
-    RejectCode.DISABLED: "disabled by policy ({found})",
+    RejectCode.DISABLED: "disabled by policy (Policy.disabled, KERNELPICK_DISABLED_KERNELS)",
     RejectCode.NOT_FORCED: "not forced: policy forces {needed}",
     RejectCode.STRICT_DEGRADED: "strict policy rejects a degraded choice: {found}",
     RejectCode.UNSUPPORTED: "requires {needed}; found {found}",

@@ -7,7 +7,7 @@ class with the same two methods (the ``Requirement`` protocol).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 import attrs
@@ -46,8 +46,13 @@ class Requirement(Protocol):
     def describe(self) -> str: ...
 
 
+def _either(names: Sequence[str]) -> str:
+    """``a``, ``a or b``, ``a, b or c``."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
 def _listed(items: frozenset[Dtype] | frozenset[GroupShape]) -> str:
-    return " or ".join(sorted(str(item) for item in items))
+    return _either(sorted(str(item) for item in items))
 
 
 @attrs.frozen
@@ -69,11 +74,9 @@ class MinComputeCapability:
 def _rocm_table(
     value: Mapping[str, Version | str | None],
 ) -> tuple[tuple[str, Version | None], ...]:
+    # Declared order is kept: it is the order a person reads in the reason.
     return tuple(
-        sorted(
-            (RocmArch.parse(k).name, None if v is None else Version.parse(v))
-            for k, v in value.items()
-        )
+        (RocmArch.parse(k).name, None if v is None else Version.parse(v)) for k, v in value.items()
     )
 
 
@@ -87,7 +90,7 @@ class RocmArchs:
         table = dict(self.archs)
         name = caps.arch.name if isinstance(caps.arch, RocmArch) else str(caps.arch)
         if name not in table:
-            return Unmet(RejectCode.GPU_ARCH, " or ".join(table), name)
+            return Unmet(RejectCode.GPU_ARCH, _either(list(table)), name)
         least = table[name]
         if least is not None and (caps.toolkit_version is None or caps.toolkit_version < least):
             return Unmet(
@@ -97,7 +100,7 @@ class RocmArchs:
 
     def describe(self) -> str:
         parts = (name if v is None else f"{name} (ROCm >= {v})" for name, v in self.archs)
-        return "arch " + " or ".join(parts)
+        return "arch " + _either(list(parts))
 
 
 @attrs.frozen
@@ -125,7 +128,8 @@ class NeedsTorchFeature:
     def check(self, caps: DeviceCaps, config: QuantConfig) -> Unmet | None:
         if self.feature in caps.features:
             return None
-        return Unmet(RejectCode.TORCH_FEATURE, self.meaning, "this build lacks it")
+        found = "a trial call found this torch build lacks it"
+        return Unmet(RejectCode.TORCH_FEATURE, self.meaning, found)
 
     def describe(self) -> str:
         return self.meaning

@@ -37,7 +37,7 @@ def _verdict(spec: KernelSpec, caps: DeviceCaps, config: QuantConfig, policy: Po
     # A weight-only kernel serving an activation-quantized config skips that quantization.
     degraded = spec.kind is KernelKind.W8A16 and config.activation is not None
     if spec.id in policy.disabled:
-        reasons.append(Reason(spec.id, RejectCode.DISABLED, "not disabled", "disabled"))
+        reasons.append(Reason(spec.id, RejectCode.DISABLED, "enabled", "disabled"))
     if policy.force is not None and spec.id != policy.force:
         reasons.append(Reason(spec.id, RejectCode.NOT_FORCED, policy.force, spec.id))
     if policy.strict and degraded:
