@@ -46,12 +46,16 @@ def _non_negative_int(_inst: object, attribute: attrs.Attribute[int], value: int
         raise InvalidValueError(attribute.name, value, "a non-negative integer")
 
 
-_VERSION = re.compile(r"^\s*v?(\d+)(?:\.(\d+))?(?:\.(\d+))?")
+# Numeric parts (three kept), then nothing, a local or build suffix (+cpu, -abc) or a
+# pre/dev/post release tag (a0, rc1, .dev2025): "2.x" and "12.8garbage" are refused.
+_VERSION = re.compile(
+    r"^\s*v?(\d+)(?:\.(\d+))?(?:\.(\d+)(?:\.\d+)*)?(?=$|\s|[+\-~]|\.?(?:a|b|rc|dev|post)\d*(?:$|[+.\-]))"
+)
 
 
 @attrs.frozen(order=True)
 class Version:
-    """A release number, compared numerically: ``Version.parse("2.13.0+cpu") >= "2.8"``."""
+    """A release number, compared numerically: ``Version.parse("2.13.0+cpu") >= Version(2, 8)``."""
 
     major: int = attrs.field(validator=_non_negative_int)
     minor: int = attrs.field(default=0, validator=_non_negative_int)

@@ -89,8 +89,8 @@ class DeviceCaps:
         name: str,
         torch_version: Version | str,
         cuda_version: Version | str,
-        libraries: Iterable[str] = (),
-        features: Iterable[str] = (),
+        libraries: Iterable[str] | str = (),
+        features: Iterable[str] | str = (),
     ) -> DeviceCaps:
         """An NVIDIA device from its compute capability (``"8.9"`` or ``"sm_89"``)."""
         return cls(
@@ -98,8 +98,8 @@ class DeviceCaps:
             name=name,
             torch_version=Version.parse(torch_version),
             toolkit_version=Version.parse(cuda_version),
-            libraries=frozenset(libraries),
-            features=frozenset(features),
+            libraries=libraries,
+            features=features,
         )
 
     @classmethod
@@ -110,8 +110,8 @@ class DeviceCaps:
         name: str,
         torch_version: Version | str,
         rocm_version: Version | str,
-        libraries: Iterable[str] = (),
-        features: Iterable[str] = (),
+        libraries: Iterable[str] | str = (),
+        features: Iterable[str] | str = (),
     ) -> DeviceCaps:
         """An AMD device from its gfx name or ``gcnArchName`` (``gfx942:sramecc+:xnack-``)."""
         return cls(
@@ -119,8 +119,8 @@ class DeviceCaps:
             name=name,
             torch_version=Version.parse(torch_version),
             toolkit_version=Version.parse(rocm_version),
-            libraries=frozenset(libraries),
-            features=frozenset(features),
+            libraries=libraries,
+            features=features,
         )
 
     @classmethod
@@ -128,17 +128,17 @@ class DeviceCaps:
         cls,
         *,
         machine: str,
-        isa: Iterable[str],
+        isa: Iterable[str] | str,
         name: str,
         torch_version: Version | str,
-        features: Iterable[str] = (),
+        features: Iterable[str] | str = (),
     ) -> DeviceCaps:
         """The host CPU, with the torch-build features found on it (``FEATURE_*``)."""
         return cls(
-            arch=CpuArch(machine, frozenset(isa)),
+            arch=CpuArch(machine, isa),
             name=name,
             torch_version=Version.parse(torch_version),
-            features=frozenset(features),
+            features=features,
         )
 
     def describe(self) -> str:

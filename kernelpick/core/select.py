@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 
+import attrs
+
 from kernelpick.core.builtin_catalog import DEFAULT_CATALOG
 from kernelpick.core.decision import Decision, Rejected, Selected, Verdict
 from kernelpick.core.device import DeviceCaps
@@ -55,7 +57,7 @@ def evaluate(
     """The verdict of every kernel of the device's platform, in catalog order.
 
     Every rule of every kernel is evaluated, so each verdict lists all its failing reasons.
-    A forced kernel of another platform is appended with a wrong-platform reason.
+    A forced kernel of another platform is appended, its wrong-platform reason first.
     """
     policy = _DEFAULT_POLICY if policy is None else policy
     catalog = DEFAULT_CATALOG if catalog is None else catalog
@@ -67,7 +69,9 @@ def evaluate(
         forced = catalog.kernel(policy.force)
         needed, found = str(forced.platform), str(caps.platform)
         wrong = Reason(forced.id, RejectCode.WRONG_PLATFORM, needed, found)
-        trace.append(Verdict(forced.id, forced.kind, (wrong,), False))
+        # Its own rules still run: the kind rule and policy hold for every kernel.
+        own = _verdict(forced, caps, config, policy)
+        trace.append(attrs.evolve(own, reasons=(wrong, *own.reasons)))
     return tuple(trace)
 
 
