@@ -1,0 +1,835 @@
+"""Example tables for building and validating kernelpick's core values (design §3 and §6)."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable
+
+import attrs
+import pytest
+
+import kernelpick as kp
+from kernelpick.core.reasons import TEMPLATES
+
+DTYPE_NAMES = [d.value for d in kp.Dtype]
+PROFILE_NAMES = list(kp.device_profiles())
+
+
+class _TorchLike:
+    """Stands in for a torch dtype: only its ``str`` is ``torch.<name>``."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+
+# --- Dtype -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        # canonical names
+        ("float8_e4m3fn", kp.Dtype.FLOAT8_E4M3FN),
+        ("float8_e4m3fnuz", kp.Dtype.FLOAT8_E4M3FNUZ),
+        ("float8_e5m2", kp.Dtype.FLOAT8_E5M2),
+        ("bfloat16", kp.Dtype.BFLOAT16),
+        ("float16", kp.Dtype.FLOAT16),
+        ("float32", kp.Dtype.FLOAT32),
+        # aliases
+        ("bf16", kp.Dtype.BFLOAT16),
+        ("fp16", kp.Dtype.FLOAT16),
+        ("half", kp.Dtype.FLOAT16),
+        ("fp32", kp.Dtype.FLOAT32),
+        ("float", kp.Dtype.FLOAT32),
+        ("e4m3fn", kp.Dtype.FLOAT8_E4M3FN),
+        ("e4m3fnuz", kp.Dtype.FLOAT8_E4M3FNUZ),
+        ("e5m2", kp.Dtype.FLOAT8_E5M2),
+        # case and spaces
+        ("BF16", kp.Dtype.BFLOAT16),
+        ("  Float32 ", kp.Dtype.FLOAT32),
+        # torch-style names, as text and as objects whose str is torch.<name>
+        ("torch.bfloat16", kp.Dtype.BFLOAT16),
+        (_TorchLike("torch.bfloat16"), kp.Dtype.BFLOAT16),
+        (_TorchLike("torch.float16"), kp.Dtype.FLOAT16),
+        (_TorchLike("torch.float8_e4m3fnuz"), kp.Dtype.FLOAT8_E4M3FNUZ),
+        # members
+        *((d, d) for d in kp.Dtype),
+    ],
+)
+def test_dtype_parse_accepts(value: object, expected: kp.Dtype) -> None:
+    assert kp.Dtype.parse(value) is expected
+
+
+@pytest.mark.parametrize(
+    ("value", "closest"),
+    [
+        ("bfloat61", "bfloat16"),
+        ("float61", "float16"),
+        ("int8", None),
+        ("xyz", None),
+        ("", None),
+        (None, None),
+        (_TorchLike("torch.int8"), None),
+    ],
+)
+def test_dtype_parse_rejects_unknown(value: object, closest: str | None) -> None:
+    with pytest.raises(kp.UnknownNameError) as info:
+        kp.Dtype.parse(value)
+    err = info.value
+    assert isinstance(err, kp.KernelpickError)
+    assert isinstance(err, ValueError)
+    assert err.value is value
+    assert err.closest == closest
+    message = str(err)
+    assert repr(value) in message
+    for name in DTYPE_NAMES:
+        assert name in message
+    if closest is not None:
+        assert repr(closest) in message
+
+
+# --- Version -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected", "shown"),
+    [
+        ("2.13.0+cpu", kp.Version(2, 13, 0), "2.13"),
+        ("12.8", kp.Version(12, 8), "12.8"),
+        ("7.0.51831-abc", kp.Version(7, 0, 51831), "7.0.51831"),
+        ("2.8", kp.Version(2, 8, 0), "2.8"),
+        ("13", kp.Version(13), "13.0"),
+        ("v6.4.1", kp.Version(6, 4, 1), "6.4.1"),
+        (" 2.7.1 ", kp.Version(2, 7, 1), "2.7.1"),
+    ],
+)
+def test_version_parse(text: str, expected: kp.Version, shown: str) -> None:
+    version = kp.Version.parse(text)
+    assert version == expected
+    assert str(version) == shown
+    assert kp.Version.parse(version) is version
+
+
+@pytest.mark.parametrize(
+    ("lower", "higher"),
+    [
+        ("2.8", "2.13.0+cpu"),  # numeric, not lexicographic
+        ("2.13.0", "2.13.1"),
+        ("12.8", "13.0"),
+        ("9.9.9", "10"),
+        ("7.0", "7.0.51831-abc"),
+        ("6.4", "7.0"),
+    ],
+)
+def test_version_order(lower: str, higher: str) -> None:
+    a, b = kp.Version.parse(lower), kp.Version.parse(higher)
+    assert a < b
+    assert b > a
+    assert a <= b
+    assert not b <= a
+    assert a != b
+
+
+def test_version_equal_ignores_local_suffix() -> None:
+    assert kp.Version.parse("2.13.0+cpu") == kp.Version.parse("2.13.0+cu128")
+    assert kp.Version.parse("2.13") == kp.Version.parse("2.13.0")
+    assert kp.Version.parse("2.13") >= kp.Version.parse("2.13.0+cpu")
+
+
+@pytest.mark.parametrize("value", ["", "abc", "v", ".1", "+cpu", None, 12.8, 13, ("12", "8")])
+def test_version_parse_rejects_malformed(value: object) -> None:
+    with pytest.raises(kp.InvalidValueError) as info:
+        kp.Version.parse(value)
+    assert info.value.value == value
+    assert repr(value) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: kp.Version(-1),
+        lambda: kp.Version(1, -2),
+        lambda: kp.Version(True),
+        lambda: kp.Version(1, 2, 3.0),  # type: ignore[arg-type]
+    ],
+)
+def test_version_fields_validated(make: Callable[[], object]) -> None:
+    with pytest.raises(kp.InvalidValueError):
+        make()
+
+
+# --- CudaArch ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "major", "minor"),
+    [
+        ("8.9", 8, 9),
+        ("7.5", 7, 5),
+        ("10.0", 10, 0),
+        ("12.0", 12, 0),
+        ("sm_89", 8, 9),
+        ("sm_80", 8, 0),
+        ("sm_90a", 9, 0),
+        ("sm_100a", 10, 0),
+        ("sm_120f", 12, 0),
+        ("compute_90", 9, 0),
+        ("SM_90A", 9, 0),
+        (" 8.6 ", 8, 6),
+    ],
+)
+def test_cuda_arch_parse(text: str, major: int, minor: int) -> None:
+    arch = kp.CudaArch.parse(text)
+    assert arch == kp.CudaArch(major, minor)
+    assert str(arch) == f"{major}.{minor}"
+    assert kp.CudaArch.parse(arch) is arch
+
+
+@pytest.mark.parametrize(
+    "value", ["", "sm_", "8", "gfx942", "sm_8", "8.10", "sm_90b", "8.9.0", None, 8.9, 89]
+)
+def test_cuda_arch_parse_rejects(value: object) -> None:
+    with pytest.raises(kp.InvalidValueError) as info:
+        kp.CudaArch.parse(value)
+    assert info.value.value == value
+    assert repr(value) in str(info.value)
+
+
+def test_cuda_arch_order() -> None:
+    assert kp.CudaArch(8, 0) < kp.CudaArch(8, 9) < kp.CudaArch(9, 0) < kp.CudaArch(10, 0)
+    assert kp.CudaArch(12, 0) > kp.CudaArch(10, 0)
+
+
+@pytest.mark.parametrize(("major", "minor"), [(0, 0), (100, 0), (8, 10), (8, -1), (True, 0)])
+def test_cuda_arch_fields_validated(major: int, minor: int) -> None:
+    with pytest.raises(kp.InvalidValueError):
+        kp.CudaArch(major, minor)
+
+
+# --- RocmArch ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "name"),
+    [
+        ("gfx942", "gfx942"),
+        ("gfx942:sramecc+:xnack-", "gfx942"),
+        ("gfx90a", "gfx90a"),
+        ("gfx90a:sramecc+:xnack-", "gfx90a"),
+        ("gfx1201", "gfx1201"),
+        ("gfx1100", "gfx1100"),
+        ("GFX950", "gfx950"),
+        (" gfx940 ", "gfx940"),
+    ],
+)
+def test_rocm_arch_parse(text: str, name: str) -> None:
+    arch = kp.RocmArch.parse(text)
+    assert arch == kp.RocmArch(name)
+    assert arch.name == name
+    assert str(arch) == name
+    assert kp.RocmArch.parse(arch) is arch
+
+
+@pytest.mark.parametrize(
+    "value", ["gfx", "gfx94", "", "sm_90a", "gfx94z2", "942", ":gfx942", None, 942]
+)
+def test_rocm_arch_parse_rejects(value: object) -> None:
+    with pytest.raises(kp.InvalidValueError) as info:
+        kp.RocmArch.parse(value)
+    assert info.value.value == value
+
+
+@pytest.mark.parametrize(
+    ("name", "fp8"),
+    [
+        ("gfx940", kp.Dtype.FLOAT8_E4M3FNUZ),
+        ("gfx941", kp.Dtype.FLOAT8_E4M3FNUZ),
+        ("gfx942", kp.Dtype.FLOAT8_E4M3FNUZ),
+        ("gfx90a", kp.Dtype.FLOAT8_E4M3FN),
+        ("gfx908", kp.Dtype.FLOAT8_E4M3FN),
+        ("gfx950", kp.Dtype.FLOAT8_E4M3FN),
+        ("gfx1100", kp.Dtype.FLOAT8_E4M3FN),
+        ("gfx1200", kp.Dtype.FLOAT8_E4M3FN),
+        ("gfx1201", kp.Dtype.FLOAT8_E4M3FN),
+    ],
+)
+def test_rocm_arch_native_fp8(name: str, fp8: kp.Dtype) -> None:
+    assert kp.RocmArch.parse(name).native_fp8 is fp8
+
+
+# --- GroupShape --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("rows", "cols"), [(0, 1), (1, 0), (-2, 1), (1, -2), (True, 1), (1, False), (1.0, 1)]
+)
+def test_group_shape_rejects(rows: int, cols: int) -> None:
+    with pytest.raises(kp.InvalidValueError) as info:
+        kp.GroupShape(rows, cols)
+    assert "group shape" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("shape", "text"),
+    [
+        (kp.GroupShape.PER_TENSOR, "per-tensor"),
+        (kp.GroupShape(-1, -1), "per-tensor"),
+        (kp.GroupShape.PER_TOKEN, "per-token"),
+        (kp.GroupShape(1, -1), "per-token"),
+        (kp.GroupShape.PER_CHANNEL, "per-channel"),
+        (kp.GroupShape(-1, 1), "per-channel"),
+        (kp.GroupShape.per_group(128), "per-group (1, 128)"),
+        (kp.GroupShape.block(128), "block (128, 128)"),
+        (kp.GroupShape(2, 4), "group (2, 4)"),
+    ],
+)
+def test_group_shape_describe(shape: kp.GroupShape, text: str) -> None:
+    assert shape.describe() == text
+    assert str(shape) == text
+
+
+# --- scheme ------------------------------------------------------------------------------
+
+PER_TENSOR, PER_TOKEN, PER_CHANNEL = (
+    kp.GroupShape.PER_TENSOR,
+    kp.GroupShape.PER_TOKEN,
+    kp.GroupShape.PER_CHANNEL,
+)
+E4M3FN = kp.Dtype.FLOAT8_E4M3FN
+
+SCHEME_KEYS: list[tuple[kp.Scheme, kp.QuantKey, kp.QuantKey | None]] = [
+    (
+        kp.Scheme.FP8_PER_CHANNEL,
+        kp.QuantKey(E4M3FN, kp.ScaleSpec(PER_CHANNEL, static=True)),
+        kp.QuantKey(E4M3FN, kp.ScaleSpec(PER_TOKEN, static=False)),
+    ),
+    (
+        kp.Scheme.FP8_PER_TENSOR,
+        kp.QuantKey(E4M3FN, kp.ScaleSpec(PER_TENSOR, static=True)),
+        kp.QuantKey(E4M3FN, kp.ScaleSpec(PER_TENSOR, static=False)),
+    ),
+    (
+        kp.Scheme.FP8_PER_TENSOR_STATIC,
+        kp.QuantKey(E4M3FN, kp.ScaleSpec(PER_TENSOR, static=True)),
+        kp.QuantKey(E4M3FN, kp.ScaleSpec(PER_TENSOR, static=True)),
+    ),
+    (
+        kp.Scheme.FP8_WEIGHT_ONLY,
+        kp.QuantKey(E4M3FN, kp.ScaleSpec(PER_CHANNEL, static=True)),
+        None,
+    ),
+]
+
+
+def test_scheme_table_covers_every_scheme() -> None:
+    assert [row[0] for row in SCHEME_KEYS] == list(kp.Scheme)
+
+
+@pytest.mark.parametrize(("name", "weight", "activation"), SCHEME_KEYS)
+def test_scheme_keys_and_defaults(
+    name: kp.Scheme, weight: kp.QuantKey, activation: kp.QuantKey | None
+) -> None:
+    for spelled in (name, name.value, name.value.upper()):
+        config = kp.scheme(spelled, weight_shape=(4096, 1024))
+        assert config.weight == weight
+        assert config.activation == activation
+        assert config.weight_only is (activation is None)
+        assert config.weight_shape == (4096, 1024)
+        assert (config.n, config.k) == (4096, 1024)
+        assert config.out_dtype is kp.Dtype.BFLOAT16
+        assert config.input_dtype is kp.Dtype.BFLOAT16
+        assert config.bias is False
+
+
+@pytest.mark.parametrize(
+    ("out_dtype", "input_dtype", "want_out", "want_in"),
+    [
+        ("float16", None, kp.Dtype.FLOAT16, kp.Dtype.FLOAT16),
+        ("fp32", None, kp.Dtype.FLOAT32, kp.Dtype.FLOAT32),
+        (kp.Dtype.BFLOAT16, "fp16", kp.Dtype.BFLOAT16, kp.Dtype.FLOAT16),
+        (_TorchLike("torch.float16"), "bf16", kp.Dtype.FLOAT16, kp.Dtype.BFLOAT16),
+    ],
+)
+def test_scheme_dtypes(
+    out_dtype: object, input_dtype: object, want_out: kp.Dtype, want_in: kp.Dtype
+) -> None:
+    config = kp.scheme(
+        "fp8_per_channel",
+        weight_shape=(16, 32),
+        out_dtype=out_dtype,  # type: ignore[arg-type]
+        input_dtype=input_dtype,  # type: ignore[arg-type]
+        bias=True,
+    )
+    assert config.out_dtype is want_out
+    assert config.input_dtype is want_in
+    assert config.bias is True
+
+
+def test_scheme_accepts_list_shape() -> None:
+    assert kp.scheme("fp8_per_tensor", weight_shape=[3, 5]).weight_shape == (3, 5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("name", "closest"),
+    [("fp8_per_chanel", "fp8_per_channel"), ("fp8_pertensor", "fp8_per_tensor"), ("ptpc", None)],
+)
+def test_scheme_unknown_name(name: str, closest: str | None) -> None:
+    with pytest.raises(kp.UnknownNameError) as info:
+        kp.scheme(name, weight_shape=(16, 16))
+    err = info.value
+    assert err.value == name
+    assert err.closest == closest
+    assert repr(name) in str(err)
+    for known in kp.Scheme:
+        assert known.value in str(err)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (0, 16),
+        (16, 0),
+        (-16, 16),
+        (16, -1),
+        (16.0, 16),
+        (16, "16"),
+        (True, 16),
+        (16, False),
+        (16,),
+        (16, 16, 16),
+        (),
+        16,
+        "16x16",
+        None,
+    ],
+)
+def test_scheme_rejects_bad_shape(shape: object) -> None:
+    with pytest.raises(kp.InvalidValueError) as info:
+        kp.scheme("fp8_per_channel", weight_shape=shape)  # type: ignore[arg-type]
+    assert info.value.value == shape
+    assert "weight_shape" in str(info.value)
+    assert repr(shape) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("out_dtype", "input_dtype"),
+    [
+        ("float8_e4m3fn", None),
+        ("e5m2", None),
+        ("int8", None),
+        ("bfloat16", "float8_e4m3fn"),
+        ("bfloat16", "int8"),
+        (kp.Dtype.FLOAT8_E4M3FNUZ, None),
+    ],
+)
+def test_scheme_rejects_unsupported_dtype(out_dtype: object, input_dtype: object) -> None:
+    with pytest.raises(kp.KernelpickError) as info:
+        kp.scheme(
+            "fp8_per_channel",
+            weight_shape=(16, 16),
+            out_dtype=out_dtype,  # type: ignore[arg-type]
+            input_dtype=input_dtype,  # type: ignore[arg-type]
+        )
+    bad = input_dtype if input_dtype is not None else out_dtype
+    assert str(bad) in str(info.value)
+
+
+@pytest.mark.parametrize("bias", [1, 0, "yes", None, "True"])
+def test_scheme_rejects_non_bool_bias(bias: object) -> None:
+    with pytest.raises(kp.InvalidValueError) as info:
+        kp.scheme("fp8_per_channel", weight_shape=(16, 16), bias=bias)  # type: ignore[arg-type]
+    assert info.value.value == bias
+    assert "bias" in str(info.value)
+
+
+@pytest.mark.parametrize("name", list(kp.Scheme))
+@pytest.mark.parametrize("out_dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_scheme_of_inverts_scheme(name: kp.Scheme, out_dtype: str, bias: bool) -> None:
+    config = kp.scheme(name, weight_shape=(48, 80), out_dtype=out_dtype, bias=bias)
+    assert kp.scheme_of(config) is name
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        # block-scaled weight (DeepSeek style)
+        kp.QuantConfig(
+            weight=kp.QuantKey(E4M3FN, kp.ScaleSpec(kp.GroupShape.block(128), static=True)),
+            activation=kp.QuantKey(E4M3FN, kp.ScaleSpec(kp.GroupShape.per_group(128), False)),
+            weight_shape=(256, 256),
+            input_dtype="bfloat16",
+            out_dtype="bfloat16",
+        ),
+        # per-channel weight with per-tensor dynamic activation: no named scheme has it
+        kp.QuantConfig(
+            weight=kp.QuantKey(E4M3FN, kp.ScaleSpec(PER_CHANNEL, static=True)),
+            activation=kp.QuantKey(E4M3FN, kp.ScaleSpec(PER_TENSOR, static=False)),
+            weight_shape=(16, 16),
+            input_dtype="bfloat16",
+            out_dtype="bfloat16",
+        ),
+        # PTPC scales but with e5m2 activations
+        kp.QuantConfig(
+            weight=kp.QuantKey(E4M3FN, kp.ScaleSpec(PER_CHANNEL, static=True)),
+            activation=kp.QuantKey("float8_e5m2", kp.ScaleSpec(PER_TOKEN, static=False)),
+            weight_shape=(16, 16),
+            input_dtype="bfloat16",
+            out_dtype="bfloat16",
+        ),
+        # weight-only with a dynamic weight scale
+        kp.QuantConfig(
+            weight=kp.QuantKey(E4M3FN, kp.ScaleSpec(PER_CHANNEL, static=False)),
+            activation=None,
+            weight_shape=(16, 16),
+            input_dtype="bfloat16",
+            out_dtype="bfloat16",
+        ),
+    ],
+)
+def test_scheme_of_custom_is_none(config: kp.QuantConfig) -> None:
+    assert kp.scheme_of(config) is None
+
+
+# --- device profiles ---------------------------------------------------------------------
+
+CUDA_PROFILES = {
+    "t4": (7, 5),
+    "a100": (8, 0),
+    "a10g": (8, 6),
+    "l4": (8, 9),
+    "l40s": (8, 9),
+    "rtx4090": (8, 9),
+    "h100": (9, 0),
+    "h200": (9, 0),
+    "gh200": (9, 0),
+    "b200": (10, 0),
+    "rtx5090": (12, 0),
+}
+ROCM_PROFILES = {"mi250x": "gfx90a", "mi300x": "gfx942", "mi325x": "gfx942", "mi355x": "gfx950"}
+CPU_PROFILES = ("cpu", "cpu-amx")
+
+
+def test_device_profiles_are_exactly_the_design_list() -> None:
+    assert set(kp.device_profiles()) == {*CUDA_PROFILES, *ROCM_PROFILES, *CPU_PROFILES}
+
+
+@pytest.mark.parametrize(("name", "cc"), list(CUDA_PROFILES.items()))
+def test_cuda_profile(name: str, cc: tuple[int, int]) -> None:
+    caps = kp.device_profile(name)
+    assert caps.platform is kp.Platform.CUDA
+    assert caps.arch == kp.CudaArch(*cc)
+    assert caps.fp8_format is kp.Dtype.FLOAT8_E4M3FN
+    assert "cupy" in caps.libraries
+    assert caps.toolkit_version is not None
+    assert caps.toolkit_version >= kp.Version(12, 8)
+    assert caps.torch_version >= kp.Version(2, 13)
+
+
+@pytest.mark.parametrize(("name", "gfx"), list(ROCM_PROFILES.items()))
+def test_rocm_profile(name: str, gfx: str) -> None:
+    caps = kp.device_profile(name)
+    assert caps.platform is kp.Platform.ROCM
+    assert caps.arch == kp.RocmArch(gfx)
+    fnuz = name in ("mi300x", "mi325x")
+    assert caps.fp8_format is (kp.Dtype.FLOAT8_E4M3FNUZ if fnuz else kp.Dtype.FLOAT8_E4M3FN)
+    assert caps.toolkit_version is not None
+    assert caps.toolkit_version >= kp.Version(7, 0)
+    assert caps.torch_version >= kp.Version(2, 13)
+
+
+@pytest.mark.parametrize("name", CPU_PROFILES)
+def test_cpu_profile(name: str) -> None:
+    caps = kp.device_profile(name)
+    assert caps.platform is kp.Platform.CPU
+    assert isinstance(caps.arch, kp.CpuArch)
+    assert "avx2" in caps.arch.isa
+    assert ("amx_bf16" in caps.arch.isa) is (name == "cpu-amx")
+    assert caps.fp8_format is kp.Dtype.FLOAT8_E4M3FN
+    assert caps.toolkit_version is None
+    assert caps.torch_version >= kp.Version(2, 13)
+
+
+def test_fp8_format_is_fnuz_on_mi300x_and_mi325x_only() -> None:
+    fnuz = {n for n, c in kp.device_profiles().items() if c.fp8_format is kp.Dtype.FLOAT8_E4M3FNUZ}
+    assert fnuz == {"mi300x", "mi325x"}
+
+
+@pytest.mark.parametrize("name", ["H100", " a100 ", "CPU-AMX", "Mi300X"])
+def test_device_profile_name_is_case_insensitive(name: str) -> None:
+    assert kp.device_profile(name) is kp.device_profile(name.strip().lower())
+
+
+@pytest.mark.parametrize(
+    ("name", "closest"),
+    [
+        ("a10", ("a10g", "a100")),
+        ("h10", ("h100",)),
+        ("mi300", ("mi300x",)),
+        ("rtx409", ("rtx4090",)),
+        ("zzz", (None,)),
+        ("", (None,)),
+    ],
+)
+def test_device_profile_unknown(name: str, closest: tuple[str | None, ...]) -> None:
+    with pytest.raises(kp.UnknownNameError) as info:
+        kp.device_profile(name)
+    err = info.value
+    assert err.closest in closest
+    assert repr(name) in str(err)
+    for known in PROFILE_NAMES:
+        assert known in str(err)
+    assert set(err.choices) == set(PROFILE_NAMES)
+
+
+def test_device_profiles_is_read_only() -> None:
+    profiles = kp.device_profiles()
+    h100 = profiles["h100"]
+    with pytest.raises(TypeError):
+        profiles["h100"] = kp.device_profile("a100")  # type: ignore[index]
+    with pytest.raises(TypeError):
+        del profiles["h100"]  # type: ignore[attr-defined]
+    assert kp.device_profile("h100") is h100
+    assert kp.device_profiles()["h100"] is h100
+
+
+def test_profile_evolve_changes_one_fact() -> None:
+    a100 = kp.device_profile("a100")
+    bare = attrs.evolve(a100, libraries=frozenset())
+    assert "cupy" not in bare.libraries
+    assert "cupy" in a100.libraries
+    assert bare.arch == a100.arch
+
+
+# --- DeviceCaps --------------------------------------------------------------------------
+
+
+def test_device_caps_named_constructors() -> None:
+    cuda = kp.DeviceCaps.cuda("sm_89", name="L4", torch_version="2.13.0+cu128", cuda_version="12.8")
+    assert cuda.platform is kp.Platform.CUDA
+    assert cuda.arch == kp.CudaArch(8, 9)
+    assert cuda.toolkit_version == kp.Version(12, 8)
+    assert cuda.torch_version == kp.Version(2, 13)
+
+    rocm = kp.DeviceCaps.rocm(
+        "gfx942:sramecc+:xnack-", name="MI300X", torch_version="2.13", rocm_version="7.0.51831"
+    )
+    assert rocm.platform is kp.Platform.ROCM
+    assert rocm.arch == kp.RocmArch("gfx942")
+    assert rocm.fp8_format is kp.Dtype.FLOAT8_E4M3FNUZ
+
+    cpu = kp.DeviceCaps.cpu(
+        machine="x86_64", isa=["avx2", "FMA"], name="host", torch_version="2.13"
+    )
+    assert cpu.platform is kp.Platform.CPU
+    assert cpu.arch == kp.CpuArch("x86_64", frozenset({"avx2", "fma"}))
+    assert cpu.toolkit_version is None
+
+
+@pytest.mark.parametrize(
+    ("make", "what"),
+    [
+        (
+            lambda: kp.DeviceCaps.cuda("sm_8", name="x", torch_version="2.13", cuda_version="12.8"),
+            "CUDA compute capability",
+        ),
+        (
+            lambda: kp.DeviceCaps.cuda(
+                "gfx942", name="x", torch_version="2.13", cuda_version="12.8"
+            ),
+            "CUDA compute capability",
+        ),
+        (
+            lambda: kp.DeviceCaps.cuda("8.9", name="", torch_version="2.13", cuda_version="12.8"),
+            "device name",
+        ),
+        (
+            lambda: kp.DeviceCaps.cuda(
+                "8.9", name="   ", torch_version="2.13", cuda_version="12.8"
+            ),
+            "device name",
+        ),
+        (
+            lambda: kp.DeviceCaps.cuda("8.9", name="x", torch_version="new", cuda_version="12.8"),
+            "version",
+        ),
+        (
+            lambda: kp.DeviceCaps.cuda("8.9", name="x", torch_version="2.13", cuda_version=""),
+            "version",
+        ),
+        (
+            lambda: kp.DeviceCaps.rocm("gfx94", name="x", torch_version="2.13", rocm_version="7.0"),
+            "AMD GPU architecture",
+        ),
+        (
+            lambda: kp.DeviceCaps.rocm("8.9", name="x", torch_version="2.13", rocm_version="7.0"),
+            "AMD GPU architecture",
+        ),
+        (
+            lambda: kp.DeviceCaps.rocm("gfx942", name="", torch_version="2.13", rocm_version="7.0"),
+            "device name",
+        ),
+        (
+            lambda: kp.DeviceCaps.rocm(
+                "gfx942", name="x", torch_version="2.13", rocm_version="seven"
+            ),
+            "version",
+        ),
+        (
+            lambda: kp.DeviceCaps.cpu(machine="", isa=(), name="x", torch_version="2.13"),
+            "CPU machine name",
+        ),
+        (
+            lambda: kp.DeviceCaps.cpu(machine="x86_64", isa=(), name="", torch_version="2.13"),
+            "device name",
+        ),
+        (
+            lambda: kp.DeviceCaps.cpu(machine="x86_64", isa=(), name="x", torch_version="x.y"),
+            "version",
+        ),
+        (
+            lambda: kp.DeviceCaps(
+                arch="8.9",  # type: ignore[arg-type]
+                name="x",
+                torch_version=kp.Version(2, 13),
+            ),
+            "arch",
+        ),
+        (
+            lambda: kp.DeviceCaps(arch=kp.CudaArch(8, 9), name="", torch_version=kp.Version(2, 13)),
+            "device name",
+        ),
+        (
+            lambda: kp.DeviceCaps(
+                arch=kp.CudaArch(8, 9),
+                name="x",
+                torch_version="torch",
+            ),
+            "version",
+        ),
+        (
+            lambda: kp.DeviceCaps(
+                arch=kp.RocmArch("gfx942"),
+                name="x",
+                torch_version=kp.Version(2, 13),
+                toolkit_version="rocm",
+            ),
+            "version",
+        ),
+    ],
+)
+def test_device_caps_rejects_malformed(make: Callable[[], object], what: str) -> None:
+    with pytest.raises(kp.InvalidValueError) as info:
+        make()
+    assert f"invalid {what} " in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: kp.DeviceCaps.cuda(
+            "8.9", name="x", torch_version="2.13", cuda_version="12.8", libraries="cupy"
+        ),
+        lambda: kp.DeviceCaps.rocm(
+            "gfx942", name="x", torch_version="2.13", rocm_version="7.0", libraries="cupy"
+        ),
+        lambda: kp.DeviceCaps(
+            arch=kp.CudaArch(8, 9),
+            name="x",
+            torch_version=kp.Version(2, 13),
+            libraries="cupy",
+        ),
+    ],
+)
+def test_device_caps_bare_string_library_is_one_name(make: Callable[[], kp.DeviceCaps]) -> None:
+    # A bare string is one library name, not a set of its characters: the field's
+    # converter treats it so, and the named constructors must not undo that.
+    assert make().libraries == frozenset({"cupy"})
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: kp.DeviceCaps.cpu(machine="x86_64", isa="avx2", name="x", torch_version="2.13"),
+        lambda: kp.DeviceCaps(
+            arch=kp.CpuArch("x86_64", "avx2"),
+            name="x",
+            torch_version=kp.Version(2, 13),
+        ),
+    ],
+)
+def test_device_caps_bare_string_isa_is_one_flag(make: Callable[[], kp.DeviceCaps]) -> None:
+    arch = make().arch
+    assert isinstance(arch, kp.CpuArch)
+    assert arch.isa == frozenset({"avx2"})
+
+
+# --- errors ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "err",
+    [
+        kp.UnknownNameError("dtype", "bfloat61", DTYPE_NAMES),
+        kp.UnknownNameError("device profile", "h10", PROFILE_NAMES),
+        kp.UnknownNameError("kernel id", None, ()),
+        kp.InvalidValueError("weight_shape", (0, 16), "(N, K): two positive integers"),
+        kp.InvalidValueError("strict", "maybe", "True or False"),
+    ],
+)
+def test_error_pickle_round_trip(err: kp.KernelpickError) -> None:
+    copy = pickle.loads(pickle.dumps(err))
+    assert type(copy) is type(err)
+    assert str(copy) == str(err)
+    assert copy.args == err.args
+    assert isinstance(copy, kp.KernelpickError)
+    assert isinstance(copy, ValueError)
+    if isinstance(err, kp.UnknownNameError):
+        assert isinstance(copy, kp.UnknownNameError)
+        assert (copy.kind, copy.value, copy.choices, copy.closest) == (
+            err.kind,
+            err.value,
+            err.choices,
+            err.closest,
+        )
+    else:
+        assert isinstance(err, kp.InvalidValueError)
+        assert isinstance(copy, kp.InvalidValueError)
+        assert (copy.what, copy.value, copy.expected) == (err.what, err.value, err.expected)
+
+
+def test_raised_errors_pickle_round_trip() -> None:
+    with pytest.raises(kp.UnknownNameError) as unknown:
+        kp.device_profile("h10")
+    with pytest.raises(kp.InvalidValueError) as invalid:
+        kp.scheme("fp8_per_channel", weight_shape=(0, 16))
+    for err in (unknown.value, invalid.value):
+        copy = pickle.loads(pickle.dumps(err))
+        assert str(copy) == str(err)
+        assert copy.value == err.value
+    assert pickle.loads(pickle.dumps(unknown.value)).closest == "h100"
+
+
+# --- reasons -----------------------------------------------------------------------------
+
+
+def test_every_reject_code_has_a_template() -> None:
+    assert set(TEMPLATES) == set(kp.RejectCode)
+
+
+@pytest.mark.parametrize("code", list(kp.RejectCode))
+def test_reason_message_formats(code: kp.RejectCode) -> None:
+    reason = kp.Reason("some_kernel", code, "NEEDED-{x}", "FOUND-{y}")
+    message = reason.message
+    assert message
+    # The only braces left are the ones inside the substituted values.
+    stripped = message.replace("NEEDED-{x}", "").replace("FOUND-{y}", "")
+    assert "{" not in stripped
+    assert "}" not in stripped
+    assert str(reason) == f"some_kernel: {message}"
+    unmet = kp.Unmet(code, "NEEDED-{x}", "FOUND-{y}")
+    assert unmet.message() == message
+    assert kp.Reason.of("some_kernel", unmet) == reason
