@@ -8,7 +8,7 @@ import re
 import attrs
 
 from kernelpick.core.dtypes import Dtype
-from kernelpick.core.errors import InvalidValueError, UnknownNameError
+from kernelpick.core.errors import InvalidValueError, parse_enum
 
 __all__ = [
     "Arch",
@@ -32,12 +32,7 @@ class Platform(enum.Enum):
 
     @classmethod
     def parse(cls, value: object) -> Platform:
-        if isinstance(value, Platform):
-            return value
-        try:
-            return cls(str(value).strip().lower())
-        except ValueError:
-            raise UnknownNameError("platform", value, [p.value for p in cls]) from None
+        return parse_enum(cls, value, "platform")
 
 
 def _non_negative_int(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:

@@ -8,14 +8,19 @@ quantization set-up keeps working. Each error carries the value that explains it
 from __future__ import annotations
 
 import difflib
+import enum
 from collections.abc import Iterable
+from typing import TypeVar
 
 __all__ = [
     "InvalidValueError",
     "KernelpickError",
     "UnknownNameError",
     "closest_match",
+    "parse_enum",
 ]
+
+E = TypeVar("E", bound=enum.Enum)
 
 
 class KernelpickError(ValueError):
@@ -66,3 +71,13 @@ class InvalidValueError(KernelpickError):
 
     def __reduce__(self) -> tuple[type[InvalidValueError], tuple[str, object, str]]:
         return (type(self), (self.what, self.value, self.expected))
+
+
+def parse_enum(cls: type[E], value: object, kind: str) -> E:
+    """The member of a string-valued enum from a member or its value, case and spaces ignored."""
+    if isinstance(value, cls):
+        return value
+    try:
+        return cls(str(value).strip().lower())
+    except ValueError:
+        raise UnknownNameError(kind, value, [str(member.value) for member in cls]) from None

@@ -7,7 +7,7 @@ import enum
 import attrs
 
 from kernelpick.core.dtypes import Dtype
-from kernelpick.core.errors import UnknownNameError
+from kernelpick.core.errors import parse_enum
 from kernelpick.core.quant import GroupShape, QuantConfig, QuantKey, ScaleSpec
 
 __all__ = ["Scheme", "scheme", "scheme_of"]
@@ -24,12 +24,7 @@ class Scheme(enum.Enum):
 
     @classmethod
     def parse(cls, value: object) -> Scheme:
-        if isinstance(value, Scheme):
-            return value
-        try:
-            return cls(str(value).strip().lower())
-        except ValueError:
-            raise UnknownNameError("scheme", value, [s.value for s in cls]) from None
+        return parse_enum(cls, value, "scheme")
 
 
 @attrs.frozen
