@@ -10,7 +10,12 @@ from kernelpick.core.builtin_catalog import DEFAULT_CATALOG
 from kernelpick.core.decision import SCHEMA_VERSION, Decision, Rejected, Selected, Verdict
 from kernelpick.core.device import FEATURE_SCALED_MM, FEATURE_SCALED_MM_ROWWISE, DeviceCaps
 from kernelpick.core.dtypes import Dtype
-from kernelpick.core.errors import InvalidValueError, KernelpickError, UnknownNameError
+from kernelpick.core.errors import (
+    InvalidValueError,
+    KernelInputError,
+    KernelpickError,
+    UnknownNameError,
+)
 from kernelpick.core.policy import ENV_DISABLED, ENV_FORCE, ENV_STRICT, Policy
 from kernelpick.core.profiles import device_profile, device_profiles
 from kernelpick.core.quant import GroupShape, QuantConfig, QuantKey, ScaleSpec
@@ -68,6 +73,7 @@ __all__ = [
     "GroupShape",
     "InputDtypes",
     "InvalidValueError",
+    "KernelInputError",
     "KernelKind",
     "KernelSpec",
     "KernelpickError",

@@ -14,6 +14,7 @@ from typing import TypeVar
 
 __all__ = [
     "InvalidValueError",
+    "KernelInputError",
     "KernelpickError",
     "UnknownNameError",
     "closest_match",
@@ -81,3 +82,27 @@ def parse_enum(cls: type[E], value: object, kind: str) -> E:
         return cls(str(value).strip().lower())
     except ValueError:
         raise UnknownNameError(kind, value, [str(member.value) for member in cls]) from None
+
+
+class KernelInputError(KernelpickError):
+    """A tensor handed to a kernel that it cannot take, caught before anything is launched.
+
+    ``tensor`` names the argument; ``shape``, ``dtype`` and ``device`` describe what came;
+    ``expected`` says what the kernel takes.
+    """
+
+    def __init__(
+        self, tensor: str, shape: tuple[int, ...], dtype: str, device: str, expected: str
+    ) -> None:
+        self.tensor = tensor
+        self.shape = shape
+        self.dtype = dtype
+        self.device = device
+        self.expected = expected
+        got = f"shape {list(shape)}, dtype {dtype}, device {device}"
+        super().__init__(f"{tensor}: got {got}; expected {expected}")
+
+    def __reduce__(
+        self,
+    ) -> tuple[type[KernelInputError], tuple[str, tuple[int, ...], str, str, str]]:
+        return (type(self), (self.tensor, self.shape, self.dtype, self.device, self.expected))

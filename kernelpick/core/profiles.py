@@ -41,7 +41,7 @@ def _cpu(name: str, isa: tuple[str, ...]) -> DeviceCaps:
 
 
 _PROFILES: dict[str, DeviceCaps] = {
-    "t4": _nvidia("7.5", "NVIDIA Tesla T4"),
+    "t4": _nvidia("7.5", "Tesla T4"),
     "a100": _nvidia("8.0", "NVIDIA A100-SXM4-80GB"),
     "a10g": _nvidia("8.6", "NVIDIA A10G"),
     "l4": _nvidia("8.9", "NVIDIA L4"),
