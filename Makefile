@@ -22,7 +22,7 @@ $(VENV)/.installed-test: pyproject.toml constraints.txt | $(BIN)/python
 
 # A rejection (exit 2) is an expected demo result: an A100 cannot run fp8_per_channel.
 demo: $(VENV)/.installed-demo
-	@for device in cpu a100 h100; do \
+	@for device in auto a100 h100; do \
 		echo "== kernelpick explain --scheme fp8_per_channel --device $$device"; \
 		$(BIN)/kernelpick explain --scheme fp8_per_channel --device $$device; \
 		status=$$?; \

@@ -20,6 +20,7 @@ __all__ = ["EXIT_BAD_INPUT", "EXIT_REJECTED", "EXIT_SELECTED", "main"]
 EXIT_SELECTED = 0
 EXIT_BAD_INPUT = 1
 EXIT_REJECTED = 2
+AUTO = "auto"
 
 
 class _UsageError(kp.KernelpickError):
@@ -55,7 +56,11 @@ def _parser() -> _Parser:
         "Reads KERNELPICK_DISABLED_KERNELS, KERNELPICK_FORCE_KERNEL and KERNELPICK_STRICT; "
         "a flag wins over the environment.",
     )
-    explain.add_argument("--device", default="cpu", help="a device profile name (default: cpu)")
+    explain.add_argument(
+        "--device",
+        default=AUTO,
+        help="a device profile name, or 'auto' to probe this machine (default: auto)",
+    )
     explain.add_argument("--scheme", default=kp.Scheme.FP8_PER_CHANNEL.value, help="scheme name")
     explain.add_argument(
         "--shape", default="4096,4096", help="weight shape N,K (default 4096,4096)"
@@ -69,6 +74,10 @@ def _parser() -> _Parser:
     return parser
 
 
+def _caps(device: str) -> kp.DeviceCaps:
+    return kp.probe() if device.strip().lower() == AUTO else kp.device_profile(device)
+
+
 def _policy(args: argparse.Namespace, env: Mapping[str, str]) -> kp.Policy:
     base = kp.Policy.from_env(env)
     disabled = base.disabled if args.disable is None else frozenset(_ids(args.disable))
@@ -80,7 +89,7 @@ def _policy(args: argparse.Namespace, env: Mapping[str, str]) -> kp.Policy:
 
 
 def _explain(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    caps = kp.device_profile(args.device)
+    caps = _caps(args.device)
     config = kp.scheme(
         args.scheme, weight_shape=_shape(args.shape), out_dtype=args.out_dtype, bias=args.bias
     )

@@ -1,3 +1,7 @@
-"""The cpu adapter: a pure translate of device properties, a one-line probe, launch glue."""
+"""The CPU adapter: a pure ``translate`` of device properties, a one-line ``probe``
+cached per device index, and the launchers that run this platform's catalog ids."""
 
-__all__: list[str] = []
+from kernelpick.adapters.cpu.device import probe, read_properties, translate
+from kernelpick.adapters.cpu.launch import LAUNCHERS
+
+__all__ = ["LAUNCHERS", "probe", "read_properties", "translate"]

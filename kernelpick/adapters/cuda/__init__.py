@@ -1,3 +1,7 @@
-"""The cuda adapter: a pure translate of device properties, a one-line probe, launch glue."""
+"""The CUDA adapter: a pure ``translate`` of device properties, a one-line ``probe``
+cached per device index, and the launchers that run this platform's catalog ids."""
 
-__all__: list[str] = []
+from kernelpick.adapters.cuda.device import probe, read_properties, translate
+from kernelpick.adapters.cuda.launch import LAUNCHERS
+
+__all__ = ["LAUNCHERS", "probe", "read_properties", "translate"]

@@ -1,3 +1,7 @@
-"""The rocm adapter: a pure translate of device properties, a one-line probe, launch glue."""
+"""The ROCm adapter: a pure ``translate`` of device properties (gcnArchName, fnuz), a ``probe``
+cached per device index, and the launchers that run this platform's catalog ids."""
 
-__all__: list[str] = []
+from kernelpick.adapters.rocm.device import probe, read_properties, translate
+from kernelpick.adapters.rocm.launch import LAUNCHERS
+
+__all__ = ["LAUNCHERS", "probe", "read_properties", "translate"]

@@ -1,0 +1,26 @@
+"""CUDA launch glue: which kernel family runs each ``cuda_*`` catalog id."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from kernelpick.adapters.launcher import Launcher
+from kernelpick.core.dtypes import Dtype
+from kernelpick.kernels.scaled_mm import ChannelwiseUnfused, RowwiseScaledMM, TensorwiseScaledMM
+from kernelpick.kernels.w8a16 import DequantMatmul
+
+__all__ = ["LAUNCHERS", "SCALED_MM_FUSED_BIAS"]
+
+# cuBLASLt refuses a bias with an fp32 output ("Bias is not supported when out_dtype is set
+# to Float32" in torch's _scaled_mm); the kernel adds it after the op there.
+SCALED_MM_FUSED_BIAS = frozenset({Dtype.BFLOAT16, Dtype.FLOAT16})
+# cuBLASLt and CUTLASS FP8 GEMMs need K and N to be multiples of 16 (design §4).
+ALIGN = 16
+
+# cuda_w8a16_cupy is the cupy issue's; until then the catalog offers it without a launcher.
+LAUNCHERS: Mapping[str, Launcher] = {
+    "cuda_rowwise_scaled_mm": Launcher(RowwiseScaledMM, ALIGN, SCALED_MM_FUSED_BIAS),
+    "cuda_tensorwise_scaled_mm": Launcher(TensorwiseScaledMM, ALIGN, SCALED_MM_FUSED_BIAS),
+    "cuda_channelwise_unfused": Launcher(ChannelwiseUnfused, ALIGN, SCALED_MM_FUSED_BIAS),
+    "cuda_w8a16_torch": Launcher(DequantMatmul),
+}

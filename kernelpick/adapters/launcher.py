@@ -1,0 +1,29 @@
+"""A launcher binds a kernel family to a kernel id, a layer's config and a device."""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from kernelpick.core.device import DeviceCaps
+from kernelpick.core.dtypes import HIGH_PRECISION, Dtype
+from kernelpick.core.quant import QuantConfig
+from kernelpick.kernels.base import KernelBase, Traits
+
+__all__ = ["Launcher"]
+
+
+@attrs.frozen
+class Launcher:
+    """How one catalog id runs: its kernel family plus the platform's traits for it."""
+
+    family: type[KernelBase]
+    alignment: int | None = None
+    fused_bias: frozenset[Dtype] = HIGH_PRECISION
+
+    def bind(
+        self, kernel_id: str, config: QuantConfig, caps: DeviceCaps, device: torch.device
+    ) -> KernelBase:
+        """The kernel for this layer on ``device``, in the device's native FP8 format."""
+        traits = Traits(caps.fp8_format, self.alignment, self.fused_bias)
+        return self.family(kernel_id, config, traits, device)
