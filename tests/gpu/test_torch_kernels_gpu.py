@@ -1,0 +1,61 @@
+"""Every torch GPU kernel against the fp32 emulation, on the real device (``gpu`` marker).
+
+Skipped where torch sees no GPU (tests/conftest.py). On a CUDA machine it runs the cuda_*
+kernels, on a ROCm machine the rocm_* ones; a kernel the device cannot run (row-wise on an
+A100, say) is skipped with the selector's own reasons.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernelpick as kp
+from kernelpick.adapters.registry import LAUNCHERS, bind
+from kernelpick.kernels.base import weight_group
+from kernelpick.kernels.quantize import quantize_weight
+from tests.emulation import BOUND, emulate, relative_error
+
+pytestmark = pytest.mark.gpu
+
+SCHEMES = {
+    "rowwise_scaled_mm": ("fp8_per_channel",),
+    "tensorwise_scaled_mm": ("fp8_per_tensor", "fp8_per_tensor_static"),
+    "channelwise_unfused": ("fp8_per_channel",),
+    "w8a16_torch": ("fp8_weight_only", "fp8_per_tensor"),
+}
+CASES = [(family, scheme) for family, schemes in SCHEMES.items() for scheme in schemes]
+
+
+@pytest.mark.parametrize(("family", "scheme"), CASES)
+@pytest.mark.parametrize("m", [1, 17, 300])
+@pytest.mark.parametrize("bias", [False, True])
+def test_gpu_kernel_matches_the_fp32_emulation(
+    family: str, scheme: str, m: int, bias: bool
+) -> None:
+    caps = kp.probe("cuda")
+    kernel = f"{caps.platform}_{family}"
+    assert kernel in LAUNCHERS
+    n, k = 1024, 2048
+    config = kp.scheme(scheme, weight_shape=(n, k), bias=bias)
+    verdict = next(v for v in kp.evaluate(caps, config) if v.kernel == kernel)
+    if not verdict.ok:
+        pytest.skip("; ".join(r.message for r in verdict.reasons))
+    device = torch.device("cuda", torch.cuda.current_device())
+    generator = torch.Generator().manual_seed(m)
+    x = torch.randn(m, k, generator=generator).to(torch.bfloat16)
+    w = torch.randn(n, k, generator=generator) * 0.05
+    b = torch.randn(n, generator=generator).to(torch.bfloat16) if bias else None
+    input_scale = (x.float().abs().max() / caps.fp8_format.quant_max).reshape(())
+    static = config.activation is not None and config.activation.scale.static
+    impl = bind(kernel, config, caps, device)
+    fp8_weight, scale = quantize_weight(w.to(device), weight_group(config), caps.fp8_format)
+    bundle = impl.prepare_weights(fp8_weight, scale, input_scale.to(device) if static else None)
+    got = impl.apply(x.to(device), bundle, None if b is None else b.to(device)).cpu()
+    weight_only = verdict.kind is kp.KernelKind.W8A16
+    want = emulate(
+        x, w, config, caps.fp8_format, bias=b,
+        input_scale=input_scale if static else None, weight_only=weight_only,
+    )  # fmt: skip
+    # GPU GEMMs accumulate in their own order (and W8A16 in bf16): a few bf16 units.
+    assert relative_error(got, want) <= 4 * BOUND["bfloat16"]

@@ -1,0 +1,208 @@
+"""The device-specific parts of the kernels, checked on the CPU: fnuz, layout, alignment,
+bias placement, and the input checks that run before anything is launched."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import kernelpick as kp
+from kernelpick.adapters.registry import LAUNCHERS, bind
+from kernelpick.kernels.base import KernelBase, weight_group
+from kernelpick.kernels.fnuz import normalize_e4m3fn_to_fnuz
+from kernelpick.kernels.quantize import quantize, quantize_per_token, quantize_weight
+from tests.emulation import BOUND, emulate, relative_error
+
+CPU = torch.device("cpu")
+
+
+def _bound(kernel: str, scheme: str, n: int = 32, k: int = 64, **kwargs: Any) -> KernelBase:
+    device = {"cpu": "cpu", "cuda": "h100", "rocm": "mi300x"}[kernel.split("_")[0]]
+    config = kp.scheme(scheme, weight_shape=(n, k), **kwargs)
+    return LAUNCHERS[kernel].bind(kernel, config, kp.device_profile(device), CPU)
+
+
+def _weights(impl: KernelBase) -> tuple[torch.Tensor, torch.Tensor]:
+    n, k = impl.config.weight_shape
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(0))
+    return quantize_weight(w, weight_group(impl.config), impl.traits.fp8)
+
+
+def test_fnuz_normalization_is_exact_on_all_256_bytes() -> None:
+    every = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn)
+    scale = torch.tensor(0.75)
+    fnuz, doubled, input_scale = normalize_e4m3fn_to_fnuz(every, scale, torch.tensor(0.5))
+    assert fnuz.dtype == torch.float8_e4m3fnuz
+    assert float(doubled) == 1.5
+    assert input_scale is not None
+    assert float(input_scale) == 1.0
+    before = every.float() * scale
+    after = fnuz.float() * doubled
+    nan = torch.isnan(before)
+    assert int(nan.sum()) == 2  # e4m3fn's NaN bytes, 0x7F and 0xFF
+    assert bool(torch.isnan(after[nan]).all())
+    assert torch.equal(before[~nan], after[~nan])
+    # -0 (0x80) is NaN in e4m3fnuz, so it must have become +0.
+    assert float(after[0x80]) == 0.0
+
+
+def test_rocm_gfx942_quantizes_straight_into_fnuz_with_range_224() -> None:
+    impl = _bound("rocm_rowwise_scaled_mm", "fp8_per_channel")
+    fp8_weight, _ = _weights(impl)
+    assert fp8_weight.dtype == torch.float8_e4m3fnuz
+    assert float(fp8_weight.float().abs().max()) == 224.0
+    q, _ = quantize_per_token(torch.randn(4, 64) * 1e4, kp.Dtype.FLOAT8_E4M3FNUZ)
+    assert not bool(torch.isnan(q.float()).any())
+    assert float(q.float().abs().max()) <= 224.0
+
+
+def test_mi355x_quantizes_into_ocp_e4m3fn() -> None:
+    config = kp.scheme("fp8_per_channel", weight_shape=(32, 64))
+    caps = kp.device_profile("mi355x")
+    impl = LAUNCHERS["rocm_rowwise_scaled_mm"].bind("rocm_rowwise_scaled_mm", config, caps, CPU)
+    assert impl.prepare_weights(*_weights(impl)).weight.dtype == torch.float8_e4m3fn
+
+
+@pytest.mark.parametrize(
+    "kernel", ["cpu_rowwise_scaled_mm", "cuda_channelwise_unfused", "rocm_rowwise_scaled_mm"]
+)
+def test_scaled_mm_reads_the_weight_as_a_column_major_view_without_copying(kernel: str) -> None:
+    impl = _bound(kernel, "fp8_per_channel")
+    fp8_weight, scale = _weights(impl)
+    bundle = impl.prepare_weights(fp8_weight, scale)
+    assert bundle.weight.shape == (64, 32)  # [K, N]
+    assert bundle.weight.stride() == (1, 64)  # column-major
+    assert bundle.weight.data_ptr() == fp8_weight.data_ptr()
+    assert bundle.scale.shape == (32, 1)
+
+
+@pytest.mark.parametrize("kernel", ["cuda_w8a16_torch", "cpu_dequant_reference"])
+def test_dequantizing_kernels_keep_the_weight_as_stored(kernel: str) -> None:
+    scheme = "fp8_weight_only" if "w8a16" in kernel else "fp8_per_channel"
+    impl = _bound(kernel, scheme)
+    fp8_weight, scale = _weights(impl)
+    assert impl.prepare_weights(fp8_weight, scale).weight is fp8_weight
+
+
+@pytest.mark.parametrize(
+    "kernel", ["cuda_rowwise_scaled_mm", "rocm_tensorwise_scaled_mm", "cpu_rowwise_scaled_mm"]
+)
+def test_gpu_and_cpu_scaled_mm_refuse_unaligned_weights(kernel: str) -> None:
+    scheme = "fp8_per_tensor" if "tensorwise" in kernel else "fp8_per_channel"
+    impl = _bound(kernel, scheme, n=40, k=64)
+    fp8_weight, scale = _weights(impl)
+    with pytest.raises(kp.KernelInputError, match=r"fp8_weight: got shape \[40, 64\]") as info:
+        impl.prepare_weights(fp8_weight, scale)
+    assert "multiples of 16" in str(info.value)
+    assert isinstance(info.value, ValueError)
+
+
+def test_reference_kernels_take_unaligned_weights() -> None:
+    impl = _bound("cpu_dequant_reference", "fp8_per_channel", n=40, k=60)
+    bundle = impl.prepare_weights(*_weights(impl))
+    assert impl.apply(torch.randn(3, 60, dtype=torch.bfloat16), bundle).shape == (3, 40)
+
+
+@pytest.mark.parametrize(("out", "fused"), [("float32", False), ("bfloat16", True)])
+def test_cuda_adds_the_bias_after_the_op_where_cublaslt_refuses_it(
+    monkeypatch: pytest.MonkeyPatch, out: str, fused: bool
+) -> None:
+    seen: list[torch.Tensor | None] = []
+    real = torch._scaled_mm
+
+    def spy(*args: Any, **kwargs: Any) -> torch.Tensor:
+        seen.append(kwargs.get("bias"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "_scaled_mm", spy)
+    impl = _bound("cuda_tensorwise_scaled_mm", "fp8_per_tensor", out_dtype=out)
+    x = torch.randn(4, 64).to(getattr(torch, out))
+    bias = torch.randn(32).to(getattr(torch, out))
+    w = torch.randn(32, 64, generator=torch.Generator().manual_seed(0))
+    fp8_weight, scale = quantize_weight(w, (-1, -1), impl.traits.fp8)
+    got = impl.apply(x, impl.prepare_weights(fp8_weight, scale), bias)
+    assert (seen[0] is not None) is fused
+    want = emulate(x, w, impl.config, impl.traits.fp8, bias=bias)
+    assert relative_error(got, want) <= BOUND[out]
+
+
+def test_output_keeps_the_leading_dimensions_and_an_empty_batch_works() -> None:
+    impl = _bound("cpu_rowwise_scaled_mm", "fp8_per_channel")
+    bundle = impl.prepare_weights(*_weights(impl))
+    assert impl.apply(torch.randn(2, 3, 5, 64, dtype=torch.bfloat16), bundle).shape == (2, 3, 5, 32)
+    empty = impl.apply(torch.randn(0, 64, dtype=torch.bfloat16), bundle)
+    assert (empty.shape, empty.dtype) == ((0, 32), torch.bfloat16)
+
+
+def _bad_call(case: str) -> Any:
+    """Run one bad call against a row-wise CPU kernel; return what it returned."""
+    impl = _bound("cpu_rowwise_scaled_mm", "fp8_per_channel")
+    fp8_weight, scale = _weights(impl)
+    bundle = impl.prepare_weights(fp8_weight, scale)
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    calls: dict[str, Any] = {
+        "x dtype": lambda: impl.apply(x.float(), bundle),
+        "x width": lambda: impl.apply(x[:, :63], bundle),
+        "bias shape": lambda: impl.apply(x, bundle, torch.zeros(31)),
+        "x device": lambda: impl.apply(x.to("meta"), bundle),
+        "weight dtype": lambda: impl.prepare_weights(fp8_weight.to(torch.bfloat16), scale),
+        "weight shape": lambda: impl.prepare_weights(fp8_weight.t(), scale),
+        "scale shape": lambda: impl.prepare_weights(fp8_weight, scale[:16]),
+        "scale dtype": lambda: impl.prepare_weights(fp8_weight, scale.bfloat16()),
+        "unwanted input_scale": lambda: impl.prepare_weights(fp8_weight, scale, torch.ones(())),
+    }
+    return calls[case]()
+
+
+BAD_INPUTS = [
+    ("x dtype", "x: got shape [4, 64], dtype float32", "dtype bfloat16"),
+    ("x width", "x: got shape [4, 63]", "last dimension K=64"),
+    ("bias shape", "bias: got shape [31]", "shape [32]"),
+    ("x device", "x: got shape [4, 64], dtype bfloat16, device meta", "device cpu"),
+    ("weight dtype", "fp8_weight: got shape [32, 64], dtype bfloat16", "float8_e4m3fn"),
+    ("weight shape", "fp8_weight: got shape [64, 32]", "shape [32, 64]"),
+    ("scale shape", "weight scale: got shape [16, 1]", "[32, 1] or [32]"),
+    ("scale dtype", "weight scale: got shape [32, 1], dtype bfloat16", "dtype float32"),
+    ("unwanted input_scale", "input_scale: got shape []", "None"),
+]
+
+
+@pytest.mark.parametrize(("case", "prefix", "expected"), BAD_INPUTS)
+def test_bad_inputs_are_refused_before_launch_naming_the_tensor(
+    case: str, prefix: str, expected: str
+) -> None:
+    with pytest.raises(kp.KernelInputError) as info:
+        _bad_call(case)
+    assert str(info.value).startswith(prefix)
+    assert expected in info.value.expected
+
+
+def test_a_static_config_needs_its_input_scale() -> None:
+    impl = _bound("cpu_tensorwise_scaled_mm", "fp8_per_tensor_static")
+    fp8_weight, scale = _weights(impl)
+    with pytest.raises(kp.KernelInputError, match=r"input_scale: .*static"):
+        impl.prepare_weights(fp8_weight, scale)
+    bundle = impl.prepare_weights(fp8_weight, scale.reshape(1), torch.tensor([0.01]))
+    assert bundle.scale.shape == ()
+    assert bundle.input_scale is not None
+
+
+def test_bind_checks_id_platform_and_device() -> None:
+    config = kp.scheme("fp8_per_channel", weight_shape=(32, 64))
+    with pytest.raises(kp.UnknownNameError, match="cuda_w8a16_cupy"):
+        bind("cuda_w8a16_cupy", config, kp.device_profile("h100"))
+    with pytest.raises(kp.InvalidValueError, match="a cuda device"):
+        bind("cuda_rowwise_scaled_mm", config, kp.device_profile("h100"), "cpu")
+    with pytest.raises(kp.InvalidValueError, match="a cpu device for cpu_rowwise_scaled_mm"):
+        bind("cpu_rowwise_scaled_mm", config, kp.device_profile("h100"))
+
+
+def test_group_quantization_round_trips_any_group_shape() -> None:
+    w = torch.randn(300, 200, generator=torch.Generator().manual_seed(1))
+    for group in [(1, -1), (-1, -1), (128, 128), (1, 64), (-1, 32)]:
+        whole, whole_scale = quantize(w, group, kp.Dtype.FLOAT8_E4M3FN)
+        chunked, chunked_scale = quantize_weight(w, group, kp.Dtype.FLOAT8_E4M3FN, chunk_rows=64)
+        assert torch.equal(whole.view(torch.uint8), chunked.view(torch.uint8)), group
+        assert torch.equal(whole_scale, chunked_scale), group
