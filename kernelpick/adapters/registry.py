@@ -26,7 +26,9 @@ LAUNCHERS: Mapping[str, Launcher] = MappingProxyType({**CPU, **CUDA, **ROCM})
 _DEVICE_TYPE = {Platform.CPU: "cpu", Platform.CUDA: "cuda", Platform.ROCM: "cuda"}
 
 
-def _device(platform: Platform, device: torch.device | str | int | None) -> torch.device:
+def _device(
+    kernel_id: str, platform: Platform, device: torch.device | str | int | None
+) -> torch.device:
     wanted = _DEVICE_TYPE[platform]
     if device is None:
         if wanted == "cpu":
@@ -34,7 +36,8 @@ def _device(platform: Platform, device: torch.device | str | int | None) -> torc
         return torch.device("cuda", torch.cuda.current_device())
     resolved = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
     if resolved.type != wanted:
-        raise InvalidValueError("device", str(device), f"a {wanted} device for a {platform} kernel")
+        expected = f"a {wanted} device, since {kernel_id} runs on {platform}"
+        raise InvalidValueError("device", str(device), expected)
     if resolved.type == "cuda" and resolved.index is None:
         resolved = torch.device("cuda", torch.cuda.current_device())
     return resolved
@@ -58,4 +61,4 @@ def bind(
     platform = DEFAULT_CATALOG.kernel(kernel_id).platform
     if platform is not caps.platform:
         raise InvalidValueError("caps", caps.name, f"a {platform} device for {kernel_id}")
-    return launcher.bind(kernel_id, config, caps, _device(platform, device))
+    return launcher.bind(kernel_id, config, caps, _device(kernel_id, platform, device))

@@ -6,7 +6,7 @@ two calls: ``prepare_weights`` once after loading, ``apply`` every forward.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import attrs
 import torch
@@ -38,13 +38,14 @@ class Traits:
     fused_bias: frozenset[Dtype] = HIGH_PRECISION
 
 
-@attrs.frozen(eq=False)
-class WeightBundle:
+class WeightBundle(NamedTuple):
     """A layer's weight as a kernel wants it.
 
     ``weight`` is FP8 in the kernel's layout (a ``[K, N]`` column-major view for
     ``_scaled_mm``); ``scale`` is fp32, ``[N, 1]`` per channel, 0-dim per tensor, or one per
     group ``[ceil(N/gn), ceil(K/gk)]``; ``input_scale`` is the static activation scale, if any.
+    A NamedTuple rather than an attrs class, because it is built on the hot path and
+    ``torch.compile`` traces a NamedTuple without a graph break.
     """
 
     weight: torch.Tensor
@@ -97,6 +98,11 @@ class KernelBase:
     @property
     def out_dtype(self) -> torch.dtype:
         return torch_dtype(self.config.out_dtype)
+
+    @property
+    def fuse_bias(self) -> bool:
+        """Whether the device's GEMM takes the bias in-op for this layer's output dtype."""
+        return self.config.out_dtype in self.traits.fused_bias
 
     def _layout(self, fp8_weight: torch.Tensor) -> torch.Tensor:
         return fp8_weight.t()

@@ -9,8 +9,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from kernelpick.core.dtypes import Dtype
-from kernelpick.kernels.base import KernelBase, Traits, WeightBundle
+from kernelpick.kernels.base import KernelBase, WeightBundle
 
 __all__ = ["ChannelwiseUnfused", "RowwiseScaledMM", "TensorwiseScaledMM", "scaled_mm"]
 
@@ -22,14 +21,15 @@ def scaled_mm(
     scale_b: torch.Tensor,
     bias: torch.Tensor | None,
     out_dtype: torch.dtype,
-    traits: Traits,
+    fuse_bias: bool,
 ) -> torch.Tensor:
     """``(a * scale_a) @ (b * scale_b) + bias`` in ``out_dtype``, on ``torch._scaled_mm``.
 
-    ``b`` is the ``[K, N]`` column-major weight view. The bias goes into the op where the
-    device's library takes it for this output dtype, and is added in fp32 after it otherwise.
+    ``b`` is the ``[K, N]`` column-major weight view. With ``fuse_bias`` the op adds the
+    bias itself; otherwise (a library that refuses it for this output dtype) it is added in
+    fp32 after the op.
     """
-    fused = bias is not None and Dtype.parse(out_dtype) in traits.fused_bias
+    fused = bias is not None and fuse_bias
     out = torch._scaled_mm(
         a,
         b,
@@ -63,7 +63,7 @@ class RowwiseScaledMM(KernelBase):
         xq, x_scale = self.quantize_input(x, bundle)
         scale_a = _rows(x_scale, xq.shape[0])
         scale_b = _columns(bundle.scale, self.config.n)
-        return scaled_mm(xq, bundle.weight, scale_a, scale_b, bias, self.out_dtype, self.traits)
+        return scaled_mm(xq, bundle.weight, scale_a, scale_b, bias, self.out_dtype, self.fuse_bias)
 
 
 @attrs.frozen
@@ -75,7 +75,7 @@ class TensorwiseScaledMM(KernelBase):
     ) -> torch.Tensor:
         xq, x_scale = self.quantize_input(x, bundle)
         return scaled_mm(
-            xq, bundle.weight, x_scale, bundle.scale, bias, self.out_dtype, self.traits
+            xq, bundle.weight, x_scale, bundle.scale, bias, self.out_dtype, self.fuse_bias
         )
 
 
