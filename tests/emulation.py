@@ -65,5 +65,5 @@ def emulate(
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
-    diff = torch.linalg.norm(got.to(torch.float32) - want)
-    return float(diff / torch.linalg.norm(want).clamp(min=1e-30))
+    got, want = got.detach().to(torch.float32), want.detach()
+    return float(torch.linalg.norm(got - want) / torch.linalg.norm(want).clamp(min=1e-30))

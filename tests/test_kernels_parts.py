@@ -193,7 +193,7 @@ def test_bind_checks_id_platform_and_device() -> None:
     config = kp.scheme("fp8_per_channel", weight_shape=(32, 64))
     with pytest.raises(kp.UnknownNameError, match="cuda_w8a16_cupy"):
         bind("cuda_w8a16_cupy", config, kp.device_profile("h100"))
-    with pytest.raises(kp.InvalidValueError, match="a cuda device"):
+    with pytest.raises(kp.InvalidValueError, match="a cuda device, since cuda_rowwise"):
         bind("cuda_rowwise_scaled_mm", config, kp.device_profile("h100"), "cpu")
     with pytest.raises(kp.InvalidValueError, match="a cpu device for cpu_rowwise_scaled_mm"):
         bind("cpu_rowwise_scaled_mm", config, kp.device_profile("h100"))

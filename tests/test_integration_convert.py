@@ -1,0 +1,167 @@
+"""quantize_model: in place, atomic by checking first, and a report of what it did."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernelpick as kp
+from kernelpick.integration import (
+    Fp8Linear,
+    KernelSelectionError,
+    ModelConversionError,
+    layer_state,
+    quantize_model,
+)
+from tests.emulation import relative_error
+
+CPU = kp.device_profile("cpu")
+
+
+class Block(torch.nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(width, 2 * width)
+        self.down = torch.nn.Linear(2 * width, width, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden: torch.Tensor = self.down(torch.relu(self.up(x)))
+        return x + hidden
+
+
+def _model(width: int = 64, depth: int = 3, seed: int = 0) -> torch.nn.Sequential:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(*[Block(width) for _ in range(depth)], torch.nn.Linear(width, 16))
+
+
+def _snapshot(model: torch.nn.Module) -> tuple[list[tuple[str, type]], dict[str, bytes]]:
+    modules = [(name, type(module)) for name, module in model.named_modules()]
+    weights = {
+        k: v.detach().cpu().view(-1).view(torch.uint8).numpy().tobytes()
+        for k, v in model.state_dict().items()
+    }
+    return modules, weights
+
+
+def test_quantize_model_converts_every_linear_in_place_and_reports() -> None:
+    model = _model()
+    x = torch.randn(4, 64)
+    want = model(x)
+    report = quantize_model(model, caps=CPU, policy=kp.Policy())
+    names = [layer.name for layer in report.layers]
+    assert names == ["0.up", "0.down", "1.up", "1.down", "2.up", "2.down", "3"]
+    assert all(type(module) is not torch.nn.Linear for module in model.modules())
+    assert all(
+        layer.kernel == "cpu_rowwise_scaled_mm" and not layer.degraded for layer in report.layers
+    )
+    assert report.weight_bytes_after < 0.3 * report.weight_bytes_before
+    assert relative_error(model(x), want) <= 0.06
+    assert "cpu_rowwise_scaled_mm" in report.render()
+    assert "0.up" in report.render()
+
+
+def test_each_layer_keeps_its_bias_tensor_and_records_its_decision() -> None:
+    model = _model(depth=1)
+    bias = model.get_submodule("0.up").get_parameter("bias")
+    quantize_model(model, caps=CPU, policy=kp.Policy())
+    converted = model.get_submodule("0.up")
+    assert isinstance(converted, Fp8Linear)
+    assert converted.bias is bias
+    assert converted.get_parameter("weight").dtype == torch.float8_e4m3fn
+    assert layer_state(converted).decision.kernel == "cpu_rowwise_scaled_mm"
+    assert "kernel=cpu_rowwise_scaled_mm" in repr(converted)
+
+
+def _assert_untouched(
+    model: torch.nn.Module, before: tuple[list[tuple[str, type]], dict[str, bytes]]
+) -> None:
+    after = _snapshot(model)
+    assert after[0] == before[0]
+    assert after[1].keys() == before[1].keys()
+    for key in before[1]:
+        assert after[1][key] == before[1][key], key
+
+
+def test_a100_raises_and_leaves_every_module_and_weight_byte_identical() -> None:
+    model = _model()
+    before = _snapshot(model)
+    with pytest.raises(ModelConversionError) as info:
+        quantize_model(model, caps=kp.device_profile("a100"), policy=kp.Policy())
+    assert len(info.value.failures) == 7
+    name, error = info.value.failures[0]
+    assert name == "0.up"
+    assert isinstance(error, KernelSelectionError)
+    assert "nothing was changed" in str(info.value)
+    _assert_untouched(model, before)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_weight_in_the_last_layer_leaves_the_model_untouched(bad: float) -> None:
+    model = _model()
+    with torch.no_grad():
+        model.get_submodule("3").get_parameter("weight")[5, 2] = bad
+    before = _snapshot(model)
+    with pytest.raises(ModelConversionError, match=r"3: 3\.weight: got shape \[16, 64\]") as info:
+        quantize_model(model, caps=CPU, policy=kp.Policy())
+    assert [name for name, _ in info.value.failures] == ["3"]
+    assert "row 5" in str(info.value)
+    _assert_untouched(model, before)
+
+
+def test_an_unsupported_dtype_leaves_the_model_untouched() -> None:
+    model = _model().double()
+    before = _snapshot(model)
+    with pytest.raises(ModelConversionError, match="float64"):
+        quantize_model(model, caps=CPU, policy=kp.Policy())
+    _assert_untouched(model, before)
+
+
+def test_skip_keeps_chosen_layers_and_the_report_says_so() -> None:
+    model = _model(depth=1)
+    report = quantize_model(model, caps=CPU, policy=kp.Policy(), skip=lambda name, _: name == "1")
+    assert type(model[1]) is torch.nn.Linear
+    assert report.skipped == ("1",)
+    assert [layer.name for layer in report.layers] == ["0.up", "0.down"]
+
+
+def test_weight_only_scheme_selects_the_w8a16_kernel() -> None:
+    model = _model(depth=1)
+    report = quantize_model(model, "fp8_weight_only", caps=CPU, policy=kp.Policy())
+    assert {layer.kernel for layer in report.layers} == {"cpu_w8a16_reference"}
+    assert model(torch.randn(2, 64)).shape == (2, 16)
+
+
+def test_a_scheme_that_needs_calibration_is_a_clear_error() -> None:
+    model = _model(depth=1)
+    before = _snapshot(model)
+    with pytest.raises(kp.InvalidValueError, match="calibrated"):
+        quantize_model(model, "fp8_per_tensor_static", caps=CPU)
+    _assert_untouched(model, before)
+
+
+def test_a_module_reachable_twice_is_swapped_everywhere_once() -> None:
+    shared = torch.nn.Linear(32, 32)
+    model = torch.nn.ModuleDict({"a": shared, "b": torch.nn.Sequential(shared)})
+    report = quantize_model(model, caps=CPU, policy=kp.Policy())
+    assert len(report.layers) == 1
+    assert model.get_submodule("a") is model.get_submodule("b.0")
+    assert isinstance(model.get_submodule("a"), Fp8Linear)
+
+
+def test_linear_subclasses_owned_by_other_modules_are_left_alone() -> None:
+    model = torch.nn.ModuleDict(
+        {"attn": torch.nn.MultiheadAttention(32, 4), "fc": torch.nn.Linear(32, 32)}
+    )
+    report = quantize_model(model, caps=CPU, policy=kp.Policy())
+    assert [layer.name for layer in report.layers] == ["fc"]
+    assert type(model.get_submodule("attn.out_proj")) is not Fp8Linear
+
+
+def test_caps_default_to_a_probe_of_the_models_device() -> None:
+    report = quantize_model(_model(depth=1), policy=kp.Policy())
+    assert report.device == kp.probe("cpu").name
+
+
+def test_a_bare_linear_cannot_be_replaced_in_place() -> None:
+    with pytest.raises(kp.InvalidValueError, match="root"):
+        quantize_model(torch.nn.Linear(16, 16), caps=CPU)
