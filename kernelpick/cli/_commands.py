@@ -1,0 +1,268 @@
+"""The subcommands: explain, matrix, devices, kernels, bench. Each returns an exit status."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+import kernelpick as kp
+from kernelpick.cli._output import Colour, Style, markdown_table, text_table
+from kernelpick.cli._parser import AUTO, shape
+
+__all__ = ["COMMANDS", "EXIT_BAD_INPUT", "EXIT_REJECTED", "EXIT_SELECTED"]
+
+EXIT_SELECTED = 0
+EXIT_BAD_INPUT = 1
+EXIT_REJECTED = 2
+MATRIX_SHAPE = (4096, 4096)
+
+
+def _json(record: Mapping[str, Any], out: TextIO) -> None:
+    print(json.dumps(record, indent=2, sort_keys=True), file=out)
+
+
+def _ids(text: str) -> frozenset[str]:
+    return frozenset(item.strip() for item in text.split(",") if item.strip())
+
+
+def _caps(device: str) -> kp.DeviceCaps:
+    return kp.probe() if device.strip().lower() == AUTO else kp.device_profile(device)
+
+
+def _policy(args: argparse.Namespace, env: Mapping[str, str]) -> kp.Policy:
+    base = kp.Policy.from_env(env)
+    policy = kp.Policy(
+        disabled=base.disabled if args.disable is None else _ids(args.disable),
+        force=base.force if args.force is None else args.force,
+        strict=base.strict if args.strict is None else bool(args.strict),
+    )
+    kp.default_catalog().check_ids(sorted(policy.kernel_ids))
+    return policy
+
+
+def _verdict(verdict: kp.Verdict, chosen: str | None) -> tuple[str, Colour | None]:
+    flag = " (degraded)" if verdict.degraded and verdict.ok else ""
+    if verdict.kernel == chosen:
+        return f"SELECTED{flag}", Colour.YELLOW if flag else Colour.GREEN
+    if verdict.ok:
+        return f"viable{flag}", None
+    return "rejected", Colour.DIM
+
+
+def _describe_policy(policy: kp.Policy) -> str:
+    parts = [f"disabled {', '.join(sorted(policy.disabled))}"] if policy.disabled else []
+    parts += [f"forced {policy.force}"] if policy.force else []
+    parts += ["strict"] if policy.strict else []
+    return "; ".join(parts) or "default"
+
+
+def explain(args: argparse.Namespace, env: Mapping[str, str], out: TextIO) -> int:
+    caps = _caps(args.device)
+    config = kp.scheme(
+        args.scheme, weight_shape=shape(args.shape), out_dtype=args.out_dtype, bias=args.bias
+    )
+    policy = _policy(args, env)
+    decision = kp.choose(caps, config, policy)
+    chosen = decision.kernel if isinstance(decision, kp.Selected) else None
+    if args.json:
+        _json(
+            {
+                **decision.to_dict(),
+                "device": {"profile": args.device, "description": caps.describe()},
+                "config": {"scheme": args.scheme, "description": config.describe()},
+                "policy": {"disabled": sorted(policy.disabled), "force": policy.force,
+                           "strict": policy.strict},
+            },
+            out,
+        )  # fmt: skip
+    else:
+        style = Style.for_stream(out, env)
+        rows, colours = [], []
+        for index, verdict in enumerate(decision.trace, start=1):
+            text, colour = _verdict(verdict, chosen)
+            reasons = "\n".join(r.message for r in verdict.reasons)
+            rows.append([str(index), verdict.kernel, str(verdict.kind), text, reasons])
+            colours.append(colour)
+        print(f"device: {caps.describe()}", file=out)
+        print(f"layer:  {args.scheme}: {config.describe()}", file=out)
+        print(f"policy: {_describe_policy(policy)}\n", file=out)
+        print(
+            text_table(["#", "kernel", "kind", "verdict", "reasons"], rows, style, colours),
+            file=out,
+        )
+        print(file=out)
+        match decision:
+            case kp.Selected(kernel=kernel, degraded=degraded):
+                note = " (degraded: weight-only, activations not quantized)" if degraded else ""
+                print(style.paint(f"=> selected {kernel}{note}", Colour.BOLD), file=out)
+            case kp.Rejected():
+                print(
+                    style.paint("=> rejected: no kernel can implement this layer", Colour.RED),
+                    file=out,
+                )
+            case _:
+                kp.assert_never(decision)
+    return EXIT_SELECTED if chosen is not None else EXIT_REJECTED
+
+
+def _first_w8a8_reason(decision: kp.Rejected) -> kp.Reason | None:
+    for verdict in decision.trace:
+        if verdict.kind is kp.KernelKind.W8A8 and verdict.reasons:
+            return verdict.reasons[0]
+    return decision.reasons[0] if decision.reasons else None
+
+
+def matrix_entries(schemes: list[kp.Scheme]) -> list[dict[str, Any]]:
+    """One record per device profile and scheme, at N=K=4096 in bfloat16."""
+    entries = []
+    for name, caps in kp.device_profiles().items():
+        for item in schemes:
+            decision = kp.choose(caps, kp.scheme(item, weight_shape=MATRIX_SHAPE))
+            arch = caps.arch.machine if isinstance(caps.arch, kp.CpuArch) else str(caps.arch)
+            entry: dict[str, Any] = {"device": name, "arch": arch, "scheme": item.value}
+            if isinstance(decision, kp.Selected):
+                entry |= {"outcome": "selected", "kernel": decision.kernel,
+                          "degraded": decision.degraded, "reason": None}  # fmt: skip
+            else:
+                first = _first_w8a8_reason(decision)
+                reason = None if first is None else {
+                    "kernel": first.kernel, "code": first.code.value, "message": first.message
+                }  # fmt: skip
+                entry |= {
+                    "outcome": "rejected",
+                    "kernel": None,
+                    "degraded": False,
+                    "reason": reason,
+                }
+            entries.append(entry)
+    return entries
+
+
+def _cell(entry: Mapping[str, Any]) -> str:
+    if entry["outcome"] == "selected":
+        return str(entry["kernel"]) + (" (degraded)" if entry["degraded"] else "")
+    reason = entry["reason"]
+    return "rejected" if reason is None else f"rejected: {reason['kernel']}: {reason['message']}"
+
+
+def matrix(args: argparse.Namespace, env: Mapping[str, str], out: TextIO) -> int:
+    schemes = [kp.Scheme.parse(s) for s in args.scheme] if args.scheme else list(kp.Scheme)
+    entries = matrix_entries(schemes)
+    if args.format == "json":
+        layer = {"weight_shape": list(MATRIX_SHAPE), "out_dtype": "bfloat16"}
+        _json({"schema_version": kp.SCHEMA_VERSION, "layer": layer, "entries": entries}, out)
+        return EXIT_SELECTED
+    if args.format == "text":
+        rows = [[e["device"], e["arch"], e["scheme"], _cell(e)] for e in entries]
+        table = text_table(["device", "arch", "scheme", "kernel"], rows, Style.for_stream(out, env))
+        print(table, file=out)
+        return EXIT_SELECTED
+    print(_markdown_matrix(schemes, entries), file=out)
+    return EXIT_SELECTED
+
+
+def _markdown_matrix(schemes: list[kp.Scheme], entries: list[dict[str, Any]]) -> str:
+    parts = [
+        "# Support matrix",
+        "",
+        "Generated by `kernelpick matrix --format markdown` from the catalog and the device "
+        "profiles; a test fails when this file differs from what the code generates. Each "
+        "cell is the kernel selected for a 4096x4096 layer in bfloat16, or `rejected` with the "
+        "first reason of the first W8A8 kernel. `kernelpick explain --device D --scheme S` "
+        "gives every kernel's reasons.",
+    ]
+    for item in schemes:
+        rows = [[e["device"], e["arch"], _cell(e)] for e in entries if e["scheme"] == item.value]
+        parts += ["", f"## {item.value}", "", markdown_table(["device", "arch", "kernel"], rows)]
+    return "\n".join(parts)
+
+
+def _device_record(name: str, caps: kp.DeviceCaps) -> dict[str, Any]:
+    return {
+        "profile": name, "name": caps.name, "platform": str(caps.platform),
+        "arch": str(caps.arch), "toolkit": caps.toolkit, "torch": str(caps.torch_version),
+        "fp8_format": caps.fp8_format.value, "libraries": sorted(caps.libraries),
+        "features": sorted(caps.features),
+    }  # fmt: skip
+
+
+def devices(args: argparse.Namespace, env: Mapping[str, str], out: TextIO) -> int:
+    profiles = kp.device_profiles()
+    if args.json:
+        records = [_device_record(name, caps) for name, caps in profiles.items()]
+        _json({"schema_version": kp.SCHEMA_VERSION, "devices": records}, out)
+        return EXIT_SELECTED
+    headers = ["profile", "name", "platform", "arch", "toolkit", "torch", "fp8", "extras"]
+    rows = [
+        [name, caps.name, str(caps.platform), str(caps.arch), caps.toolkit,
+         str(caps.torch_version), caps.fp8_format.value,
+         ", ".join(sorted(caps.libraries) + sorted(caps.features))]
+        for name, caps in profiles.items()
+    ]  # fmt: skip
+    print(text_table(headers, rows, Style.for_stream(out, env)), file=out)
+    return EXIT_SELECTED
+
+
+def kernels(args: argparse.Namespace, env: Mapping[str, str], out: TextIO) -> int:
+    specs = kp.default_catalog().kernels
+    if args.json:
+        records = [
+            {"id": s.id, "platform": str(s.platform), "kind": s.kind.value, "summary": s.summary,
+             "requires": [r.describe() for r in kp.KIND_RULES[s.kind] + s.requires]}
+            for s in specs
+        ]  # fmt: skip
+        _json({"schema_version": kp.SCHEMA_VERSION, "kernels": records}, out)
+        return EXIT_SELECTED
+    rows = [
+        [s.id, str(s.platform), str(s.kind),
+         "\n".join(r.describe() for r in kp.KIND_RULES[s.kind] + s.requires)]
+        for s in specs
+    ]  # fmt: skip
+    headers = ["kernel", "platform", "kind", "requires (in preference order per platform)"]
+    print(text_table(headers, rows, Style.for_stream(out, env)), file=out)
+    return EXIT_SELECTED
+
+
+def bench(args: argparse.Namespace, env: Mapping[str, str], out: TextIO) -> int:
+    from kernelpick.bench import bench_layer  # imports torch: only this command pays for it
+
+    if args.tokens < 1 or args.repeats < 1:
+        raise kp.InvalidValueError("--tokens/--repeats", (args.tokens, args.repeats), "positive")
+    caps = kp.probe()
+    import torch
+
+    device = torch.device("cpu") if caps.platform is kp.Platform.CPU else torch.device("cuda")
+    result = bench_layer(
+        caps, args.scheme, shape(args.shape), args.out_dtype, args.tokens, args.repeats, device
+    )
+    if args.json:
+        _json({"schema_version": kp.SCHEMA_VERSION, **result.to_dict()}, out)
+        return EXIT_SELECTED
+    n, k = result.shape
+    print(f"device: {caps.describe()}", file=out)
+    print(f"layer:  {args.scheme}, M={result.tokens} N={n} K={k}, {result.dtype}", file=out)
+    flag = " (degraded)" if result.degraded else ""
+    kernel_time = result.seconds_kernel
+
+    def row(label: str, seconds: float, error: str) -> list[str]:
+        return [label, f"{seconds * 1e3:.3f}", f"{seconds / kernel_time:.2f}", error]
+
+    rows = [
+        row(f"{result.kernel}{flag}", kernel_time, f"{result.relative_error:.2e}"),
+        row("linear fp32", result.seconds_fp32, "0"),
+        row(f"linear {result.dtype}", result.seconds_native, "-"),
+    ]
+    headers = ["run", "median ms", "time / kernel time", "relative error vs fp32"]
+    print(text_table(headers, rows, Style.for_stream(out, env)), file=out)
+    return EXIT_SELECTED
+
+
+COMMANDS = {
+    "explain": explain,
+    "matrix": matrix,
+    "devices": devices,
+    "kernels": kernels,
+    "bench": bench,
+}

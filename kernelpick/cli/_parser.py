@@ -1,0 +1,89 @@
+"""The argument parser of the ``kernelpick`` command."""
+
+from __future__ import annotations
+
+import argparse
+from typing import NoReturn
+
+import kernelpick as kp
+
+__all__ = ["AUTO", "UsageError", "parser", "shape"]
+
+AUTO = "auto"
+
+
+class UsageError(kp.KernelpickError):
+    """A command line the parser could not read."""
+
+
+class _Parser(argparse.ArgumentParser):
+    # argparse exits with status 2 on a usage error, which a script would read as a
+    # rejection; raising lets main() exit 1 instead.
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def shape(text: str) -> tuple[int, int]:
+    """``N,K`` (or ``NxK``) as two positive integers."""
+    parts = [part.strip() for part in text.replace("x", ",").split(",")]
+    if len(parts) != 2 or not all(part.isdigit() and int(part) > 0 for part in parts):
+        raise kp.InvalidValueError("--shape", text, "N,K: two positive integers, e.g. 4096,4096")
+    return (int(parts[0]), int(parts[1]))
+
+
+def _layer_options(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--scheme", default="fp8_per_channel", help="default: fp8_per_channel")
+    command.add_argument(
+        "--shape", default="4096,4096", help="weight shape N,K (default 4096,4096)"
+    )
+    command.add_argument("--out-dtype", default="bfloat16", help="output dtype (default bfloat16)")
+
+
+def parser() -> argparse.ArgumentParser:
+    root = _Parser(
+        prog="kernelpick",
+        description="Choose the GEMM kernel for a quantized (FP8) linear layer, and say why.",
+        epilog="Exit status: 0 selected, 2 rejected, 1 bad input.",
+    )
+    commands = root.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    explain = commands.add_parser(
+        "explain",
+        help="the decision for one layer, with every kernel's verdict and reasons",
+        description="The decision for one layer on one device, with every kernel's verdict "
+        "and reasons. Reads KERNELPICK_DISABLED_KERNELS, KERNELPICK_FORCE_KERNEL and "
+        "KERNELPICK_STRICT; a flag wins over the environment.",
+    )
+    explain.add_argument("--device", default=AUTO, help="a profile name, or auto (this machine)")
+    _layer_options(explain)
+    explain.add_argument("--bias", action="store_true", help="the layer has a bias")
+    explain.add_argument("--disable", default=None, help="kernel ids to skip, comma-separated")
+    explain.add_argument("--force", default=None, help="the only kernel to consider")
+    explain.add_argument(
+        "--strict", action="store_true", default=None, help="refuse degraded choices"
+    )
+    explain.add_argument("--json", action="store_true", help="machine-readable output")
+
+    matrix = commands.add_parser(
+        "matrix", help="every device profile x every scheme", description="The selected kernel "
+        "for every device profile and scheme (N=K=4096, bfloat16), or why none fits."
+    )  # fmt: skip
+    matrix.add_argument("--scheme", action="append", help="a scheme (repeatable; default all)")
+    matrix.add_argument("--format", choices=("text", "markdown", "json"), default="text")
+
+    for name, what in (("devices", "the device profiles and their facts"),
+                       ("kernels", "the kernel catalog: kind and requirements")):  # fmt: skip
+        listing = commands.add_parser(name, help=what, description=f"List {what}.")
+        listing.add_argument("--json", action="store_true", help="machine-readable output")
+
+    bench = commands.add_parser(
+        "bench",
+        help="time the selected kernel on this machine against the unquantized linear",
+        description="Run the kernel kernelpick selects on this machine for one layer, against "
+        "the unquantized linear in fp32 and in the layer's dtype: time and error.",
+    )
+    _layer_options(bench)
+    bench.add_argument("--tokens", type=int, default=256, help="rows M of the input (default 256)")
+    bench.add_argument("--repeats", type=int, default=10, help="timed runs (default 10)")
+    bench.add_argument("--json", action="store_true", help="machine-readable output")
+    return root
