@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import pytest
 import torch
 
@@ -21,7 +22,8 @@ CPU = torch.device("cpu")
 def _bound(kernel: str, scheme: str, n: int = 32, k: int = 64, **kwargs: Any) -> KernelBase:
     device = {"cpu": "cpu", "cuda": "h100", "rocm": "mi300x"}[kernel.split("_")[0]]
     config = kp.scheme(scheme, weight_shape=(n, k), **kwargs)
-    return LAUNCHERS[kernel].bind(kernel, config, kp.device_profile(device), CPU)
+    caps = attrs.evolve(kp.device_profile(device), libraries=frozenset())  # torch-op quantizer
+    return LAUNCHERS[kernel].bind(kernel, config, caps, CPU)
 
 
 def _weights(impl: KernelBase) -> tuple[torch.Tensor, torch.Tensor]:
@@ -191,8 +193,9 @@ def test_a_static_config_needs_its_input_scale() -> None:
 
 def test_bind_checks_id_platform_and_device() -> None:
     config = kp.scheme("fp8_per_channel", weight_shape=(32, 64))
-    with pytest.raises(kp.UnknownNameError, match="cuda_w8a16_cupy"):
-        bind("cuda_w8a16_cupy", config, kp.device_profile("h100"))
+    with pytest.raises(kp.UnknownNameError, match="cuda_w8a16_cupy") as info:
+        bind("marlin", config, kp.device_profile("h100"))  # the message lists the real ids
+    assert info.value.value == "marlin"
     with pytest.raises(kp.InvalidValueError, match="a cuda device, since cuda_rowwise"):
         bind("cuda_rowwise_scaled_mm", config, kp.device_profile("h100"), "cpu")
     with pytest.raises(kp.InvalidValueError, match="a cpu device for cpu_rowwise_scaled_mm"):

@@ -116,15 +116,11 @@ def test_importing_kernelpick_and_choosing_does_not_import_torch() -> None:
     assert out.split() == ["Rejected", "False"]
 
 
-# The cupy kernels arrive with the cupy issue; until then the catalog lists one without a launcher.
-NOT_YET_LAUNCHABLE = {"cuda_w8a16_cupy"}
-
-
 def test_every_catalog_id_has_a_launcher_and_every_launcher_a_catalog_id() -> None:
     import kernelpick as kp
     from kernelpick.adapters.registry import LAUNCHERS
 
-    assert set(kp.default_catalog().ids) - NOT_YET_LAUNCHABLE == set(LAUNCHERS)
+    assert set(kp.default_catalog().ids) == set(LAUNCHERS)
     for kernel_id in LAUNCHERS:
         spec = kp.default_catalog().kernel(kernel_id)
         assert kernel_id.startswith(str(spec.platform))

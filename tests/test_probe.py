@@ -20,6 +20,7 @@ from kernelpick.adapters import probe as any_probe
 from kernelpick.adapters.cpu import device as cpu_device
 from kernelpick.adapters.cuda import device as cuda_device
 from kernelpick.adapters.rocm import device as rocm_device
+from kernelpick.kernels.cupy_runtime import cupy_usable
 
 FIXTURES = Path(__file__).parent / "fixtures" / "devices"
 META_KEYS = ("_source", "platform")
@@ -432,12 +433,12 @@ def _install(monkeypatch: pytest.MonkeyPatch, stems: list[str], torch_version: s
 def test_cuda_read_properties_reads_the_index_it_is_given(fake_gpus: pytest.MonkeyPatch) -> None:
     _install(fake_gpus, ["a100", "t4"], "2.13.0+cu128")
     fake_gpus.setattr(torch.version, "cuda", "12.8")
-    fake_gpus.setattr(cuda_device, "_cupy_usable", lambda: True)
+    fake_gpus.setattr(cuda_device, "cupy_usable", lambda: True)
     assert cuda_device.read_properties(1) == _props("t4")
     assert cuda_device.probe(1) == _translate("t4")
     assert cuda_device.probe(1) is cuda_device.probe(1)
     assert cuda_device.probe(0) == _translate("a100")
-    fake_gpus.setattr(cuda_device, "_cupy_usable", lambda: False)
+    fake_gpus.setattr(cuda_device, "cupy_usable", lambda: False)
     assert cuda_device.read_properties(1)["libraries"] == []
 
 
@@ -445,7 +446,7 @@ def test_probe_device_routes_the_current_gpu_to_cuda(fake_gpus: pytest.MonkeyPat
     _install(fake_gpus, ["a100", "t4"], "2.13.0+cu128")
     fake_gpus.setattr(torch.version, "cuda", "12.8")
     fake_gpus.setattr(torch.version, "hip", None)
-    fake_gpus.setattr(cuda_device, "_cupy_usable", lambda: True)
+    fake_gpus.setattr(cuda_device, "cupy_usable", lambda: True)
     fake_gpus.setattr(torch.cuda, "is_available", lambda: True)
     fake_gpus.setattr(torch.cuda, "current_device", lambda: 1)
     assert any_probe.probe_device() == _translate("t4")
@@ -509,12 +510,12 @@ def test_cupy_usable_asks_the_driver(
     monkeypatch: pytest.MonkeyPatch, count: Callable[[], int], usable: bool
 ) -> None:
     monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(count))
-    assert cuda_device._cupy_usable() is usable
+    assert cupy_usable() is usable
 
 
 def test_cupy_unusable_when_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    assert cuda_device._cupy_usable() is False
+    assert cupy_usable() is False
 
 
 def test_importing_the_probes_does_not_import_cupy() -> None:

@@ -20,10 +20,12 @@ class Launcher:
     family: type[KernelBase]
     alignment: int | None = None
     fused_bias: frozenset[Dtype] = HIGH_PRECISION
+    fused_quant: bool = False  # use the cupy per-token quantizer where cupy is usable
 
     def bind(
         self, kernel_id: str, config: QuantConfig, caps: DeviceCaps, device: torch.device
     ) -> KernelBase:
         """The kernel for this layer on ``device``, in the device's native FP8 format."""
-        traits = Traits(caps.fp8_format, self.alignment, self.fused_bias)
+        fused_quant = self.fused_quant and "cupy" in caps.libraries
+        traits = Traits(caps.fp8_format, self.alignment, self.fused_bias, fused_quant)
         return self.family(kernel_id, config, traits, device)

@@ -15,6 +15,7 @@ from kernelpick.core.dtypes import HIGH_PRECISION, Dtype
 from kernelpick.core.errors import KernelInputError
 from kernelpick.core.quant import GroupShape, QuantConfig
 from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
+from kernelpick.kernels.cupy_ops import quantize_per_token_cupy
 from kernelpick.kernels.quantize import quantize_per_tensor, quantize_per_token, quantize_static
 
 __all__ = ["Kernel", "KernelBase", "Traits", "WeightBundle", "weight_group"]
@@ -31,11 +32,14 @@ class Traits:
     that K and N must be for the GEMM library (None: any shape). ``fused_bias`` lists the
     output dtypes for which ``torch._scaled_mm`` takes the bias itself; for the others the
     bias is added after the op (cuBLASLt refuses a bias with an fp32 output).
+    ``fused_quant`` quantizes per-token activations with the cupy kernel (one pass per row)
+    instead of torch ops; the CUDA launchers set it when the device's cupy is usable.
     """
 
     fp8: Dtype
     alignment: int | None = None
     fused_bias: frozenset[Dtype] = HIGH_PRECISION
+    fused_quant: bool = False
 
 
 class WeightBundle(NamedTuple):
@@ -178,6 +182,8 @@ class KernelBase:
                 raise KernelInputError("bundle.input_scale", (), "None", "-", expected)
             return quantize_static(x, bundle.input_scale, fp8), bundle.input_scale
         if act.scale.group == GroupShape.PER_TOKEN:
+            if self.traits.fused_quant:
+                return quantize_per_token_cupy(x if x.stride(-1) == 1 else x.contiguous(), fp8)
             return quantize_per_token(x, fp8)
         return quantize_per_tensor(x, fp8)
 

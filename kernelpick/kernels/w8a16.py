@@ -10,8 +10,9 @@ import attrs
 import torch
 
 from kernelpick.kernels.base import KernelBase, WeightBundle
+from kernelpick.kernels.cupy_ops import GEMV_MAX_M, w8a16_gemv_cupy
 
-__all__ = ["DequantMatmul"]
+__all__ = ["CupyGemvW8A16", "DequantMatmul"]
 
 
 @attrs.frozen
@@ -29,3 +30,19 @@ class DequantMatmul(KernelBase):
         weight = bundle.weight.to(x.dtype) * bundle.scale.to(x.dtype)
         out = torch.nn.functional.linear(x, weight, None if bias is None else bias.to(x.dtype))
         return out.to(self.out_dtype)
+
+
+@attrs.frozen
+class CupyGemvW8A16(DequantMatmul):
+    """The cupy FP8 GEMV for small M (decode), which reads the FP8 weight once and never
+    builds a 16-bit copy; past ``GEMV_MAX_M`` rows, dequantize and call cuBLAS."""
+
+    def _layout(self, fp8_weight: torch.Tensor) -> torch.Tensor:
+        return fp8_weight.contiguous()
+
+    def _matmul(
+        self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        if x.shape[0] > GEMV_MAX_M:
+            return super()._matmul(x, bundle, bias)
+        return w8a16_gemv_cupy(x.contiguous(), bundle.weight, bundle.scale, bias, self.out_dtype)

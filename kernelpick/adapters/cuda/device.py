@@ -3,32 +3,17 @@
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.util
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 
 from kernelpick.adapters._props import Properties, check_index
 from kernelpick.core.device import DeviceCaps
+from kernelpick.kernels.cupy_runtime import cupy_usable
 
 __all__ = ["probe", "read_properties", "translate"]
 
 _LABEL = "CUDA"
-
-
-def _cupy_usable() -> bool:
-    """Whether cupy imports and a CUDA driver answers it (importing cupy is deferred to here)."""
-    try:
-        if importlib.util.find_spec("cupy") is None:
-            return False
-        cupy: Any = importlib.import_module("cupy")
-        count: Any = cupy.cuda.runtime.getDeviceCount()
-    except (ImportError, RuntimeError, OSError):
-        # cupy's CUDARuntimeError subclasses RuntimeError; a missing libcuda is an OSError.
-        return False
-    return isinstance(count, int) and count > 0
 
 
 def read_properties(device_index: int) -> dict[str, object]:
@@ -48,7 +33,7 @@ def read_properties(device_index: int) -> dict[str, object]:
         "multi_processor_count": int(props.multi_processor_count),
         "torch_version": str(torch.__version__),
         "cuda_version": torch.version.cuda,
-        "libraries": ["cupy"] if _cupy_usable() else [],
+        "libraries": ["cupy"] if cupy_usable() else [],
     }
 
 

@@ -1,0 +1,99 @@
+"""The cupy kernels on a real NVIDIA GPU (``gpu`` marker; skipped without one, and when
+cupy is not usable there)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernelpick as kp
+from kernelpick.kernels.cupy_ops import GEMV_MAX_M, quantize_per_token_cupy, w8a16_gemv_cupy
+from kernelpick.kernels.cupy_runtime import cupy_usable
+from kernelpick.kernels.quantize import quantize_per_token
+from tests.emulation import BOUND, relative_error
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not (torch.cuda.is_available() and torch.version.hip is None and cupy_usable()),
+        reason="needs an NVIDIA GPU with cupy usable",
+    ),
+]
+FN = kp.Dtype.FLOAT8_E4M3FN
+
+
+def _device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize(("m", "k"), [(1, 8192), (7, 4096), (33, 1000), (300, 17), (5, 1)])
+def test_fused_quantizer_matches_the_torch_quantizer(dtype: torch.dtype, m: int, k: int) -> None:
+    x = (torch.randn(m, k, device=_device()) * 3).to(dtype)
+    x[0, :] = 0  # an all-zero row keeps the scale floor
+    if k > 3:
+        x[-1, 3] = 1e4  # an outlier
+    q, scale = quantize_per_token_cupy(x, FN)
+    q_ref, scale_ref = quantize_per_token(x, FN)
+    torch.testing.assert_close(scale, scale_ref, rtol=0, atol=0)
+    # Same formula, IEEE division on both sides: every byte should agree.
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+
+
+def test_fused_quantizer_runs_on_a_side_stream_and_under_graph_capture() -> None:
+    x = torch.randn(64, 4096, device=_device(), dtype=torch.bfloat16)
+    expected = quantize_per_token(x, FN)[0].view(torch.uint8)
+    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    with torch.cuda.stream(side):
+        q, _ = quantize_per_token_cupy(x, FN)
+    side.synchronize()
+    assert torch.equal(q.view(torch.uint8), expected)
+    quantize_per_token_cupy(x, FN)  # compiled before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured, _ = quantize_per_token_cupy(x, FN)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured.view(torch.uint8), expected)
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "k"), [(1, 4096, 4096), (3, 257, 1000), (16, 33, 8191), (5, 8, 12)]
+)
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_gemv_matches_the_fp32_reference(
+    m: int, n: int, k: int, bias: bool, per_channel: bool
+) -> None:
+    assert m <= GEMV_MAX_M
+    device = _device()
+    x = torch.randn(m, k, device=device).to(torch.bfloat16)
+    w = torch.randn(n, k, device=device) * 0.05
+    if per_channel:
+        scale = (w.abs().amax(dim=1, keepdim=True) / 448).clamp(min=1e-12)
+    else:
+        scale = (w.abs().max() / 448).reshape(())
+    weight = (w / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+    b = torch.randn(n, device=device).to(torch.bfloat16) if bias else None
+    got = w8a16_gemv_cupy(x, weight, scale, b, torch.bfloat16)
+    want = x.float() @ (weight.float() * scale).t()
+    if b is not None:
+        want += b.float()
+    assert relative_error(got, want) <= BOUND["bfloat16"] + 1e-3
+
+
+def test_the_selected_w8a16_kernel_switches_to_cublas_past_the_gemv_rows() -> None:
+    caps = kp.probe("cuda")
+    config = kp.scheme("fp8_weight_only", weight_shape=(512, 1024))
+    from kernelpick.adapters.registry import bind
+    from kernelpick.kernels.base import weight_group
+    from kernelpick.kernels.quantize import quantize_weight
+
+    kernel = bind("cuda_w8a16_cupy", config, caps, _device())
+    w = torch.randn(512, 1024, device=_device()) * 0.05
+    bundle = kernel.prepare_weights(*quantize_weight(w, weight_group(config), caps.fp8_format))
+    for m in (1, GEMV_MAX_M, GEMV_MAX_M + 1, 200):
+        x = torch.randn(m, 1024, device=_device()).to(torch.bfloat16)
+        got = kernel.apply(x, bundle)
+        want = x.float() @ (bundle.weight.float() * bundle.scale).t()
+        assert relative_error(got, want) <= 4 * BOUND["bfloat16"], m
