@@ -245,3 +245,30 @@ def test_with_cupy_installed_and_no_gpu_it_is_unusable_and_never_imported_early(
     assert (imported, in_caps) == ("False", "False")
     if installed == "True" and not torch.cuda.is_available():
         assert second == "False"
+
+
+def test_gpu_check_prints_its_plan_without_a_gpu() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--dry-run"],
+        capture_output=True, text=True, check=False, cwd=ROOT,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    for kernel in kp.catalog("cuda"):
+        for m in (1, 16, 2048):
+            assert any(kernel in line and f"M={m} " in line for line in result.stdout.splitlines())
+    assert "gpu_w8a16_gemv_vs_bf16" in result.stdout
+
+
+def test_dequantized_weight_inverts_each_layout() -> None:
+    from kernelpick.kernels.quantize import dequantize
+
+    for kernel, scheme in (
+        ("cuda_rowwise_scaled_mm", "fp8_per_channel"),
+        ("cuda_w8a16_cupy", "fp8_weight_only"),
+    ):
+        config = kp.scheme(scheme, weight_shape=(48, 32))
+        caps = attrs.evolve(kp.device_profile("h100"), libraries=frozenset())
+        bound = LAUNCHERS[kernel].bind(kernel, config, caps, torch.device("cpu"))
+        weight, scale = _weights(config)
+        bundle = bound.prepare_weights(weight, scale)
+        assert torch.equal(bound.dequantized_weight(bundle), dequantize(weight, scale, (1, -1)))

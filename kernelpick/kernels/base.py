@@ -16,7 +16,12 @@ from kernelpick.core.errors import KernelInputError
 from kernelpick.core.quant import GroupShape, QuantConfig
 from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
 from kernelpick.kernels.cupy_ops import quantize_per_token_cupy
-from kernelpick.kernels.quantize import quantize_per_tensor, quantize_per_token, quantize_static
+from kernelpick.kernels.quantize import (
+    dequantize,
+    quantize_per_tensor,
+    quantize_per_token,
+    quantize_static,
+)
 
 __all__ = ["Kernel", "KernelBase", "Traits", "WeightBundle", "weight_group"]
 
@@ -110,6 +115,14 @@ class KernelBase:
 
     def _layout(self, fp8_weight: torch.Tensor) -> torch.Tensor:
         return fp8_weight.t()
+
+    def _stored(self, weight: torch.Tensor) -> torch.Tensor:
+        """The inverse of ``_layout``: the bundle's weight as ``[N, K]``."""
+        return weight.t()
+
+    def dequantized_weight(self, bundle: WeightBundle) -> torch.Tensor:
+        """The fp32 ``[N, K]`` weight a bundle encodes: for references and debugging."""
+        return dequantize(self._stored(bundle.weight), bundle.scale, weight_group(self.config))
 
     def _matmul(
         self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None

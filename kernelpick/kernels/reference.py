@@ -31,6 +31,9 @@ class ReferenceW8A8(KernelBase):
     def _layout(self, fp8_weight: torch.Tensor) -> torch.Tensor:
         return fp8_weight
 
+    def _stored(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight
+
     def _matmul(
         self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None
     ) -> torch.Tensor:
@@ -52,6 +55,9 @@ class ReferenceW8A16(KernelBase):
 
     def _layout(self, fp8_weight: torch.Tensor) -> torch.Tensor:
         return fp8_weight
+
+    def _stored(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight
 
     def _matmul(
         self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None

@@ -22,6 +22,9 @@ class DequantMatmul(KernelBase):
     def _layout(self, fp8_weight: torch.Tensor) -> torch.Tensor:
         return fp8_weight  # F.linear reads [N, K] row-major as it is
 
+    def _stored(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight
+
     def _matmul(
         self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None
     ) -> torch.Tensor:
