@@ -831,5 +831,5 @@ def test_reason_message_formats(code: kp.RejectCode) -> None:
     assert "}" not in stripped
     assert str(reason) == f"some_kernel: {message}"
     unmet = kp.Unmet(code, "NEEDED-{x}", "FOUND-{y}")
-    assert unmet.message() == message
+    assert unmet.message == message
     assert kp.Reason.of("some_kernel", unmet) == reason

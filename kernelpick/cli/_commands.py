@@ -210,14 +210,14 @@ def kernels(args: argparse.Namespace, env: Mapping[str, str], out: TextIO) -> in
     if args.json:
         records = [
             {"id": s.id, "platform": str(s.platform), "kind": s.kind.value, "summary": s.summary,
-             "requires": [r.describe() for r in kp.KIND_RULES[s.kind] + s.requires]}
+             "requires": [r.describe() for r in s.rules]}
             for s in specs
         ]  # fmt: skip
         _json({"schema_version": kp.SCHEMA_VERSION, "kernels": records}, out)
         return EXIT_SELECTED
     rows = [
         [s.id, str(s.platform), str(s.kind),
-         "\n".join(r.describe() for r in kp.KIND_RULES[s.kind] + s.requires)]
+         "\n".join(r.describe() for r in s.rules)]
         for s in specs
     ]  # fmt: skip
     headers = ["kernel", "platform", "kind", "requires (in preference order per platform)"]

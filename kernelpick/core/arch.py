@@ -27,6 +27,10 @@ class Platform(enum.Enum):
     ROCM = "rocm"
     CPU = "cpu"
 
+    # Members are singletons: identity hashing is correct and, unlike Enum.__hash__,
+    # runs in C. Rules test set membership of these on every decision.
+    __hash__ = object.__hash__
+
     def __str__(self) -> str:
         return self.value
 
@@ -48,13 +52,45 @@ _VERSION = re.compile(
 )
 
 
-@attrs.frozen(order=True)
-class Version:
+class _Ordered:
+    """Ordering by ``_key()``: attrs' generic ``order=True`` costs microseconds per
+    comparison, and rules compare versions and archs on every uncached decision."""
+
+    def _key(self) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def _other(self, other: object) -> tuple[int, ...] | None:
+        if isinstance(other, _Ordered) and type(other) is type(self):
+            return other._key()
+        return None
+
+    def __lt__(self, other: object) -> bool:
+        key = self._other(other)
+        return NotImplemented if key is None else self._key() < key
+
+    def __le__(self, other: object) -> bool:
+        key = self._other(other)
+        return NotImplemented if key is None else self._key() <= key
+
+    def __gt__(self, other: object) -> bool:
+        key = self._other(other)
+        return NotImplemented if key is None else self._key() > key
+
+    def __ge__(self, other: object) -> bool:
+        key = self._other(other)
+        return NotImplemented if key is None else self._key() >= key
+
+
+@attrs.frozen(order=False)
+class Version(_Ordered):
     """A release number, compared numerically: ``Version.parse("2.13.0+cpu") >= Version(2, 8)``."""
 
     major: int = attrs.field(validator=_non_negative_int)
     minor: int = attrs.field(default=0, validator=_non_negative_int)
     patch: int = attrs.field(default=0, validator=_non_negative_int)
+
+    def _key(self) -> tuple[int, ...]:
+        return (self.major, self.minor, self.patch)
 
     @classmethod
     def parse(cls, value: object) -> Version:
@@ -97,12 +133,15 @@ _CUDA_DOTTED = re.compile(r"^(\d{1,2})\.(\d)$")
 _CUDA_SM = re.compile(r"^(?:sm_|compute_)(\d{1,2})(\d)[af]?$")
 
 
-@attrs.frozen(order=True)
-class CudaArch:
+@attrs.frozen(order=False)
+class CudaArch(_Ordered):
     """An NVIDIA compute capability, e.g. ``CudaArch(8, 9)`` for Ada."""
 
     major: int = attrs.field(validator=_cuda_major)
     minor: int = attrs.field(validator=_cuda_minor)
+
+    def _key(self) -> tuple[int, ...]:
+        return (self.major, self.minor)
 
     @classmethod
     def parse(cls, value: object) -> CudaArch:

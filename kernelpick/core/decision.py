@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, final
+from typing import Any, NamedTuple, final
 
 import attrs
 
@@ -21,9 +21,11 @@ DEGRADED_NOTE = (
 )
 
 
-@attrs.frozen
-class Verdict:
-    """What one kernel answered: no reasons means it could implement the config."""
+class Verdict(NamedTuple):
+    """What one kernel answered: no reasons means it could implement the config.
+
+    A NamedTuple, like ``Reason``: an uncached decision builds one per kernel.
+    """
 
     kernel: str
     kind: KernelKind

@@ -12,6 +12,10 @@ __all__ = ["E4M3_FORMATS", "HIGH_PRECISION", "Dtype", "as_dtype"]
 class Dtype(enum.Enum):
     """A tensor element type. Values are torch's attribute names (``torch.<value>``)."""
 
+    # Members are singletons: identity hashing is correct and, unlike Enum.__hash__,
+    # runs in C. Rules test set membership of these on every decision.
+    __hash__ = object.__hash__
+
     FLOAT8_E4M3FN = "float8_e4m3fn"
     FLOAT8_E4M3FNUZ = "float8_e4m3fnuz"
     FLOAT8_E5M2 = "float8_e5m2"

@@ -17,6 +17,9 @@ from kernelpick.core.errors import InvalidValueError
 __all__ = ["GroupShape", "QuantConfig", "QuantKey", "ScaleSpec"]
 
 
+_NAMED = {(-1, -1): "per-tensor", (1, -1): "per-token", (-1, 1): "per-channel"}
+
+
 def _group_extent(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or (value < 1 and value != -1):
         raise InvalidValueError(
@@ -24,7 +27,8 @@ def _group_extent(_inst: object, attribute: attrs.Attribute[int], value: int) ->
         )
 
 
-@attrs.frozen
+# Hashes are cached: rules test group membership on every uncached decision.
+@attrs.frozen(cache_hash=True)
 class GroupShape:
     """How many rows and columns share one scale; -1 spans the whole dimension."""
 
@@ -47,10 +51,9 @@ class GroupShape:
 
     def describe(self) -> str:
         """A name a person knows: per-tensor, per-token, per-channel, per-group or block."""
-        named = {(-1, -1): "per-tensor", (1, -1): "per-token", (-1, 1): "per-channel"}
         shape = (self.rows, self.cols)
-        if shape in named:
-            return named[shape]
+        if shape in _NAMED:
+            return _NAMED[shape]
         if self.rows == 1:
             return f"per-group {shape}"
         if self.rows == self.cols:
@@ -71,7 +74,7 @@ def _is_bool(_inst: object, attribute: attrs.Attribute[bool], value: bool) -> No
         raise InvalidValueError(attribute.name, value, "True or False")
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class ScaleSpec:
     """Scale granularity, and whether scales are stored (static) or computed per call (dynamic)."""
 
@@ -87,7 +90,7 @@ def _fp8(_inst: object, attribute: attrs.Attribute[Dtype], value: Dtype) -> None
         raise InvalidValueError("quantized dtype", value.value, "an FP8 dtype")
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class QuantKey:
     """One quantized operand: its FP8 dtype and how it is scaled."""
 

@@ -7,14 +7,17 @@ tools compare codes while people read sentences.
 from __future__ import annotations
 
 import enum
-
-import attrs
+from typing import NamedTuple
 
 __all__ = ["Reason", "RejectCode", "Unmet"]
 
 
 class RejectCode(enum.Enum):
     """Every way a kernel can be turned down. Tests and tools match on these."""
+
+    # Members are singletons: identity hashing is correct and, unlike Enum.__hash__,
+    # runs in C. Rules test set membership of these on every decision.
+    __hash__ = object.__hash__
 
     WRONG_PLATFORM = "wrong_platform"
     COMPUTE_CAPABILITY = "compute_capability"
@@ -76,20 +79,23 @@ def _message(code: RejectCode, needed: str, found: str) -> str:
     return TEMPLATES[code].format(needed=needed, found=found)
 
 
-@attrs.frozen
-class Unmet:
+# Unmet and Reason are NamedTuples rather than attrs classes: an uncached decision makes a
+# dozen of them, and a tuple is built in half the time (the choose_uncached_ns budget).
+
+
+class Unmet(NamedTuple):
     """What a requirement returns when it does not hold: the kernel id is added later."""
 
     code: RejectCode
     needed: str
     found: str
 
+    @property
     def message(self) -> str:
         return _message(self.code, self.needed, self.found)
 
 
-@attrs.frozen
-class Reason:
+class Reason(NamedTuple):
     """One reason a kernel was turned down: ``str(reason)`` is ``"<kernel>: <message>"``."""
 
     kernel: str

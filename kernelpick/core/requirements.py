@@ -7,6 +7,7 @@ class with the same two methods (the ``Requirement`` protocol).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -51,6 +52,7 @@ def _either(names: Sequence[str]) -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
+@functools.lru_cache(maxsize=256)
 def _listed(items: frozenset[Dtype] | frozenset[GroupShape]) -> str:
     return _either(sorted(str(item) for item in items))
 
@@ -63,7 +65,10 @@ class MinComputeCapability:
 
     def check(self, caps: DeviceCaps, config: QuantConfig) -> Unmet | None:
         found = caps.arch
-        if isinstance(found, CudaArch) and found >= self.arch:
+        if type(found) is CudaArch and (found.major, found.minor) >= (
+            self.arch.major,
+            self.arch.minor,
+        ):
             return None
         return Unmet(RejectCode.COMPUTE_CAPABILITY, str(self.arch), str(found))
 
@@ -110,7 +115,8 @@ class MinTorch:
     version: Version = attrs.field(converter=as_version)
 
     def check(self, caps: DeviceCaps, config: QuantConfig) -> Unmet | None:
-        if caps.torch_version >= self.version:
+        found, least = caps.torch_version, self.version
+        if (found.major, found.minor, found.patch) >= (least.major, least.minor, least.patch):
             return None
         return Unmet(RejectCode.TORCH_VERSION, str(self.version), str(caps.torch_version))
 
@@ -158,11 +164,13 @@ class Fp8Dtypes:
     dtypes: frozenset[Dtype]
 
     def check(self, caps: DeviceCaps, config: QuantConfig) -> Unmet | None:
-        found = {config.weight.dtype} | ({config.activation.dtype} if config.activation else set())
-        bad = found - self.dtypes
-        if not bad:
+        act = config.activation
+        if config.weight.dtype in self.dtypes and (act is None or act.dtype in self.dtypes):
             return None
-        return Unmet(RejectCode.FP8_DTYPE, _listed(self.dtypes), _listed(frozenset(bad)))
+        found = {config.weight.dtype} | ({act.dtype} if act else set())
+        return Unmet(
+            RejectCode.FP8_DTYPE, _listed(self.dtypes), _listed(frozenset(found - self.dtypes))
+        )
 
     def describe(self) -> str:
         return f"FP8 {_listed(self.dtypes)}"
@@ -271,7 +279,7 @@ class InputDtypes:
 
 
 # The two kind rules below are not declared by kernels: the core applies them to every
-# kernel of the kind (see select.KIND_RULES), so no kernel can forget them.
+# kernel of the kind (see specs.KIND_RULES), so no kernel can forget them.
 
 
 @attrs.frozen

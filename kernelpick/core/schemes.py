@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 
 import attrs
 
@@ -10,7 +11,7 @@ from kernelpick.core.dtypes import Dtype
 from kernelpick.core.errors import parse_enum
 from kernelpick.core.quant import GroupShape, QuantConfig, QuantKey, ScaleSpec
 
-__all__ = ["Scheme", "scheme", "scheme_of"]
+__all__ = ["Scheme", "clear_scheme_cache", "scheme", "scheme_of"]
 
 
 class Scheme(enum.Enum):
@@ -62,6 +63,19 @@ def scheme(
     ``UnknownNameError`` for an unknown scheme or dtype and ``InvalidValueError`` for a bad
     shape; both are ``kp.KernelpickError``.
     """
+    try:
+        return _cached(name, weight_shape, out_dtype, input_dtype, bias)
+    except TypeError:  # an unhashable argument, such as a list shape: build it uncached
+        return _build(name, weight_shape, out_dtype, input_dtype, bias)
+
+
+def _build(
+    name: Scheme | str,
+    weight_shape: tuple[int, int],
+    out_dtype: Dtype | str,
+    input_dtype: Dtype | str | None,
+    bias: bool,
+) -> QuantConfig:
     recipe = _RECIPES[Scheme.parse(name)]
     out = Dtype.parse(out_dtype)
     return QuantConfig(
@@ -72,6 +86,16 @@ def scheme(
         out_dtype=out,
         bias=bias,
     )
+
+
+# A model asks for the same few layer shapes hundreds of times; a config is a frozen
+# value, so building each once keeps planning a model cheap (plan_model_ns). Errors are
+# not cached: they are raised again on each call.
+_cached = functools.lru_cache(maxsize=4096)(_build)
+
+
+def clear_scheme_cache() -> None:
+    _cached.cache_clear()
 
 
 def scheme_of(config: QuantConfig) -> Scheme | None:

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
-
-import attrs
 
 from kernelpick.core.builtin_catalog import DEFAULT_CATALOG
 from kernelpick.core.decision import Decision, Rejected, Selected, Verdict
@@ -14,17 +11,10 @@ from kernelpick.core.errors import InvalidValueError
 from kernelpick.core.policy import Policy
 from kernelpick.core.quant import QuantConfig
 from kernelpick.core.reasons import Reason, RejectCode
-from kernelpick.core.requirements import ActivationQuantized, Requirement, WeightOnlyActivation
-from kernelpick.core.specs import Catalog, KernelKind, KernelSpec
+from kernelpick.core.schemes import clear_scheme_cache
+from kernelpick.core.specs import KIND_RULES, Catalog, KernelKind, KernelSpec
 
 __all__ = ["CACHE_SIZE", "KIND_RULES", "cache_info", "choose", "clear_cache", "evaluate"]
-
-# Rules every kernel of a kind obeys, whatever its spec declares. Keyed on the declared
-# kind, so a new weight-only kernel cannot forget the per-token check (design §1).
-KIND_RULES: Mapping[KernelKind, tuple[Requirement, ...]] = {
-    KernelKind.W8A8: (ActivationQuantized(),),
-    KernelKind.W8A16: (WeightOnlyActivation(),),
-}
 
 # Distinct (device, config, policy, catalog) questions kept. A model has a few dozen
 # distinct layer shapes, so this holds many models' worth; least recently used goes first.
@@ -34,8 +24,11 @@ _DEFAULT_POLICY = Policy()
 
 
 def _verdict(spec: KernelSpec, caps: DeviceCaps, config: QuantConfig, policy: Policy) -> Verdict:
-    rules = KIND_RULES[spec.kind] + spec.requires
-    reasons = [Reason.of(spec.id, unmet) for rule in rules if (unmet := rule.check(caps, config))]
+    reasons = []
+    for rule in spec.rules:
+        unmet = rule.check(caps, config)
+        if unmet is not None:
+            reasons.append(Reason(spec.id, unmet.code, unmet.needed, unmet.found))
     # A weight-only kernel serving an activation-quantized config skips that quantization.
     degraded = spec.kind is KernelKind.W8A16 and config.activation is not None
     if spec.id in policy.disabled:
@@ -62,7 +55,8 @@ def evaluate(
     policy = _DEFAULT_POLICY if policy is None else policy
     catalog = DEFAULT_CATALOG if catalog is None else catalog
     _check_types(caps, config, policy, catalog)
-    catalog.check_ids(sorted(policy.kernel_ids))
+    if policy.disabled or policy.force is not None:
+        catalog.check_ids(sorted(policy.kernel_ids))
     specs = catalog.for_platform(caps.platform)
     trace = [_verdict(spec, caps, config, policy) for spec in specs]
     if policy.force is not None and all(spec.id != policy.force for spec in specs):
@@ -71,21 +65,27 @@ def evaluate(
         wrong = Reason(forced.id, RejectCode.WRONG_PLATFORM, needed, found)
         # Its own rules still run: the kind rule and policy hold for every kernel.
         own = _verdict(forced, caps, config, policy)
-        trace.append(attrs.evolve(own, reasons=(wrong, *own.reasons)))
+        trace.append(own._replace(reasons=(wrong, *own.reasons)))
     return tuple(trace)
 
 
 def _decide(trace: tuple[Verdict, ...]) -> Decision:
-    viable = [verdict for verdict in trace if verdict.ok]
     # Preference order, except that a degraded kernel is only a fallback.
-    best = next((v for v in viable if not v.degraded), viable[0] if viable else None)
-    if best is None:
-        return Rejected(trace)
-    return Selected(best.kernel, trace, best.degraded)
+    fallback = None
+    for verdict in trace:
+        if not verdict.reasons:
+            if not verdict.degraded:
+                return Selected(verdict.kernel, trace, False)
+            fallback = fallback or verdict
+    return Rejected(trace) if fallback is None else Selected(fallback.kernel, trace, True)
 
 
+# Defaults travel into the cache as None: None hashes in C, while each attrs value's hash
+# is a Python call, and the cached path is budgeted at 20 dict lookups.
 @functools.lru_cache(maxsize=CACHE_SIZE)
-def _choose(caps: DeviceCaps, config: QuantConfig, policy: Policy, catalog: Catalog) -> Decision:
+def _choose(
+    caps: DeviceCaps, config: QuantConfig, policy: Policy | None, catalog: Catalog | None
+) -> Decision:
     return _decide(evaluate(caps, config, policy, catalog))
 
 
@@ -102,14 +102,10 @@ def choose(
     argument of the wrong type ``InvalidValueError``.
     """
     try:
-        return _choose(
-            caps,
-            config,
-            _DEFAULT_POLICY if policy is None else policy,
-            DEFAULT_CATALOG if catalog is None else catalog,
-        )
+        return _choose(caps, config, policy, catalog)
     except TypeError:
         # An unhashable argument fails inside the cache, before any check could run.
+        _check_hashable(catalog)
         _check_types(
             caps,
             config,
@@ -120,8 +116,9 @@ def choose(
 
 
 def clear_cache() -> None:
-    """Forget every cached decision (for example after changing a catalog's kernels' code)."""
+    """Forget every cached decision, and the cached configs of ``kp.scheme``."""
     _choose.cache_clear()
+    clear_scheme_cache()
 
 
 def cache_info() -> functools._CacheInfo:
@@ -138,6 +135,9 @@ def _check_types(caps: object, config: object, policy: object, catalog: object) 
     ):
         if not isinstance(value, cls):
             raise InvalidValueError(name, value, f"a kp.{cls.__name__}")
+
+
+def _check_hashable(catalog: object) -> None:
     try:
         hash(catalog)
     except TypeError:

@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
 import attrs
 
 from kernelpick.core.arch import Platform, as_platform
 from kernelpick.core.errors import InvalidValueError, UnknownNameError
-from kernelpick.core.requirements import Requirement
+from kernelpick.core.requirements import ActivationQuantized, Requirement, WeightOnlyActivation
 
-__all__ = ["Catalog", "KernelKind", "KernelSpec"]
+__all__ = ["KIND_RULES", "Catalog", "KernelKind", "KernelSpec"]
 
 
 class KernelKind(enum.Enum):
     """Whether a kernel quantizes activations (W8A8) or only weights (W8A16)."""
+
+    # Members are singletons: identity hashing is correct and, unlike Enum.__hash__,
+    # runs in C. Rules test set membership of these on every decision.
+    __hash__ = object.__hash__
 
     W8A8 = "W8A8"
     W8A16 = "W8A16"
@@ -24,6 +28,13 @@ class KernelKind(enum.Enum):
     def __str__(self) -> str:
         return self.value
 
+
+# Rules every kernel of a kind obeys, whatever its spec declares. Keyed on the declared
+# kind, so a new weight-only kernel cannot forget the per-token check (design §1).
+KIND_RULES: Mapping[KernelKind, tuple[Requirement, ...]] = {
+    KernelKind.W8A8: (ActivationQuantized(),),
+    KernelKind.W8A16: (WeightOnlyActivation(),),
+}
 
 _KERNEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
@@ -57,6 +68,11 @@ class KernelSpec:
     requires: tuple[Requirement, ...] = attrs.field(default=(), converter=_requirements)
     summary: str = ""
 
+    @property
+    def rules(self) -> tuple[Requirement, ...]:
+        """Everything the kernel is checked against: its kind's rules, then its own."""
+        return KIND_RULES[self.kind] + self.requires
+
 
 def _specs(value: Iterable[KernelSpec]) -> tuple[KernelSpec, ...]:
     items = tuple(value)
@@ -79,6 +95,16 @@ class Catalog:
     """
 
     kernels: tuple[KernelSpec, ...] = attrs.field(converter=_specs)
+    # Derived once: evaluate() reads these for every uncached decision.
+    _by_platform: dict[Platform, tuple[KernelSpec, ...]] = attrs.field(
+        init=False, eq=False, hash=False, repr=False
+    )
+    _known: frozenset[str] = attrs.field(init=False, eq=False, hash=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        by_platform = {p: tuple(s for s in self.kernels if s.platform is p) for p in Platform}
+        object.__setattr__(self, "_by_platform", by_platform)
+        object.__setattr__(self, "_known", frozenset(spec.id for spec in self.kernels))
 
     def __iter__(self) -> Iterator[KernelSpec]:
         return iter(self.kernels)
@@ -87,7 +113,7 @@ class Catalog:
         return len(self.kernels)
 
     def __contains__(self, kernel_id: object) -> bool:
-        return any(spec.id == kernel_id for spec in self.kernels)
+        return kernel_id in self._known
 
     @property
     def ids(self) -> tuple[str, ...]:
@@ -95,8 +121,7 @@ class Catalog:
 
     def for_platform(self, platform: Platform | str) -> tuple[KernelSpec, ...]:
         """The platform's kernels in preference order."""
-        wanted = Platform.parse(platform)
-        return tuple(spec for spec in self.kernels if spec.platform is wanted)
+        return self._by_platform[Platform.parse(platform)]
 
     def kernel(self, kernel_id: str) -> KernelSpec:
         """The spec with this id; ``UnknownNameError`` names the closest id otherwise."""
@@ -107,7 +132,6 @@ class Catalog:
 
     def check_ids(self, kernel_ids: Iterable[str]) -> None:
         """Raise ``UnknownNameError`` for the first id that is not in this catalog."""
-        known = set(self.ids)
         for kernel_id in kernel_ids:
-            if kernel_id not in known:
+            if kernel_id not in self._known:
                 raise UnknownNameError("kernel id", kernel_id, self.ids)
