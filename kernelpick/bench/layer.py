@@ -1,45 +1,18 @@
-"""Measure a selected kernel against the unquantized linear it replaces, in one run.
-
-Every figure is a ratio against a baseline timed in the same process on the same data, so
-a noisy, shared machine still gives comparable numbers. ``kernelpick bench`` prints these.
-"""
+"""One layer: the selected kernel against the unquantized linear it replaces, in one run."""
 
 from __future__ import annotations
-
-import statistics
-import time
-from collections.abc import Callable
 
 import attrs
 import torch
 
+from kernelpick.bench.timing import median_seconds
 from kernelpick.core.device import DeviceCaps
 from kernelpick.core.dtypes import Dtype
 from kernelpick.core.schemes import Scheme
 from kernelpick.integration.method import Fp8OnlineLinearMethod, weight_loader_of
 from kernelpick.kernels._torch import torch_dtype
 
-__all__ = ["LayerBench", "bench_layer", "median_seconds"]
-
-
-def _sync(device: torch.device) -> None:
-    # GPU work is asynchronous: a timer must wait for it to finish.
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def median_seconds(run: Callable[[], object], repeats: int, device: torch.device) -> float:
-    """Median wall time of ``run`` over ``repeats`` calls, after two warm-up calls."""
-    for _ in range(2):
-        run()
-    _sync(device)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+__all__ = ["LayerBench", "bench_layer"]
 
 
 @attrs.frozen

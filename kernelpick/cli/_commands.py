@@ -225,7 +225,34 @@ def kernels(args: argparse.Namespace, env: Mapping[str, str], out: TextIO) -> in
     return EXIT_SELECTED
 
 
+def _write_json(record: Mapping[str, Any], target: str, out: TextIO) -> None:
+    if target == "-":
+        _json(record, out)
+        return
+    with open(target, "w") as file:
+        _json(record, file)
+
+
+def bench_suite(args: argparse.Namespace, out: TextIO) -> int:
+    from kernelpick.bench import SuiteConfig, render, run_suite  # imports torch
+
+    if args.quick and args.tiny:
+        raise kp.InvalidValueError("--quick/--tiny", "both", "at most one of them")
+    config = SuiteConfig.tiny() if args.tiny else SuiteConfig.quick() if args.quick else None
+    results = run_suite(config or SuiteConfig.full())
+    results["schema_version"] = kp.SCHEMA_VERSION
+    if args.json == "-":
+        _json(results, out)
+        return EXIT_SELECTED
+    print(render(results), file=out)
+    if args.json:
+        _write_json(results, args.json, out)
+    return EXIT_SELECTED
+
+
 def bench(args: argparse.Namespace, env: Mapping[str, str], out: TextIO) -> int:
+    if args.suite:
+        return bench_suite(args, out)
     from kernelpick.bench import bench_layer  # imports torch: only this command pays for it
 
     if args.tokens < 1 or args.repeats < 1:
@@ -238,8 +265,9 @@ def bench(args: argparse.Namespace, env: Mapping[str, str], out: TextIO) -> int:
         caps, args.scheme, shape(args.shape), args.out_dtype, args.tokens, args.repeats, device
     )
     if args.json:
-        _json({"schema_version": kp.SCHEMA_VERSION, **result.to_dict()}, out)
-        return EXIT_SELECTED
+        _write_json({"schema_version": kp.SCHEMA_VERSION, **result.to_dict()}, args.json, out)
+        if args.json == "-":
+            return EXIT_SELECTED
     n, k = result.shape
     print(f"device: {caps.describe()}", file=out)
     print(f"layer:  {args.scheme}, M={result.tokens} N={n} K={k}, {result.dtype}", file=out)

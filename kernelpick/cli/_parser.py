@@ -85,5 +85,14 @@ def parser() -> argparse.ArgumentParser:
     _layer_options(bench)
     bench.add_argument("--tokens", type=int, default=256, help="rows M of the input (default 256)")
     bench.add_argument("--repeats", type=int, default=10, help="timed runs (default 10)")
-    bench.add_argument("--json", action="store_true", help="machine-readable output")
+    bench.add_argument(
+        "--suite", action="store_true",
+        help="the whole benchmark suite (decision cost, CPU kernels, memory) with its targets",
+    )  # fmt: skip
+    bench.add_argument("--quick", action="store_true", help="with --suite: under 2 minutes")
+    bench.add_argument("--tiny", action="store_true", help="with --suite: tiny sizes (a smoke run)")
+    bench.add_argument(
+        "--json", nargs="?", const="-", default=None, metavar="PATH",
+        help="machine-readable output, to PATH or (without one) to stdout",
+    )  # fmt: skip
     return root

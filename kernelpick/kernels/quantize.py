@@ -37,30 +37,38 @@ def scale_floor(fp8: Dtype) -> float:
     return 1.0 / (fp8.quant_max * SCALE_FLOOR_DIVISOR)
 
 
-def _cast(values: torch.Tensor, scale: torch.Tensor, fp8: Dtype) -> torch.Tensor:
-    """``values / scale``, clamped to the FP8 range, cast (``values`` is fp32)."""
+def _scaled(t: torch.Tensor, scale: torch.Tensor, fp8: Dtype) -> torch.Tensor:
+    """``t / scale`` in fp32, clamped to the FP8 range: one copy, then in place."""
     limit = fp8.quant_max
-    return (values / scale).clamp_(-limit, limit).to(torch_dtype(fp8))
+    return t.to(torch.float32, copy=True).div_(scale).clamp_(-limit, limit)
+
+
+def _cast(t: torch.Tensor, scale: torch.Tensor, fp8: Dtype) -> torch.Tensor:
+    """``t / scale``, clamped to the FP8 range, cast."""
+    return _scaled(t, scale, fp8).to(torch_dtype(fp8))
+
+
+def _row_scale(t: torch.Tensor, fp8: Dtype) -> torch.Tensor:
+    # The amax is exact in the input's own dtype, so it is taken there (fewer bytes read).
+    amax = t.abs().amax(dim=-1, keepdim=True).float()
+    return (amax / fp8.quant_max).clamp_(min=scale_floor(fp8))
 
 
 def quantize_per_token(x: torch.Tensor, fp8: Dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Dynamic per-token: ``x [M, K]`` -> (FP8 ``[M, K]``, fp32 scales ``[M, 1]``)."""
-    values = x.float()
-    amax = values.abs().amax(dim=-1, keepdim=True)
-    scale = (amax / fp8.quant_max).clamp_(min=scale_floor(fp8))
-    return _cast(values, scale, fp8), scale
+    scale = _row_scale(x, fp8)
+    return _cast(x, scale, fp8), scale
 
 
 def quantize_per_tensor(x: torch.Tensor, fp8: Dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Dynamic per-tensor: ``x`` -> (FP8, fp32 0-dim scale)."""
-    values = x.float()
-    scale = (values.abs().amax() / fp8.quant_max).clamp_(min=scale_floor(fp8))
-    return _cast(values, scale, fp8), scale
+    scale = (x.abs().amax().float() / fp8.quant_max).clamp_(min=scale_floor(fp8))
+    return _cast(x, scale, fp8), scale
 
 
 def quantize_static(x: torch.Tensor, scale: torch.Tensor, fp8: Dtype) -> torch.Tensor:
     """Static per-tensor with a stored fp32 ``scale``: values beyond range are clamped."""
-    return _cast(x.float(), scale, fp8)
+    return _cast(x, scale, fp8)
 
 
 def _extents(group: tuple[int, int], shape: tuple[int, int]) -> tuple[int, int]:
@@ -109,7 +117,7 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, group: tuple[int, int]) -> 
 
 
 def quantize_weight(
-    w: torch.Tensor, group: tuple[int, int], fp8: Dtype, *, chunk_rows: int = 1024
+    w: torch.Tensor, group: tuple[int, int], fp8: Dtype, *, chunk_rows: int = 512
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize a weight ``[N, K]`` a chunk of rows at a time, so the fp32 working copy is
     at most ``chunk_rows`` rows (design §5). Same result as ``quantize(w, group, fp8)``.
@@ -117,6 +125,14 @@ def quantize_weight(
     shape = (w.shape[0], w.shape[1])
     rows, cols = _extents(group, shape)
     out = torch.empty(shape, dtype=torch_dtype(fp8), device=w.device)
+    if (rows, cols) == (1, shape[1]):  # per channel: the common case, kept lean
+        row_scales = torch.empty((shape[0], 1), dtype=torch.float32, device=w.device)
+        for start in range(0, shape[0], chunk_rows):
+            chunk = w[start : start + chunk_rows]
+            scale = row_scales[start : start + chunk_rows]
+            scale.copy_(_row_scale(chunk, fp8))
+            out[start : start + chunk_rows].copy_(_scaled(chunk, scale, fp8))  # casts on copy
+        return out, row_scales
     if rows < shape[0]:
         step = max(rows, chunk_rows // rows * rows)
         scales = []
