@@ -14,6 +14,7 @@ from kernelpick.integration import (
     quantize_model,
 )
 from tests.emulation import relative_error
+from tests.snapshots import Snapshot, snapshot
 
 CPU = kp.device_profile("cpu")
 
@@ -32,15 +33,6 @@ class Block(torch.nn.Module):
 def _model(width: int = 64, depth: int = 3, seed: int = 0) -> torch.nn.Sequential:
     torch.manual_seed(seed)
     return torch.nn.Sequential(*[Block(width) for _ in range(depth)], torch.nn.Linear(width, 16))
-
-
-def _snapshot(model: torch.nn.Module) -> tuple[list[tuple[str, type]], dict[str, bytes]]:
-    modules = [(name, type(module)) for name, module in model.named_modules()]
-    weights = {
-        k: v.detach().cpu().view(-1).view(torch.uint8).numpy().tobytes()
-        for k, v in model.state_dict().items()
-    }
-    return modules, weights
 
 
 def test_quantize_model_converts_every_linear_in_place_and_reports() -> None:
@@ -72,10 +64,8 @@ def test_each_layer_keeps_its_bias_tensor_and_records_its_decision() -> None:
     assert "kernel=cpu_rowwise_scaled_mm" in repr(converted)
 
 
-def _assert_untouched(
-    model: torch.nn.Module, before: tuple[list[tuple[str, type]], dict[str, bytes]]
-) -> None:
-    after = _snapshot(model)
+def _assert_untouched(model: torch.nn.Module, before: Snapshot) -> None:
+    after = snapshot(model)
     assert after[0] == before[0]
     assert after[1].keys() == before[1].keys()
     for key in before[1]:
@@ -84,7 +74,7 @@ def _assert_untouched(
 
 def test_a100_raises_and_leaves_every_module_and_weight_byte_identical() -> None:
     model = _model()
-    before = _snapshot(model)
+    before = snapshot(model)
     with pytest.raises(ModelConversionError) as info:
         quantize_model(model, caps=kp.device_profile("a100"), policy=kp.Policy())
     assert len(info.value.failures) == 7
@@ -100,7 +90,7 @@ def test_a_non_finite_weight_in_the_last_layer_leaves_the_model_untouched(bad: f
     model = _model()
     with torch.no_grad():
         model.get_submodule("3").get_parameter("weight")[5, 2] = bad
-    before = _snapshot(model)
+    before = snapshot(model)
     with pytest.raises(ModelConversionError, match=r"3: 3\.weight: got shape \[16, 64\]") as info:
         quantize_model(model, caps=CPU, policy=kp.Policy())
     assert [name for name, _ in info.value.failures] == ["3"]
@@ -110,7 +100,7 @@ def test_a_non_finite_weight_in_the_last_layer_leaves_the_model_untouched(bad: f
 
 def test_an_unsupported_dtype_leaves_the_model_untouched() -> None:
     model = _model().double()
-    before = _snapshot(model)
+    before = snapshot(model)
     with pytest.raises(ModelConversionError, match="float64"):
         quantize_model(model, caps=CPU, policy=kp.Policy())
     _assert_untouched(model, before)
@@ -133,7 +123,7 @@ def test_weight_only_scheme_selects_the_w8a16_kernel() -> None:
 
 def test_a_scheme_that_needs_calibration_is_a_clear_error() -> None:
     model = _model(depth=1)
-    before = _snapshot(model)
+    before = snapshot(model)
     with pytest.raises(kp.InvalidValueError, match="calibrated"):
         quantize_model(model, "fp8_per_tensor_static", caps=CPU)
     _assert_untouched(model, before)

@@ -15,6 +15,7 @@ from kernelpick.adapters.registry import LAUNCHERS
 from kernelpick.integration import ModelConversionError, quantize_model
 from kernelpick.kernels.base import KernelBase, Traits, weight_group
 from kernelpick.kernels.quantize import quantize_weight
+from tests.snapshots import snapshot
 
 CPU = kp.device_profile("cpu")
 FP8 = [kp.Dtype.FLOAT8_E4M3FN, kp.Dtype.FLOAT8_E4M3FNUZ]
@@ -85,15 +86,6 @@ WIDTHS = [(64, 32), (48, 64), (32, 48), (64, 32), (16, 64)]
 ALIGNED_ONLY = kp.Policy(disabled=frozenset({"cpu_dequant_reference", "cpu_w8a16_reference"}))
 
 
-def _snapshot(model: torch.nn.Module) -> tuple[list[tuple[str, int]], dict[str, bytes]]:
-    modules = [(name, id(module)) for name, module in model.named_modules()]
-    weights = {
-        name: tensor.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
-        for name, tensor in model.state_dict().items()
-    }
-    return modules, weights
-
-
 def _unaligned(model: Stack, index: int) -> None:
     old = model.layers[index]
     assert isinstance(old, torch.nn.Linear)
@@ -128,11 +120,11 @@ def test_a_failure_at_any_layer_leaves_every_module_and_byte_as_it_was(
     torch.manual_seed(index)
     model = Stack(WIDTHS)
     FAILURES[failure](model, index)
-    before = _snapshot(model)
+    before = snapshot(model)
     with pytest.raises(ModelConversionError) as info:
         quantize_model(model, caps=CPU, policy=ALIGNED_ONLY)
     assert [name for name, _ in info.value.failures] == [f"layers.{index}"]
-    assert _snapshot(model) == before
+    assert snapshot(model) == before
     # And the same model, repaired, converts.
     clean = Stack(WIDTHS)
     assert len(quantize_model(clean, caps=CPU, policy=ALIGNED_ONLY).layers) == len(WIDTHS)

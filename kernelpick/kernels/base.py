@@ -23,7 +23,7 @@ from kernelpick.kernels.quantize import (
     quantize_static,
 )
 
-__all__ = ["Kernel", "KernelBase", "Traits", "WeightBundle", "weight_group"]
+__all__ = ["Kernel", "KernelBase", "RowMajorKernel", "Traits", "WeightBundle", "weight_group"]
 
 _FLOATS = tuple(torch_dtype(d) for d in sorted(HIGH_PRECISION, key=lambda d: d.value))
 _F32 = (torch.float32,)
@@ -216,3 +216,14 @@ class KernelBase:
         if rows.shape[0] == 0:  # an empty batch: GEMM libraries refuse M=0
             return torch.empty((*lead, n), dtype=self.out_dtype, device=device)
         return self._matmul(rows, bundle, bias).view(*lead, n)
+
+
+@attrs.frozen
+class RowMajorKernel(KernelBase):
+    """A kernel that reads the weight ``[N, K]`` as it is stored (dequantizing families)."""
+
+    def _layout(self, fp8_weight: torch.Tensor) -> torch.Tensor:
+        return fp8_weight
+
+    def _stored(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight

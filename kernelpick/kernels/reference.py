@@ -8,7 +8,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from kernelpick.kernels.base import KernelBase, WeightBundle, weight_group
+from kernelpick.kernels.base import RowMajorKernel, WeightBundle, weight_group
 from kernelpick.kernels.quantize import dequantize, quantize
 
 __all__ = ["ReferenceW8A8", "ReferenceW8A16"]
@@ -24,15 +24,9 @@ def _finish(
 
 
 @attrs.frozen
-class ReferenceW8A8(KernelBase):
+class ReferenceW8A8(RowMajorKernel):
     """Quantize the activation as the config says (any group shape), dequantize both
     operands to fp32 and multiply."""
-
-    def _layout(self, fp8_weight: torch.Tensor) -> torch.Tensor:
-        return fp8_weight
-
-    def _stored(self, weight: torch.Tensor) -> torch.Tensor:
-        return weight
 
     def _matmul(
         self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None
@@ -50,14 +44,8 @@ class ReferenceW8A8(KernelBase):
 
 
 @attrs.frozen
-class ReferenceW8A16(KernelBase):
+class ReferenceW8A16(RowMajorKernel):
     """Dequantize the weight to fp32 and multiply the unquantized activation."""
-
-    def _layout(self, fp8_weight: torch.Tensor) -> torch.Tensor:
-        return fp8_weight
-
-    def _stored(self, weight: torch.Tensor) -> torch.Tensor:
-        return weight
 
     def _matmul(
         self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None

@@ -9,21 +9,15 @@ from __future__ import annotations
 import attrs
 import torch
 
-from kernelpick.kernels.base import KernelBase, WeightBundle
+from kernelpick.kernels.base import RowMajorKernel, WeightBundle
 from kernelpick.kernels.cupy_ops import GEMV_MAX_M, w8a16_gemv_cupy
 
 __all__ = ["CupyGemvW8A16", "DequantMatmul"]
 
 
 @attrs.frozen
-class DequantMatmul(KernelBase):
+class DequantMatmul(RowMajorKernel):
     """Dequantize ``[N, K]`` to the input dtype and run ``F.linear`` (cuBLAS / hipBLASLt)."""
-
-    def _layout(self, fp8_weight: torch.Tensor) -> torch.Tensor:
-        return fp8_weight  # F.linear reads [N, K] row-major as it is
-
-    def _stored(self, weight: torch.Tensor) -> torch.Tensor:
-        return weight
 
     def _matmul(
         self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None
