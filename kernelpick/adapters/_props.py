@@ -16,8 +16,15 @@ class Properties:
     """A property mapping (a probe dump or a JSON fixture) read key by key, with errors
     that name the property: ``invalid CUDA property 'major' ...``."""
 
-    values: Mapping[str, object]
+    values: Mapping[str, object] = attrs.field()
     label: str
+
+    @values.validator
+    def _mapping(self, attribute: attrs.Attribute[Mapping[str, object]], value: object) -> None:
+        if not isinstance(value, Mapping):
+            raise InvalidValueError(
+                f"{self.label} properties", value, "a mapping of property names to values"
+            )
 
     def _bad(self, key: str, expected: str) -> InvalidValueError:
         return InvalidValueError(f"{self.label} property {key!r}", self.values.get(key), expected)

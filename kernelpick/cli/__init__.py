@@ -7,6 +7,7 @@ status 2 is never read as a rejection.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -46,14 +47,25 @@ def main(
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     try:
-        args = parser().parse_args(argv)
+        # argparse prints --help to sys.stdout and exits; send it to ``out`` and return.
+        with contextlib.redirect_stdout(out):
+            args = parser().parse_args(argv)
+    except SystemExit as done:
+        return done.code if isinstance(done.code, int) else EXIT_BAD_INPUT
+    except kp.KernelpickError as error:
+        return _fail(error, err)
+    try:
         return COMMANDS[args.command](args, env, out)
     except kp.KernelpickError as error:
-        print(f"kernelpick: error: {error}", file=err)
-        hint = _hint(error)
-        if hint:
-            print(f"hint: {hint}", file=err)
-        return EXIT_BAD_INPUT
+        return _fail(error, err)
+
+
+def _fail(error: kp.KernelpickError, err: TextIO) -> int:
+    print(f"kernelpick: error: {error}", file=err)
+    hint = _hint(error)
+    if hint:
+        print(f"hint: {hint}", file=err)
+    return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":

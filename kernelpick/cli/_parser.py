@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from typing import NoReturn
 
 import kernelpick as kp
@@ -10,6 +11,8 @@ import kernelpick as kp
 __all__ = ["AUTO", "UsageError", "parser", "shape"]
 
 AUTO = "auto"
+# ASCII digits only: str.isdigit() accepts "³", which int() refuses.
+_SHAPE = re.compile(r"^\s*([0-9]{1,18})\s*[,x]\s*([0-9]{1,18})\s*$")
 
 
 class UsageError(kp.KernelpickError):
@@ -25,10 +28,10 @@ class _Parser(argparse.ArgumentParser):
 
 def shape(text: str) -> tuple[int, int]:
     """``N,K`` (or ``NxK``) as two positive integers."""
-    parts = [part.strip() for part in text.replace("x", ",").split(",")]
-    if len(parts) != 2 or not all(part.isdigit() and int(part) > 0 for part in parts):
+    match = _SHAPE.match(text)
+    if match is None or int(match.group(1)) == 0 or int(match.group(2)) == 0:
         raise kp.InvalidValueError("--shape", text, "N,K: two positive integers, e.g. 4096,4096")
-    return (int(parts[0]), int(parts[1]))
+    return (int(match.group(1)), int(match.group(2)))
 
 
 def _layer_options(command: argparse.ArgumentParser) -> None:

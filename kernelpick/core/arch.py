@@ -47,8 +47,11 @@ def _non_negative_int(_inst: object, attribute: attrs.Attribute[int], value: int
 
 # Numeric parts (three kept), then nothing, a local or build suffix (+cpu, -abc) or a
 # pre/dev/post release tag (a0, rc1, .dev2025): "2.x" and "12.8garbage" are refused.
+# ASCII digits only (\d would take "١٢"), and at most 18 of them, so int() never refuses.
+_N = "[0-9]{1,18}"
 _VERSION = re.compile(
-    r"^\s*v?(\d+)(?:\.(\d+))?(?:\.(\d+)(?:\.\d+)*)?(?=$|\s|[+\-~]|\.?(?:a|b|rc|dev|post)\d*(?:$|[+.\-]))"
+    rf"^\s*v?({_N})(?:\.({_N}))?(?:\.({_N})(?:\.[0-9]+)*)?"
+    r"(?=$|\s|[+\-~]|\.?(?:a|b|rc|dev|post)[0-9]*(?:$|[+.\-]))"
 )
 
 
@@ -129,8 +132,8 @@ def _cuda_minor(_inst: object, attribute: attrs.Attribute[int], value: int) -> N
 
 # "8.9", or nvcc's "sm_89", "sm_90a", "sm_100f": the suffix only narrows the compile
 # target and says nothing the rules use, so it is accepted and dropped.
-_CUDA_DOTTED = re.compile(r"^(\d{1,2})\.(\d)$")
-_CUDA_SM = re.compile(r"^(?:sm_|compute_)(\d{1,2})(\d)[af]?$")
+_CUDA_DOTTED = re.compile(r"^([0-9]{1,2})\.([0-9])$")
+_CUDA_SM = re.compile(r"^(?:sm_|compute_)([0-9]{1,2})([0-9])[af]?$")
 
 
 @attrs.frozen(order=False)
@@ -150,11 +153,13 @@ class CudaArch(_Ordered):
             return value
         text = value.strip().lower() if isinstance(value, str) else ""
         match = _CUDA_DOTTED.match(text) or _CUDA_SM.match(text)
+        expected = "'major.minor' such as '8.9', or 'sm_89'"
         if match is None:
-            raise InvalidValueError(
-                "CUDA compute capability", value, "'major.minor' such as '8.9', or 'sm_89'"
-            )
-        return cls(int(match.group(1)), int(match.group(2)))
+            raise InvalidValueError("CUDA compute capability", value, expected)
+        try:
+            return cls(int(match.group(1)), int(match.group(2)))
+        except InvalidValueError:  # "0.5": well-formed, out of range; name what was given
+            raise InvalidValueError("CUDA compute capability", value, expected) from None
 
     def __str__(self) -> str:
         return f"{self.major}.{self.minor}"

@@ -63,10 +63,19 @@ def scheme(
     ``UnknownNameError`` for an unknown scheme or dtype and ``InvalidValueError`` for a bad
     shape; both are ``kp.KernelpickError``.
     """
-    try:
-        return _cached(name, weight_shape, out_dtype, input_dtype, bias)
-    except TypeError:  # an unhashable argument, such as a list shape: build it uncached
-        return _build(name, weight_shape, out_dtype, input_dtype, bias)
+    # Only exact ints and bools reach the cache: it compares keys with ==, and (1.0, 1) or
+    # bias=1 must be refused, not served the config of (1, 1) or bias=True.
+    exact = (
+        type(bias) is bool
+        and type(weight_shape) is tuple
+        and all(type(extent) is int for extent in weight_shape)
+    )
+    if exact:
+        try:
+            return _cached(name, weight_shape, out_dtype, input_dtype, bias)
+        except TypeError:  # an unhashable dtype or name: build it uncached
+            pass
+    return _build(name, weight_shape, out_dtype, input_dtype, bias)
 
 
 def _build(

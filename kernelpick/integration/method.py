@@ -225,10 +225,13 @@ class Fp8OnlineLinearMethod:
                 start, rows = sum(sizes[:shard_id]), sizes[shard_id]
             else:
                 raise InvalidValueError("shard_id", shard_id, f"None or 0..{len(sizes) - 1}")
-            if not isinstance(loaded_weight, torch.Tensor) or not loaded_weight.is_floating_point():
-                raise KernelInputError(
-                    name, (), type(loaded_weight).__name__, "-", "a floating-point tensor"
-                )
+            if not isinstance(loaded_weight, torch.Tensor):
+                kind = type(loaded_weight).__name__
+                raise KernelInputError(name, (), kind, "-", "a floating-point tensor")
+            if not loaded_weight.is_floating_point() or loaded_weight.is_complex():
+                raise reject(name, loaded_weight, "a real floating-point dtype")
+            if loaded_weight.is_meta:
+                raise reject(name, loaded_weight, "a tensor with data (not on the meta device)")
             if tuple(loaded_weight.shape) != (rows, width):
                 raise reject(name, loaded_weight, f"shape [{rows}, {width}]")
             with torch.no_grad():
