@@ -75,7 +75,7 @@ def _kernel(kernel: str, config: kp.QuantConfig) -> KernelBase:
 
 def _run_case(
     kernel: str, scheme: str, m: int, n: int, k: int, bias: bool, out: str, seed: int
-) -> float:
+) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     config = kp.scheme(scheme, weight_shape=(n, k), out_dtype=out, bias=bias)
     fp8 = _caps(kernel).fp8_format
@@ -96,7 +96,7 @@ def _run_case(
     assert got.dtype == dtype
     assert bool(torch.isfinite(got).all())
     want = emulate(x, w, config, fp8, bias=b, input_scale=input_scale, weight_only=_w8a16(kernel))
-    return relative_error(got, want)
+    return got, want
 
 
 def test_the_table_matches_what_the_catalog_accepts() -> None:
@@ -118,13 +118,18 @@ def test_kernel_matches_the_fp32_emulation(kernel: str, scheme: str, data: st.Da
     bias = data.draw(st.booleans(), label="bias")
     out = data.draw(st.sampled_from(_out_dtypes(kernel)), label="out_dtype")
     seed = data.draw(st.integers(0, 2**16), label="seed")
-    error = _run_case(kernel, scheme, m, n, k, bias, out, seed)
+    got, want = _run_case(kernel, scheme, m, n, k, bias, out, seed)
     bound = BOUND[out]
     if kernel.endswith("w8a16_torch") and out != "float32":
         # Dequantizes and multiplies in the activation's own half precision: one rounding of
         # the weight and a half-precision matmul, each about one unit of that precision.
         bound = 4 * BOUND[out]
-    assert error <= bound, f"relative error {error:.3g} > {bound:.3g}"
+    # An fp16 output below 2^-14 is subnormal, with an absolute step of 2^-24 rather than
+    # a relative one: rounding there costs at most half a step per element.
+    slack = 2.0**-25 * (m * n) ** 0.5 if out == "float16" else 0.0
+    absolute = float(torch.linalg.norm(got.float() - want))
+    limit = bound * float(torch.linalg.norm(want)) + slack
+    assert absolute <= limit, f"relative error {relative_error(got, want):.3g} > {bound:.3g}"
 
 
 def _edge_inputs(k: int) -> torch.Tensor:
