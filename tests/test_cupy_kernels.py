@@ -272,3 +272,77 @@ def test_dequantized_weight_inverts_each_layout() -> None:
         weight, scale = _weights(config)
         bundle = bound.prepare_weights(weight, scale)
         assert torch.equal(bound.dequantized_weight(bundle), dequantize(weight, scale, (1, -1)))
+
+
+class _FakeCupy:
+    """Records what the launch glue does with cupy: contexts entered, and the launch."""
+
+    def __init__(self) -> None:
+        self.events: list[object] = []
+        fake = self
+
+        class Context:
+            def __init__(self, label: str) -> None:
+                self.label = label
+
+            def __enter__(self) -> None:
+                fake.events.append(("enter", self.label))
+
+            def __exit__(self, *exc: object) -> None:
+                fake.events.append(("exit", self.label))
+
+        class Kernel:
+            def __init__(self, source: str, name: str, options: tuple[str, ...]) -> None:
+                fake.events.append(("compile", name, options))
+
+            def compile(self) -> None:
+                pass
+
+            def __call__(self, grid: object, block: object, args: tuple[object, ...]) -> None:
+                fake.events.append(("launch", grid, block, args))
+
+        class Stream:
+            @staticmethod
+            def from_external(stream: object) -> Context:
+                return Context(f"stream {stream}")
+
+        class Cuda:
+            def Device(self, index: int) -> Context:
+                return Context(f"device {index}")
+
+        Cuda.Stream = Stream  # type: ignore[attr-defined]
+        self.RawKernel = Kernel
+        self.cuda = Cuda()
+
+
+def test_a_launch_runs_on_torchs_stream_inside_the_device_context(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import numpy as np
+
+    from kernelpick.kernels import cupy_runtime
+
+    fake = _FakeCupy()
+    monkeypatch.setattr(cupy_runtime, "_cupy", lambda: fake)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: f"torch-stream-{device}")
+    cupy_runtime._compiled.cache_clear()
+    tensor = torch.zeros(4)
+    geometry = cupy_runtime.Launch((3, 1, 1), (128, 1, 1))
+    args = (tensor, None, np.int32(7), np.int64(2**40))
+    cupy_runtime.launch("k", "source", geometry, args, torch.device("cuda", 1))
+    cupy_runtime.launch("k", "source", geometry, args, torch.device("cuda", 1))
+    cupy_runtime._compiled.cache_clear()
+    compiles = [e for e in fake.events if isinstance(e, tuple) and e[0] == "compile"]
+    assert len(compiles) == 1  # compiled once per device
+    launch = next(e for e in fake.events if isinstance(e, tuple) and e[0] == "launch")
+    order = fake.events.index(launch)
+    entered = [e for e in fake.events[:order] if isinstance(e, tuple) and e[0] == "enter"]
+    assert ("enter", "device 1") in entered
+    assert ("enter", "stream torch-stream-cuda:1") in entered
+    _, grid, block, passed = launch
+    assert (grid, block) == ((3, 1, 1), (128, 1, 1))
+    assert passed[0] == np.uint64(tensor.data_ptr())  # tensors travel as pointers
+    assert passed[1] == np.uint64(0)  # None is NULL
+    assert (type(passed[2]), type(passed[3])) == (np.int32, np.int64)
+    with pytest.raises(kp.InvalidValueError, match="indexed CUDA device"):
+        cupy_runtime.launch("k", "source", geometry, args, torch.device("cpu"))

@@ -105,6 +105,7 @@ class Reason(NamedTuple):
 
     @classmethod
     def of(cls, kernel: str, unmet: Unmet) -> Reason:
+        """The reason a requirement's ``Unmet`` gives for ``kernel``."""
         return cls(kernel, unmet.code, unmet.needed, unmet.found)
 
     @property

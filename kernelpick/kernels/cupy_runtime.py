@@ -86,7 +86,15 @@ def launch(
         raise InvalidValueError("device", str(device), "an indexed CUDA device such as cuda:0")
     cupy = _cupy()
     kernel = _compiled(name, source, device.index)
+    with cupy.cuda.Device(device.index), _torch_stream(cupy, device):
+        # A RawKernel launches on cupy's current stream: the context above makes that
+        # torch's current stream.
+        kernel(geometry.grid, geometry.block, tuple(_argument(a) for a in args))
+
+
+def _torch_stream(cupy: Any, device: torch.device) -> Any:
+    """torch's current stream on ``device`` as a cupy stream (usable as a context)."""
     stream = torch.cuda.current_stream(device)
-    with cupy.cuda.Device(device.index):
-        external = cupy.cuda.ExternalStream(stream.cuda_stream, device.index)
-        kernel(geometry.grid, geometry.block, tuple(_argument(a) for a in args), stream=external)
+    if hasattr(cupy.cuda.Stream, "from_external"):  # cupy >= 14: the CUDA stream protocol
+        return cupy.cuda.Stream.from_external(stream)
+    return cupy.cuda.ExternalStream(stream.cuda_stream, device.index)
