@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import subprocess
 import sys
 from pathlib import Path
@@ -63,6 +64,7 @@ def test_the_memory_sampler_sees_a_temporary_allocation() -> None:
 
     def allocate() -> int:
         block = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched, then freed
+        time.sleep(0.05)  # held long enough for the 0.5 ms sampler to see it
         return int(block[0])
 
     value, extra = peak_extra_rss(allocate)
