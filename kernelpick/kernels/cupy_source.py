@@ -255,12 +255,14 @@ def render_gemv(spec: GemvSpec) -> str:
     if spec.vec not in (1, 4, 16) or not 1 <= spec.m_tile <= 16 or not 1 <= spec.warps <= 32:
         raise InvalidValueError("GEMV spec", spec, "vec 1/4/16, m_tile 1..16, warps 1..32")
     load, store = _LOAD[spec.in_dtype], _STORE[spec.out_dtype]
-    # Activations load as wide as the weights: 16 bf16 are two 16-byte loads.
+    # Activations load as wide as the weights (16 bf16 are two 16-byte loads) into vector
+    # registers, then read as 16-bit lanes: a u16 array cast to uint4* would be misaligned.
     x_load = {
-        16: "            reinterpret_cast<uint4*>(xh)[0] = reinterpret_cast<const uint4*>(xr)[0];\n"
-        "            reinterpret_cast<uint4*>(xh)[1] = reinterpret_cast<const uint4*>(xr)[1];",
-        4: "            reinterpret_cast<uint2*>(xh)[0] = reinterpret_cast<const uint2*>(xr)[0];",
-        1: "            xh[0] = xr[0];",
+        16: "            uint4 xv[2];\n"
+        "            xv[0] = reinterpret_cast<const uint4*>(xr)[0];\n"
+        "            xv[1] = reinterpret_cast<const uint4*>(xr)[1];",
+        4: "            uint2 xv[1];\n            xv[0] = reinterpret_cast<const uint2*>(xr)[0];",
+        1: "            in_t xv[1];\n            xv[0] = xr[0];",
     }[spec.vec]
     weight_load = {
         16: "uint4 wp = *reinterpret_cast<const uint4*>(wr + k);",
@@ -294,8 +296,8 @@ extern "C" __global__ void {spec.name}(
         for (int t = 0; t < KP_M_TILE; ++t) {{
             if (m0 + t >= M) break;
             const in_t* xr = x + (long long)(m0 + t) * K + k;
-            in_t xh[KP_VEC];
 {x_load}
+            const in_t* xh = reinterpret_cast<const in_t*>(xv);
             float sum = 0.0f;
             for (int j = 0; j < KP_VEC; ++j) sum += {load}(xh[j]) * wf[j];
             acc[t] += sum;
