@@ -9,10 +9,25 @@ from kernelpick.bench.timing import median_seconds
 from kernelpick.core.device import DeviceCaps
 from kernelpick.core.dtypes import Dtype
 from kernelpick.core.schemes import Scheme
-from kernelpick.integration.method import Fp8OnlineLinearMethod, weight_loader_of
+from kernelpick.integration.method import Fp8OnlineLinearMethod, layer_state, weight_loader_of
 from kernelpick.kernels._torch import torch_dtype
 
-__all__ = ["LayerBench", "bench_layer"]
+__all__ = ["LayerBench", "bench_layer", "processed_layer"]
+
+
+def processed_layer(
+    method: Fp8OnlineLinearMethod, weight: torch.Tensor, device: torch.device
+) -> torch.nn.Module:
+    """A layer taken through the linear-method protocol as an engine would: create, load
+    ``weight [N, K]`` (its dtype is the layer's), process."""
+    n, k = weight.shape
+    layer = torch.nn.Module()
+    with torch.device(device):  # engines allocate under the device they load onto
+        method.create_weights(layer, k, [n], k, n, weight.dtype, prefix="bench")
+    param = layer.get_parameter("weight")
+    weight_loader_of(param)(param, weight)
+    method.process_weights_after_loading(layer)
+    return layer
 
 
 @attrs.frozen
@@ -55,12 +70,7 @@ def bench_layer(
     weight = (torch.randn(n, k, generator=generator) / k**0.5).to(device)
     x = torch.randn(tokens, k, generator=generator).to(device)
     method = Fp8OnlineLinearMethod(scheme, caps)
-    layer = torch.nn.Module()
-    with torch.device(device):  # engines allocate under the device they load onto
-        method.create_weights(layer, k, [n], k, n, native, prefix="bench")
-    param = layer.get_parameter("weight")
-    weight_loader_of(param)(param, weight.to(native))
-    method.process_weights_after_loading(layer)
+    layer = processed_layer(method, weight.to(native), device)
     x_native, w_native = x.to(native), weight.to(native)
     with torch.inference_mode():
         exact = torch.nn.functional.linear(x, weight)
@@ -71,7 +81,7 @@ def bench_layer(
         same = median_seconds(
             lambda: torch.nn.functional.linear(x_native, w_native), repeats, device
         )
-    decision = layer.__dict__["kernelpick_decision"]
+    decision = layer_state(layer).decision
     return LayerBench(
         decision.kernel, decision.degraded, caps.name, tokens, shape,
         Dtype.parse(dtype).value, seconds, fp32, same, error,

@@ -18,13 +18,13 @@ import attrs
 import torch
 
 import kernelpick as kp
+from kernelpick.bench.layer import processed_layer
 from kernelpick.bench.memory import peak_extra_rss
 from kernelpick.bench.timing import median_ns, median_seconds
 from kernelpick.integration import (
     Fp8PtpcLinearMethod,
     layer_state,
     quantize_model,
-    weight_loader_of,
 )
 from kernelpick.kernels.base import weight_group
 from kernelpick.kernels.quantize import quantize_weight
@@ -104,11 +104,7 @@ def _ptpc_layer(config: SuiteConfig) -> dict[str, float | str]:
     weight = torch.randn(size, size, generator=generator) / size**0.5
     x = torch.randn(m, size, generator=generator)
     method = Fp8PtpcLinearMethod(caps=kp.probe("cpu"), policy=kp.Policy())
-    layer = torch.nn.Module()
-    method.create_weights(layer, size, [size], size, size, torch.float32, prefix="bench")
-    param = layer.get_parameter("weight")
-    weight_loader_of(param)(param, weight)
-    method.process_weights_after_loading(layer)
+    layer = processed_layer(method, weight, CPU)
     fp32 = torch.nn.Linear(size, size, bias=False)
     bf16 = torch.nn.Linear(size, size, bias=False, dtype=torch.bfloat16)
     with torch.no_grad():

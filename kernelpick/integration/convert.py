@@ -21,6 +21,7 @@ from kernelpick.integration.errors import ModelConversionError
 from kernelpick.integration.method import Fp8OnlineLinearMethod, LayerState, check_finite
 from kernelpick.integration.modules import Fp8Linear
 from kernelpick.kernels.base import Kernel
+from kernelpick.kernels.quantize import CHUNK_ROWS
 
 __all__ = ["ConversionReport", "LayerReport", "quantize_model"]
 
@@ -114,7 +115,7 @@ def quantize_model(
     policy: Policy | None = None,
     skip: Skip | None = None,
     *,
-    chunk_rows: int = 1024,
+    chunk_rows: int = CHUNK_ROWS,
 ) -> ConversionReport:
     """Replace every ``nn.Linear`` of ``model`` (in place) with an ``Fp8Linear``.
 

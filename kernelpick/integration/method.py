@@ -27,7 +27,7 @@ from kernelpick.core.specs import Catalog
 from kernelpick.integration.errors import KernelSelectionError
 from kernelpick.kernels._torch import reject, torch_dtype
 from kernelpick.kernels.base import Kernel, WeightBundle, weight_group
-from kernelpick.kernels.quantize import quantize_weight
+from kernelpick.kernels.quantize import CHUNK_ROWS, quantize_weight
 
 __all__ = [
     "ONLINE_SCHEMES",
@@ -132,7 +132,7 @@ class Fp8OnlineLinearMethod:
         policy: Policy | None = None,
         *,
         catalog: Catalog | None = None,
-        chunk_rows: int = 1024,
+        chunk_rows: int = CHUNK_ROWS,
     ) -> None:
         self.scheme = Scheme.parse(scheme)
         if self.scheme not in ONLINE_SCHEMES:
@@ -307,7 +307,7 @@ class Fp8PtpcLinearMethod(Fp8OnlineLinearMethod):
         policy: Policy | None = None,
         *,
         catalog: Catalog | None = None,
-        chunk_rows: int = 1024,
+        chunk_rows: int = CHUNK_ROWS,
     ) -> None:
         super().__init__(
             Scheme.FP8_PER_CHANNEL, caps, policy, catalog=catalog, chunk_rows=chunk_rows

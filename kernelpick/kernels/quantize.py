@@ -19,6 +19,7 @@ from kernelpick.core.dtypes import Dtype
 from kernelpick.kernels._torch import torch_dtype
 
 __all__ = [
+    "CHUNK_ROWS",
     "SCALE_FLOOR_DIVISOR",
     "dequantize",
     "quantize",
@@ -28,6 +29,9 @@ __all__ = [
     "quantize_weight",
     "scale_floor",
 ]
+
+# Rows of a weight quantized at a time: the fp32 working copy is at most this many rows.
+CHUNK_ROWS = 512
 
 # The clamp floor is 1 / (fp8_max * 512) (design §5, as vLLM's per-token quantizer).
 SCALE_FLOOR_DIVISOR = 512.0
@@ -117,7 +121,7 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, group: tuple[int, int]) -> 
 
 
 def quantize_weight(
-    w: torch.Tensor, group: tuple[int, int], fp8: Dtype, *, chunk_rows: int = 512
+    w: torch.Tensor, group: tuple[int, int], fp8: Dtype, *, chunk_rows: int = CHUNK_ROWS
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize a weight ``[N, K]`` a chunk of rows at a time, so the fp32 working copy is
     at most ``chunk_rows`` rows (design §5). Same result as ``quantize(w, group, fp8)``.
