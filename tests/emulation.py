@@ -1,6 +1,7 @@
-"""An independent fp32 emulation of FP8 linear layers, written from design §5 for the tests.
+"""An independent fp32 emulation of FP8 linear layers, written for the tests from the
+quantization formula in docs/integration.md.
 
-It shares no code with kernelpick.kernels: quantize each operand by the design's formula,
+It shares no code with kernelpick.kernels: quantize each operand by the formula,
 dequantize, multiply in fp32. Kernels are held to it.
 """
 
@@ -46,7 +47,8 @@ def emulate(
     """The fp32 output of ``config`` for ``x [M, K]`` and a high-precision ``weight [N, K]``.
 
     ``weight_only`` emulates a W8A16 kernel, which leaves activations unquantized whatever
-    the config says (the degraded fallback).
+    the config says (the degraded fallback). ``input_scale`` is a checkpoint's, for
+    e4m3fn (range 448): on an e4m3fnuz device (range 224) it applies doubled.
     """
     xf, wf = x.to(torch.float32), weight.to(torch.float32)
     per_channel = config.weight.scale.group == kp.GroupShape.PER_CHANNEL
@@ -56,7 +58,8 @@ def emulate(
         x_deq = xf
     elif act.scale.static:
         assert input_scale is not None
-        x_deq = fake_quant(xf, input_scale, fp8)
+        doubled = fp8 is kp.Dtype.FLOAT8_E4M3FNUZ
+        x_deq = fake_quant(xf, input_scale * 2 if doubled else input_scale, fp8)
     else:
         per_token = act.scale.group == kp.GroupShape.PER_TOKEN
         x_deq = fake_quant(xf, dynamic_scale(xf, per_token, fp8), fp8)

@@ -259,19 +259,23 @@ def test_gpu_check_prints_its_plan_without_a_gpu() -> None:
     assert "gpu_w8a16_gemv_vs_bf16" in result.stdout
 
 
-def test_dequantized_weight_inverts_each_layout() -> None:
-    from kernelpick.kernels.quantize import dequantize
+def test_each_layout_is_a_view_of_the_canonical_weight_with_the_same_values() -> None:
+    from kernelpick.kernels.canonical import dequantize_weight
 
-    for kernel, scheme in (
-        ("cuda_rowwise_scaled_mm", "fp8_per_channel"),
-        ("cuda_w8a16_cupy", "fp8_weight_only"),
+    for kernel, scheme, device in (
+        ("cuda_rowwise_scaled_mm", "fp8_per_channel", "h100"),
+        ("cuda_w8a16_cupy", "fp8_weight_only", "h100"),
+        ("rocm_rowwise_scaled_mm", "fp8_per_channel", "mi300x"),
     ):
         config = kp.scheme(scheme, weight_shape=(48, 32))
-        caps = attrs.evolve(kp.device_profile("h100"), libraries=frozenset())
+        caps = attrs.evolve(kp.device_profile(device), libraries=frozenset())
         bound = LAUNCHERS[kernel].bind(kernel, config, caps, torch.device("cpu"))
         weight, scale = _weights(config)
         bundle = bound.prepare_weights(weight, scale)
-        assert torch.equal(bound.dequantized_weight(bundle), dequantize(weight, scale, (1, -1)))
+        assert bundle.weight.data_ptr() == weight.data_ptr(), kernel
+        stored = bundle.weight if bundle.weight.shape == (48, 32) else bundle.weight.t()
+        values = stored.float() * bundle.scale
+        assert torch.equal(values, dequantize_weight(weight, scale, config)), kernel
 
 
 class _FakeCupy:

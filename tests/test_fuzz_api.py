@@ -27,7 +27,7 @@ from kernelpick.adapters.cpu import device as cpu_device
 from kernelpick.adapters.cuda import device as cuda_device
 from kernelpick.adapters.rocm import device as rocm_device
 from kernelpick.cli import main
-from kernelpick.integration.method import Fp8PtpcLinearMethod, layer_state, weight_loader_of
+from kernelpick.integration import Fp8PtpcLinearMethod, layer_state, weight_loader_of
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "devices"
 IDS: tuple[str, ...] = kp.default_catalog().ids
@@ -1058,7 +1058,7 @@ def _load_problems(
     if not isinstance(tensor, torch.Tensor):
         return [type(tensor).__name__], start, rows
     problems: list[str] = []
-    if not tensor.is_floating_point():
+    if not tensor.is_floating_point() or tensor.dtype.itemsize == 1:  # FP8 is pre-quantized
         problems.append(str(tensor.dtype).removeprefix("torch."))
     if tuple(tensor.shape) != (rows, width):
         problems.append(str(list(tensor.shape)))
@@ -1113,14 +1113,14 @@ def test_weight_loader_loads_or_names_the_bad_value(
         )
         tensor = _loaded(kind, rows_for, width, content, seed)
         problems, start, rows = _load_problems(shard_id, tensor, sizes, width)
-        before, loaded_before = param.detach().clone(), set(state.loaded)
+        before, loaded_before = param.detach().clone(), set(state.loaded.get("weight", set()))
         if problems:
             with pytest.raises(kp.KernelpickError) as caught:
                 load(param, tensor, shard_id)  # type: ignore[arg-type]
             assert_names(caught.value, *problems)
-            # A refused load changes nothing (design §6).
+            # A refused load changes nothing.
             assert torch.equal(param.detach().view(torch.uint8), before.view(torch.uint8))
-            assert state.loaded == loaded_before
+            assert state.loaded.get("weight", set()) == loaded_before
             continue
         assert isinstance(tensor, torch.Tensor)
         load(param, tensor, shard_id)  # type: ignore[arg-type]
@@ -1132,7 +1132,8 @@ def test_weight_loader_loads_or_names_the_bad_value(
             equal_nan=True,
         )
 
-    every_row = -1 in state.loaded or state.loaded >= set(range(len(sizes)))
+    loaded = state.loaded.get("weight", set())
+    every_row = -1 in loaded or loaded >= set(range(len(sizes)))
     if not every_row:
         with pytest.raises(kp.KernelpickError) as missing:
             method.process_weights_after_loading(layer)

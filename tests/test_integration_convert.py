@@ -10,6 +10,7 @@ from kernelpick.integration import (
     Fp8Linear,
     KernelSelectionError,
     ModelConversionError,
+    SkippedLayer,
     layer_state,
     quantize_model,
 )
@@ -46,7 +47,7 @@ def test_quantize_model_converts_every_linear_in_place_and_reports() -> None:
     assert all(
         layer.kernel == "cpu_rowwise_scaled_mm" and not layer.degraded for layer in report.layers
     )
-    assert report.weight_bytes_after < 0.3 * report.weight_bytes_before
+    assert report.bytes_after < 0.3 * report.bytes_before
     assert relative_error(model(x), want) <= 0.06
     assert "cpu_rowwise_scaled_mm" in report.render()
     assert "0.up" in report.render()
@@ -110,7 +111,7 @@ def test_skip_keeps_chosen_layers_and_the_report_says_so() -> None:
     model = _model(depth=1)
     report = quantize_model(model, caps=CPU, policy=kp.Policy(), skip=lambda name, _: name == "1")
     assert type(model[1]) is torch.nn.Linear
-    assert report.skipped == ("1",)
+    assert report.skipped == (SkippedLayer("1", "skip() kept it"),)
     assert [layer.name for layer in report.layers] == ["0.up", "0.down"]
 
 

@@ -7,7 +7,7 @@ import torch
 
 import kernelpick as kp
 from kernelpick.integration import (
-    Fp8OnlineLinearMethod,
+    Fp8LinearMethod,
     Fp8PtpcLinearMethod,
     KernelSelectionError,
     layer_state,
@@ -19,7 +19,7 @@ CPU = kp.device_profile("cpu")
 
 
 def _layer(
-    method: Fp8OnlineLinearMethod,
+    method: Fp8LinearMethod,
     sizes: list[int],
     k: int,
     dtype: torch.dtype = torch.float32,
@@ -95,7 +95,8 @@ def test_processing_frees_the_high_precision_weight_and_is_idempotent() -> None:
     method.process_weights_after_loading(layer)
     weight, scale = layer.get_parameter("weight"), layer.get_parameter("weight_scale")
     assert weight.dtype == torch.float8_e4m3fn
-    assert weight.shape == (128, 64)  # the [K, N] column-major view _scaled_mm reads
+    assert weight.shape == (64, 128)  # canonical [N, K]; _scaled_mm reads a transposed view
+    assert weight.is_contiguous()
     assert weight.untyped_storage().nbytes() == 64 * 128  # one byte per weight, no fp32 left
     assert (scale.shape, scale.dtype) == ((64, 1), torch.float32)
     assert not weight.requires_grad
@@ -135,7 +136,7 @@ def test_a_shard_that_was_never_loaded_is_an_error() -> None:
         (1, torch.randn(64, 128), kp.KernelInputError, r"attn.qkv.weight\[shard 1\].*\[32, 128\]"),
         (None, torch.randn(128, 127), kp.KernelInputError, r"shape \[128, 128\]"),
         (3, torch.randn(32, 128), kp.InvalidValueError, "None or 0..2"),
-        (0, torch.ones(64, 128, dtype=torch.int32), kp.KernelInputError, "floating-point"),
+        (0, torch.ones(64, 128, dtype=torch.int32), kp.KernelInputError, "high-precision float"),
     ],
 )
 def test_the_loader_checks_shapes_dtypes_and_shard_ids(
@@ -182,7 +183,7 @@ def test_apply_before_processing_is_an_error() -> None:
 
 def test_a_scheme_that_needs_calibration_is_refused() -> None:
     with pytest.raises(kp.InvalidValueError, match="calibrated"):
-        Fp8OnlineLinearMethod("fp8_per_tensor_static", caps=CPU)
+        Fp8LinearMethod("fp8_per_tensor_static", caps=CPU)
 
 
 def test_policy_defaults_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,9 +11,10 @@ import torch
 
 import kernelpick as kp
 from kernelpick.adapters.registry import LAUNCHERS, bind
-from kernelpick.kernels.base import KernelBase, weight_group
-from kernelpick.kernels.fnuz import normalize_e4m3fn_to_fnuz
-from kernelpick.kernels.quantize import quantize, quantize_per_token, quantize_weight
+from kernelpick.kernels.base import KernelBase
+from kernelpick.kernels.canonical import quantize_weight
+from kernelpick.kernels.fnuz import as_fnuz, normalize_e4m3fn_to_fnuz
+from kernelpick.kernels.quantize import quantize, quantize_in_chunks, quantize_per_token
 from tests.emulation import BOUND, emulate, relative_error
 
 CPU = torch.device("cpu")
@@ -29,7 +30,7 @@ def _bound(kernel: str, scheme: str, n: int = 32, k: int = 64, **kwargs: Any) ->
 def _weights(impl: KernelBase) -> tuple[torch.Tensor, torch.Tensor]:
     n, k = impl.config.weight_shape
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(0))
-    return quantize_weight(w, weight_group(impl.config), impl.traits.fp8)
+    return quantize_weight(w, impl.config)
 
 
 def test_fnuz_normalization_is_exact_on_all_256_bytes() -> None:
@@ -50,11 +51,27 @@ def test_fnuz_normalization_is_exact_on_all_256_bytes() -> None:
     assert float(after[0x80]) == 0.0
 
 
-def test_rocm_gfx942_quantizes_straight_into_fnuz_with_range_224() -> None:
+def test_as_fnuz_reads_every_canonical_byte_as_the_same_value_without_a_copy() -> None:
+    canonical = [b for b in range(256) if b not in (0x7F, 0x80, 0xFF)]  # no NaN, no -0
+    weight = torch.tensor(canonical, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    scale = torch.tensor(0.75)
+    fnuz, doubled, input_scale = as_fnuz(weight, scale, torch.tensor(0.5))
+    assert fnuz.dtype == torch.float8_e4m3fnuz
+    assert fnuz.data_ptr() == weight.data_ptr()
+    assert input_scale is not None
+    assert float(input_scale) == 1.0
+    assert torch.equal(fnuz.float() * doubled, weight.float() * scale)
+
+
+def test_rocm_gfx942_reads_the_canonical_weight_as_fnuz_with_range_224() -> None:
     impl = _bound("rocm_rowwise_scaled_mm", "fp8_per_channel")
-    fp8_weight, _ = _weights(impl)
-    assert fp8_weight.dtype == torch.float8_e4m3fnuz
-    assert float(fp8_weight.float().abs().max()) == 224.0
+    fp8_weight, scale = _weights(impl)
+    assert fp8_weight.dtype == torch.float8_e4m3fn  # stored canonical, whatever the device
+    bundle = impl.prepare_weights(fp8_weight, scale)
+    assert bundle.weight.dtype == torch.float8_e4m3fnuz
+    assert bundle.weight.data_ptr() == fp8_weight.data_ptr()
+    assert float(bundle.weight.float().abs().max()) == 224.0
+    assert torch.equal(bundle.scale, scale * 2)
     q, _ = quantize_per_token(torch.randn(4, 64) * 1e4, kp.Dtype.FLOAT8_E4M3FNUZ)
     assert not bool(torch.isnan(q.float()).any())
     assert float(q.float().abs().max()) <= 224.0
@@ -95,7 +112,7 @@ def test_gpu_and_cpu_scaled_mm_refuse_unaligned_weights(kernel: str) -> None:
     scheme = "fp8_per_tensor" if "tensorwise" in kernel else "fp8_per_channel"
     impl = _bound(kernel, scheme, n=40, k=64)
     fp8_weight, scale = _weights(impl)
-    with pytest.raises(kp.KernelInputError, match=r"fp8_weight: got shape \[40, 64\]") as info:
+    with pytest.raises(kp.KernelInputError, match=r"weight: got shape \[40, 64\]") as info:
         impl.prepare_weights(fp8_weight, scale)
     assert "multiples of 16" in str(info.value)
     assert isinstance(info.value, ValueError)
@@ -123,7 +140,7 @@ def test_cuda_adds_the_bias_after_the_op_where_cublaslt_refuses_it(
     x = torch.randn(4, 64).to(getattr(torch, out))
     bias = torch.randn(32).to(getattr(torch, out))
     w = torch.randn(32, 64, generator=torch.Generator().manual_seed(0))
-    fp8_weight, scale = quantize_weight(w, (-1, -1), impl.traits.fp8)
+    fp8_weight, scale = quantize_weight(w, impl.config)
     got = impl.apply(x, impl.prepare_weights(fp8_weight, scale), bias)
     assert (seen[0] is not None) is fused
     want = emulate(x, w, impl.config, impl.traits.fp8, bias=bias)
@@ -148,12 +165,16 @@ def _bad_call(case: str) -> Any:
         "x dtype": lambda: impl.apply(x.float(), bundle),
         "x width": lambda: impl.apply(x[:, :63], bundle),
         "bias shape": lambda: impl.apply(x, bundle, torch.zeros(31)),
-        "x device": lambda: impl.apply(x.to("meta"), bundle),
+        "meta x": lambda: impl.apply(x.to("meta"), bundle),
         "weight dtype": lambda: impl.prepare_weights(fp8_weight.to(torch.bfloat16), scale),
         "weight shape": lambda: impl.prepare_weights(fp8_weight.t(), scale),
+        "weight layout": lambda: impl.prepare_weights(fp8_weight.t().contiguous().t(), scale),
+        "meta weight": lambda: impl.prepare_weights(fp8_weight.to("meta"), scale),
+        "sparse x": lambda: impl.apply(x.float().to_sparse().bfloat16(), bundle),
         "scale shape": lambda: impl.prepare_weights(fp8_weight, scale[:16]),
         "scale dtype": lambda: impl.prepare_weights(fp8_weight, scale.bfloat16()),
         "unwanted input_scale": lambda: impl.prepare_weights(fp8_weight, scale, torch.ones(())),
+        "cast bundle": lambda: impl.apply(x, bundle._replace(weight=bundle.weight.bfloat16())),
     }
     return calls[case]()
 
@@ -162,12 +183,16 @@ BAD_INPUTS = [
     ("x dtype", "x: got shape [4, 64], dtype float32", "dtype bfloat16"),
     ("x width", "x: got shape [4, 63]", "last dimension K=64"),
     ("bias shape", "bias: got shape [31]", "shape [32]"),
-    ("x device", "x: got shape [4, 64], dtype bfloat16, device meta", "device cpu"),
-    ("weight dtype", "fp8_weight: got shape [32, 64], dtype bfloat16", "float8_e4m3fn"),
-    ("weight shape", "fp8_weight: got shape [64, 32]", "shape [32, 64]"),
-    ("scale shape", "weight scale: got shape [16, 1]", "[32, 1] or [32]"),
-    ("scale dtype", "weight scale: got shape [32, 1], dtype bfloat16", "dtype float32"),
+    ("meta x", "x: got shape [4, 64], dtype bfloat16, device meta", "not on the meta device"),
+    ("weight dtype", "weight: got shape [32, 64], dtype bfloat16", "float8_e4m3fn"),
+    ("weight shape", "weight: got shape [64, 32]", "shape [32, 64]"),
+    ("weight layout", "weight: got shape [32, 64]", "contiguous row-major"),
+    ("meta weight", "weight: got shape [32, 64], dtype float8_e4m3fn, device meta", "meta"),
+    ("sparse x", "x: got shape [4, 64]", "dense (strided)"),
+    ("scale shape", "weight_scale: got shape [16, 1]", "shape [32, 1]"),
+    ("scale dtype", "weight_scale: got shape [32, 1], dtype bfloat16", "dtype float32"),
     ("unwanted input_scale", "input_scale: got shape []", "None"),
+    ("cast bundle", "bundle.weight: got shape [64, 32], dtype bfloat16", "float8_e4m3fn"),
 ]
 
 
@@ -206,6 +231,6 @@ def test_group_quantization_round_trips_any_group_shape() -> None:
     w = torch.randn(300, 200, generator=torch.Generator().manual_seed(1))
     for group in [(1, -1), (-1, -1), (128, 128), (1, 64), (-1, 32)]:
         whole, whole_scale = quantize(w, group, kp.Dtype.FLOAT8_E4M3FN)
-        chunked, chunked_scale = quantize_weight(w, group, kp.Dtype.FLOAT8_E4M3FN, chunk_rows=64)
+        chunked, chunked_scale = quantize_in_chunks(w, group, kp.Dtype.FLOAT8_E4M3FN, chunk_rows=64)
         assert torch.equal(whole.view(torch.uint8), chunked.view(torch.uint8)), group
         assert torch.equal(whole_scale, chunked_scale), group

@@ -13,8 +13,8 @@ import torch
 import kernelpick as kp
 from kernelpick.adapters.registry import LAUNCHERS
 from kernelpick.integration import ModelConversionError, quantize_model
-from kernelpick.kernels.base import KernelBase, Traits, weight_group
-from kernelpick.kernels.quantize import quantize_weight
+from kernelpick.kernels.base import KernelBase, Traits
+from kernelpick.kernels.canonical import quantize_weight
 from tests.snapshots import snapshot
 
 CPU = kp.device_profile("cpu")
@@ -161,11 +161,11 @@ def test_no_input_gives_nan_or_inf_in_a_quantized_weight_or_activation(
     family = LAUNCHERS[kernel].family
     impl: KernelBase = family(kernel, config, Traits(fp8, alignment=16), torch.device("cpu"))
     extreme = _extreme_rows(width, fp8).repeat(2, 1)  # 16 rows: the scaled_mm alignment
-    weight, scale = quantize_weight(extreme, weight_group(config), fp8)
-    assert _finite_fp8(weight)
-    assert bool(torch.isfinite(scale).all())
-    assert float(weight.float().abs().max()) <= fp8.quant_max
-    bundle = impl.prepare_weights(weight, scale)
+    weight, scale = quantize_weight(extreme, config)
+    bundle = impl.prepare_weights(weight, scale)  # the device's flavour: e4m3fnuz reads 224
+    assert _finite_fp8(bundle.weight)
+    assert bool(torch.isfinite(bundle.scale).all())
+    assert float(bundle.weight.float().abs().max()) <= fp8.quant_max
     if config.activation is not None:
         for dtype in (torch.float32, torch.bfloat16, torch.float16):
             x = extreme.clamp(-6e4, 6e4).to(dtype) if dtype == torch.float16 else extreme.to(dtype)

@@ -9,14 +9,14 @@ from kernelpick.bench.timing import median_seconds
 from kernelpick.core.device import DeviceCaps
 from kernelpick.core.dtypes import Dtype
 from kernelpick.core.schemes import Scheme
-from kernelpick.integration.method import Fp8OnlineLinearMethod, layer_state, weight_loader_of
+from kernelpick.integration import Fp8LinearMethod, layer_state, weight_loader_of
 from kernelpick.kernels._torch import torch_dtype
 
 __all__ = ["LayerBench", "bench_layer", "processed_layer"]
 
 
 def processed_layer(
-    method: Fp8OnlineLinearMethod, weight: torch.Tensor, device: torch.device
+    method: Fp8LinearMethod, weight: torch.Tensor, device: torch.device
 ) -> torch.nn.Module:
     """A layer taken through the linear-method protocol as an engine would: create, load
     ``weight [N, K]`` (its dtype is the layer's), process."""
@@ -69,7 +69,7 @@ def bench_layer(
     generator = torch.Generator().manual_seed(0)
     weight = (torch.randn(n, k, generator=generator) / k**0.5).to(device)
     x = torch.randn(tokens, k, generator=generator).to(device)
-    method = Fp8OnlineLinearMethod(scheme, caps)
+    method = Fp8LinearMethod(scheme, caps)
     layer = processed_layer(method, weight.to(native), device)
     x_native, w_native = x.to(native), weight.to(native)
     with torch.inference_mode():

@@ -26,8 +26,7 @@ from kernelpick.integration import (
     layer_state,
     quantize_model,
 )
-from kernelpick.kernels.base import weight_group
-from kernelpick.kernels.quantize import quantize_weight
+from kernelpick.kernels.canonical import quantize_weight
 
 __all__ = ["LLAMA3_8B_LAYERS", "SuiteConfig", "run_suite"]
 
@@ -128,11 +127,10 @@ def _ptpc_layer(config: SuiteConfig) -> dict[str, float | str]:
 def _quantization(config: SuiteConfig) -> dict[str, float]:
     size = config.hidden
     weight = torch.randn(size, size, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
-    group = weight_group(kp.scheme("fp8_per_channel", weight_shape=(size, size)))
-    fp8 = kp.probe("cpu").fp8_format
-    quantize = median_seconds(lambda: quantize_weight(weight, group, fp8), config.repeats, CPU)
+    layer = kp.scheme("fp8_per_channel", weight_shape=(size, size))
+    quantize = median_seconds(lambda: quantize_weight(weight, layer), config.repeats, CPU)
     clone = median_seconds(weight.clone, config.repeats, CPU)
-    q, scale = quantize_weight(weight, group, fp8)
+    q, scale = quantize_weight(weight, layer)
     source = weight.numel() * weight.element_size()
     return {
         "quantize_vs_clone": clone / quantize,  # throughput ratio: same bytes in

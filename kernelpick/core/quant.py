@@ -153,6 +153,29 @@ class QuantConfig:
     def weight_only(self) -> bool:
         return self.activation is None
 
+    @property
+    def weight_block(self) -> tuple[int, int]:
+        """The ``(rows, cols)`` of the stored ``[N, K]`` weight that share one scale.
+
+        A weight is stored, saved and loaded as ``[N, K]`` (one row per output channel),
+        while its group shape is written over the GEMM's ``[K, N]`` operand, as engines
+        write it. This is the one place that reads one as the other: per-channel
+        ``(-1, 1)`` is ``(1, K)``, per-tensor ``(N, K)``, a ``(b, b)`` block ``(b, b)``.
+        """
+        group = self.weight.scale.group
+        n, k = self.weight_shape
+        return (n if group.cols == -1 else group.cols, k if group.rows == -1 else group.rows)
+
+    @property
+    def weight_scale_shape(self) -> tuple[int, ...]:
+        """The shape of the stored weight scale: ``(N, 1)`` per channel, ``(1,)`` per
+        tensor, ``(ceil(N / rows), ceil(K / cols))`` per block (compressed-tensors' shapes)."""
+        if self.weight.scale.group == GroupShape.PER_TENSOR:
+            return (1,)
+        n, k = self.weight_shape
+        rows, cols = self.weight_block
+        return (-(-n // rows), -(-k // cols))
+
     def describe(self) -> str:
         """One line: both operands, the shape and the dtypes."""
         act = "none (weight-only)" if self.activation is None else self.activation.describe()

@@ -1,9 +1,12 @@
-"""``quantize_model``: convert every eligible ``nn.Linear`` of a model, atomically.
+"""``quantize_model``: convert every eligible ``nn.Linear`` of a model to FP8, in place.
 
-Atomic by checking first (design §5): selection for every layer, shapes, dtypes, NaN/Inf
-and the device all run read-only before the first change, so a failure leaves the model as
-it was. Then layers are quantized and swapped one at a time, each straight from its own
-weight, so peak extra memory stays near one layer.
+Every check runs read-only before the first change: selection for every layer, shapes,
+dtypes, NaN/Inf and the device. A failure there raises ``ModelConversionError`` and the
+model is as it was. Then layers are quantized and swapped one at a time, each straight
+from its own weight, so peak extra memory stays near one layer. Layers that share a weight
+(tied) are quantized once and swapped together. If anything stops the swap phase
+(``KeyboardInterrupt``, out of memory), the layer being swapped is put back, every layer is
+either as it was or fully converted, and calling ``quantize_model`` again finishes the job.
 """
 
 from __future__ import annotations
@@ -17,95 +20,118 @@ from kernelpick.core.device import DeviceCaps
 from kernelpick.core.errors import InvalidValueError, KernelpickError
 from kernelpick.core.policy import Policy
 from kernelpick.core.schemes import Scheme
+from kernelpick.core.specs import Catalog
 from kernelpick.integration.errors import ModelConversionError
-from kernelpick.integration.method import Fp8OnlineLinearMethod, LayerState, check_finite
+from kernelpick.integration.method import Fp8LinearMethod
 from kernelpick.integration.modules import Fp8Linear
+from kernelpick.integration.report import ConversionReport, LayerReport, SkippedLayer
+from kernelpick.integration.state import LayerState
+from kernelpick.integration.swap import Swaps, model_bytes
 from kernelpick.kernels.base import Kernel
+from kernelpick.kernels.canonical import check_finite, quantize_weight
 from kernelpick.kernels.quantize import CHUNK_ROWS
 
-__all__ = ["ConversionReport", "LayerReport", "quantize_model"]
+__all__ = ["quantize_model"]
 
 Skip = Callable[[str, torch.nn.Module], bool]
 
 
 @attrs.frozen
-class LayerReport:
-    """One converted layer: its name, shape ``(N, K)``, kernel, and whether it is degraded."""
+class _Layer:
+    """One linear to convert, at every path it is reachable by."""
 
-    name: str
-    shape: tuple[int, int]
-    kernel: str
-    degraded: bool
-
-
-@attrs.frozen
-class ConversionReport:
-    """What ``quantize_model`` did. Byte counts cover the converted layers' weights."""
-
-    scheme: str
-    device: str
-    layers: tuple[LayerReport, ...]
-    skipped: tuple[str, ...]
-    weight_bytes_before: int
-    weight_bytes_after: int
-
-    def render(self) -> str:
-        """A table a person reads: one line per layer, then the totals."""
-        width = max((len(layer.name) for layer in self.layers), default=4)
-        lines = [f'quantization="{self.scheme}" on {self.device}: {len(self.layers)} layer(s)']
-        for layer in self.layers:
-            flag = "  DEGRADED" if layer.degraded else ""
-            n, k = layer.shape
-            lines.append(f"  {layer.name:<{width}}  {n}x{k}  {layer.kernel}{flag}")
-        if self.skipped:
-            lines.append(f"  skipped: {', '.join(self.skipped)}")
-        before, after = self.weight_bytes_before, self.weight_bytes_after
-        ratio = after / before if before else 1.0
-        lines.append(
-            f"  weights: {before / 2**20:.1f} MiB -> {after / 2**20:.1f} MiB ({ratio:.2f}x)"
-        )
-        return "\n".join(lines)
-
-
-@attrs.frozen
-class _Planned:
-    names: tuple[str, ...]
+    paths: tuple[str, ...]
+    module: torch.nn.Linear
     state: LayerState
     kernel: Kernel
 
 
-def _linears(model: torch.nn.Module, skip: Skip | None) -> tuple[dict[int, list[str]], list[str]]:
-    """Every path to each eligible linear (a module reachable twice is swapped everywhere),
-    and the names ``skip`` excluded. Only exact ``nn.Linear``: subclasses such as
-    MultiheadAttention's ``out_proj`` are read by their owners as linears."""
+def _linears(
+    model: torch.nn.Module, skip: Skip | None
+) -> tuple[dict[int, list[str]], list[SkippedLayer]]:
+    """Every path to each eligible linear, and the linears ``skip`` keeps. Only exact
+    ``nn.Linear``: subclasses such as MultiheadAttention's ``out_proj`` are read by their
+    owners as linears. A module ``skip`` keeps at one path is kept at all of them."""
     paths: dict[int, list[str]] = {}
-    skipped: list[str] = []
+    kept: set[int] = set()
+    skipped: list[SkippedLayer] = []
     for name, module in model.named_modules(remove_duplicate=False):
         if type(module) is not torch.nn.Linear:
             continue
         if skip is not None and skip(name, module):
-            skipped.append(name)
+            kept.add(id(module))
+            skipped.append(SkippedLayer(name, "skip() kept it"))
         else:
             paths.setdefault(id(module), []).append(name)
-    return paths, skipped
+    return {key: names for key, names in paths.items() if key not in kept}, skipped
 
 
-def _plan(model: torch.nn.Module, method: Fp8OnlineLinearMethod, names: list[str]) -> _Planned:
-    linear = model.get_submodule(names[0])
-    assert isinstance(linear, torch.nn.Linear)
-    config = method.config(
-        linear.out_features, linear.in_features, linear.weight.dtype, bias=linear.bias is not None
-    )
-    state = LayerState(config, method.select(config, names[0]), names[0], (linear.out_features,))
-    method.check_weight(state, linear.weight)
-    if linear.bias is not None:
-        check_finite(f"{names[0]}.bias", linear.bias.view(1, -1), method.chunk_rows)
-    return _Planned(tuple(names), state, method.bind(state, linear.weight.device))
+def _weight_owners(model: torch.nn.Module) -> dict[int, list[tuple[str, torch.nn.Module]]]:
+    """For each parameter, every module holding it and the path it is held by."""
+    owners: dict[int, list[tuple[str, torch.nn.Module]]] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        for key, param in module._parameters.items():
+            if param is not None:
+                path = f"{name}.{key}" if name else key
+                owners.setdefault(id(param), []).append((path, module))
+    return owners
 
 
-def _swap(model: torch.nn.Module, name: str, module: torch.nn.Module) -> None:
-    parent_name, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent_name), child, module)
+def _groups(
+    model: torch.nn.Module, paths: dict[int, list[str]], untie: bool
+) -> tuple[list[list[list[str]]], list[SkippedLayer]]:
+    """The linears grouped by the weight they share (one group per weight), and the groups
+    left alone because a module that stays in high precision shares their weight."""
+    owners = _weight_owners(model)
+    by_weight: dict[int, list[list[str]]] = {}
+    for names in paths.values():
+        weight = model.get_submodule(names[0]).get_parameter("weight")
+        by_weight.setdefault(id(weight), []).append(names)
+    groups: list[list[list[str]]] = []
+    skipped: list[SkippedLayer] = []
+    for key, group in by_weight.items():
+        members = {id(model.get_submodule(names[0])) for names in group}
+        others = [(path, m) for path, m in owners[key] if id(m) not in members]
+        if others and not untie:
+            path, other = others[0]
+            reason = (
+                f"its weight is tied to {path} ({type(other).__name__}), which stays in high "
+                "precision; untie=True converts a separate FP8 copy"
+            )
+            skipped.extend(SkippedLayer(names[0], reason) for names in group)
+        else:
+            groups.append(group)
+    return groups, skipped
+
+
+def _plan(
+    model: torch.nn.Module, method: Fp8LinearMethod, group: list[list[str]]
+) -> tuple[list[_Layer], list[tuple[str, KernelpickError]]]:
+    layers: list[_Layer] = []
+    failures: list[tuple[str, KernelpickError]] = []
+    for index, names in enumerate(group):
+        linear = model.get_submodule(names[0])
+        if not isinstance(linear, torch.nn.Linear):
+            raise InvalidValueError("module", names[0], "an nn.Linear")
+        try:
+            config = method.config(
+                linear.out_features, linear.in_features, linear.weight.dtype,
+                bias=linear.bias is not None,
+            )  # fmt: skip
+            state = method.state(config, names[0], (linear.out_features,))
+            if index == 0:  # one weight for the whole group: checked once
+                method.check_weight(state, linear.weight)
+            if linear.bias is not None:
+                check_finite(f"{names[0]}.bias", linear.bias.view(1, -1), method.chunk_rows)
+            kernel = method.bind(state, linear.weight.device)
+            layers.append(_Layer(tuple(names), linear, state, kernel))
+        except KernelpickError as error:
+            failures.append((names[0], error))
+    return layers, failures
+
+
+def _frozen(tensor: torch.Tensor) -> torch.nn.Parameter:
+    return torch.nn.Parameter(tensor, requires_grad=False)
 
 
 def quantize_model(
@@ -115,56 +141,78 @@ def quantize_model(
     policy: Policy | None = None,
     skip: Skip | None = None,
     *,
+    untie: bool = False,
+    catalog: Catalog | None = None,
     chunk_rows: int = CHUNK_ROWS,
 ) -> ConversionReport:
     """Replace every ``nn.Linear`` of ``model`` (in place) with an ``Fp8Linear``.
 
-    ``skip(name, module)`` keeps a layer as it is. ``caps`` defaults to a probe of the device
-    the first layer lives on. Any layer that cannot be converted raises
-    ``ModelConversionError`` naming every such layer, and the model is left untouched.
+    ``skip(name, module)`` keeps a layer as it is. A linear whose weight is shared with a
+    module that stays in high precision (a ``lm_head`` tied to the input embedding) is kept
+    too, and the report says so; ``untie=True`` converts it into a separate FP8 copy.
+    ``caps`` defaults to a probe of the device the first layer lives on; ``catalog`` to
+    kernelpick's own (an engine's must name kernels kernelpick can run). Forward hooks and
+    pre-hooks on a replaced linear carry over to its ``Fp8Linear``.
+
+    Raises ``ModelConversionError``: naming every layer that cannot be converted, with the
+    model untouched; or, when an exception of any kind stops the swap phase, naming the
+    layers converted so far (each layer is whole; call again to finish).
     """
+    if not isinstance(untie, bool):
+        raise InvalidValueError("untie", untie, "True or False")
     paths, skipped = _linears(model, skip)
     if any(name == "" for names in paths.values() for name in names):
         raise InvalidValueError(
             "model", type(model).__name__, "a module containing linears (the root is not replaced)"
         )
+    groups, tied = _groups(model, paths, untie)
     if caps is None:
         from kernelpick import probe
 
-        first = next(iter(paths.values()), None)
-        caps = probe(model.get_submodule(first[0]).weight.device if first else None)
-    method = Fp8OnlineLinearMethod(scheme, caps, policy, chunk_rows=chunk_rows)
-    plans: list[_Planned] = []
+        first = groups[0][0][0] if groups else None
+        caps = probe(model.get_submodule(first).get_parameter("weight").device if first else None)
+    method = Fp8LinearMethod(scheme, caps, policy, catalog=catalog, chunk_rows=chunk_rows)
+    plans: list[list[_Layer]] = []
     failures: list[tuple[str, KernelpickError]] = []
-    for names in paths.values():
-        try:
-            plans.append(_plan(model, method, names))
-        except KernelpickError as error:
-            failures.append((names[0], error))
+    for group in groups:
+        layers, failed = _plan(model, method, group)
+        plans.append(layers)
+        failures.extend(failed)
     if failures:
         raise ModelConversionError(failures)
-    layers: list[LayerReport] = []
-    before = after = 0
+    before = model_bytes(model)
+    reports: list[LayerReport] = []
     while plans:  # popped, so each replaced nn.Linear is freed as soon as it is swapped out
-        plan = plans.pop(0)
-        linear = model.get_submodule(plan.names[0])
-        assert isinstance(linear, torch.nn.Linear)
-        quantized = Fp8Linear(linear.in_features, linear.out_features, method, linear.bias)
-        method.install(quantized, plan.state, plan.kernel, linear.weight.detach())
-        for name in plan.names:
-            _swap(model, name, quantized)
-        before += linear.weight.numel() * linear.weight.element_size()
-        after += sum(
-            p.numel() * p.element_size()
-            for p in (quantized.get_parameter("weight"), quantized.get_parameter("weight_scale"))
-        )
-        decision = plan.state.decision
-        layers.append(
-            LayerReport(
-                plan.names[0], plan.state.config.weight_shape, decision.kernel, decision.degraded
-            )
-        )
-        del linear, quantized
+        layers = plans.pop(0)
+        swaps = Swaps(model)
+        try:
+            _convert(method, swaps, layers)
+        except BaseException as error:
+            swaps.undo()
+            converted = [report.name for report in reports]
+            raise ModelConversionError.stopped(layers[0].paths[0], converted, error) from error
+        for layer in layers:
+            decision = layer.state.decision
+            shape = layer.state.config.weight_shape
+            reports.append(LayerReport(layer.paths[0], shape, decision.kernel, decision.degraded))
+        del layers, swaps
     return ConversionReport(
-        Scheme.parse(scheme).value, caps.name, tuple(layers), tuple(skipped), before, after
+        method.scheme.value, caps.name, tuple(reports), (*skipped, *tied), before,
+        model_bytes(model),
+    )  # fmt: skip
+
+
+def _convert(method: Fp8LinearMethod, swaps: Swaps, layers: list[_Layer]) -> None:
+    """Quantize the weight ``layers`` share once, and put an ``Fp8Linear`` holding it at
+    every path of every one of them."""
+    first = layers[0]
+    fp8, scale = quantize_weight(
+        first.module.weight.detach(), first.state.config, chunk_rows=method.chunk_rows
     )
+    weight, weight_scale = _frozen(fp8), _frozen(scale)
+    for layer in layers:
+        linear = layer.module
+        quantized = Fp8Linear(linear.in_features, linear.out_features, method, linear.bias)
+        method.install(quantized, layer.state, layer.kernel, weight, weight_scale)
+        for path in layer.paths:
+            swaps.replace(path, quantized)

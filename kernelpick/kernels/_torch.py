@@ -33,10 +33,15 @@ def check_tensor(
     shape: tuple[int | None, ...] | None = None,
     device: torch.device | None = None,
 ) -> torch.Tensor:
-    """``tensor`` if it is a tensor of one of ``dtypes``, of ``shape`` (None matches any
-    extent) and on ``device``; otherwise a ``KernelInputError`` naming what was expected."""
+    """``tensor`` if it is a dense tensor with data, of one of ``dtypes``, of ``shape`` (None
+    matches any extent) and on ``device``; otherwise a ``KernelInputError`` naming what was
+    expected. Sparse and meta tensors are refused whatever else is asked."""
     if not isinstance(tensor, torch.Tensor):
         raise KernelInputError(name, (), type(tensor).__name__, "-", "a torch.Tensor")
+    if tensor.layout != torch.strided:
+        raise reject(name, tensor, f"a dense (strided) tensor, not {tensor.layout}")
+    if tensor.is_meta:
+        raise reject(name, tensor, "a tensor with data (not on the meta device)")
     if dtypes is not None and tensor.dtype not in dtypes:
         names = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
         raise reject(name, tensor, f"dtype {names}")

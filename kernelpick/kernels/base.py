@@ -1,7 +1,8 @@
 """What every kernel shares: the weight bundle, device traits and input checks.
 
 A kernel is bound to one layer's QuantConfig and one device's traits, and works through
-two calls: ``prepare_weights`` once after loading, ``apply`` every forward.
+two calls: ``prepare_weights`` derives its bundle from the layer's canonical tensors, and
+``apply`` runs a forward with that bundle.
 """
 
 from __future__ import annotations
@@ -15,18 +16,20 @@ from kernelpick.core.dtypes import HIGH_PRECISION, Dtype
 from kernelpick.core.errors import KernelInputError
 from kernelpick.core.quant import GroupShape, QuantConfig
 from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
+from kernelpick.kernels.canonical import CANONICAL_FP8
 from kernelpick.kernels.cupy_ops import quantize_per_token_cupy
+from kernelpick.kernels.fnuz import as_fnuz
 from kernelpick.kernels.quantize import (
-    dequantize,
     quantize_per_tensor,
     quantize_per_token,
     quantize_static,
 )
 
-__all__ = ["Kernel", "KernelBase", "RowMajorKernel", "Traits", "WeightBundle", "weight_group"]
+__all__ = ["Kernel", "KernelBase", "RowMajorKernel", "Traits", "WeightBundle"]
 
 _FLOATS = tuple(torch_dtype(d) for d in sorted(HIGH_PRECISION, key=lambda d: d.value))
 _F32 = (torch.float32,)
+_CANONICAL = (torch_dtype(CANONICAL_FP8),)
 
 
 @attrs.frozen
@@ -48,13 +51,13 @@ class Traits:
 
 
 class WeightBundle(NamedTuple):
-    """A layer's weight as a kernel wants it.
+    """A layer's weights as its kernel reads them, derived from the canonical tensors.
 
-    ``weight`` is FP8 in the kernel's layout (a ``[K, N]`` column-major view for
-    ``_scaled_mm``); ``scale`` is fp32, ``[N, 1]`` per channel, 0-dim per tensor, or one per
-    group ``[ceil(N/gn), ceil(K/gk)]``; ``input_scale`` is the static activation scale, if any.
-    A NamedTuple rather than an attrs class, because it is built on the hot path and
-    ``torch.compile`` traces a NamedTuple without a graph break.
+    ``weight`` is FP8 in the kernel's layout and the device's flavour (a ``[K, N]``
+    column-major view for ``_scaled_mm``; e4m3fnuz on gfx94x); ``scale`` is fp32, ``[N, 1]``
+    per channel, 0-dim per tensor, or one per block; ``input_scale`` is the static activation
+    scale (0-dim), if any. A NamedTuple rather than an attrs class, because it is built on the
+    hot path and ``torch.compile`` traces a NamedTuple without a graph break.
     """
 
     weight: torch.Tensor
@@ -68,10 +71,13 @@ class Kernel(Protocol):
     @property
     def kernel_id(self) -> str: ...
 
+    @property
+    def device(self) -> torch.device: ...
+
     def prepare_weights(
         self,
-        fp8_weight: torch.Tensor,
-        scale: torch.Tensor,
+        weight: torch.Tensor,
+        weight_scale: torch.Tensor,
         input_scale: torch.Tensor | None = None,
     ) -> WeightBundle: ...
 
@@ -80,20 +86,16 @@ class Kernel(Protocol):
     ) -> torch.Tensor: ...
 
 
-def weight_group(config: QuantConfig) -> tuple[int, int]:
-    """The weight's scale group over its stored ``[N, K]`` layout.
-
-    Configs describe the weight as the GEMM's ``[K, N]`` operand, so the extents swap:
-    per-channel ``(-1, 1)`` becomes one scale per row of ``[N, K]``, ``(1, -1)``.
-    """
-    group = config.weight.scale.group
-    return (group.cols, group.rows)
+def _one_value(name: str, scale: torch.Tensor) -> torch.Tensor:
+    if scale.numel() != 1:
+        raise reject(name, scale, "one per-tensor value")
+    return scale.reshape(())
 
 
 @attrs.frozen
 class KernelBase:
-    """Shared checks and activation quantization; subclasses supply ``_matmul`` (and
-    ``_layout`` where the weight is not read as a ``[K, N]`` column-major view)."""
+    """Shared checks, layout and activation quantization; subclasses supply ``_matmul`` (and
+    ``_arrange`` where the weight is not read as a ``[K, N]`` column-major view)."""
 
     kernel_id: str
     config: QuantConfig
@@ -113,16 +115,8 @@ class KernelBase:
         """Whether the device's GEMM takes the bias in-op for this layer's output dtype."""
         return self.config.out_dtype in self.traits.fused_bias
 
-    def _layout(self, fp8_weight: torch.Tensor) -> torch.Tensor:
-        return fp8_weight.t()
-
-    def _stored(self, weight: torch.Tensor) -> torch.Tensor:
-        """The inverse of ``_layout``: the bundle's weight as ``[N, K]``."""
+    def _arrange(self, weight: torch.Tensor) -> torch.Tensor:
         return weight.t()
-
-    def dequantized_weight(self, bundle: WeightBundle) -> torch.Tensor:
-        """The fp32 ``[N, K]`` weight a bundle encodes: for references and debugging."""
-        return dequantize(self._stored(bundle.weight), bundle.scale, weight_group(self.config))
 
     def _matmul(
         self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None
@@ -131,41 +125,36 @@ class KernelBase:
 
     def prepare_weights(
         self,
-        fp8_weight: torch.Tensor,
-        scale: torch.Tensor,
+        weight: torch.Tensor,
+        weight_scale: torch.Tensor,
         input_scale: torch.Tensor | None = None,
     ) -> WeightBundle:
-        """Check a quantized weight ``[N, K]`` and its scales, and lay them out."""
+        """Check a layer's canonical tensors (see ``kernels.canonical``) and derive the
+        kernel's bundle from them: views, with no copy of the weight, so it is cheap enough
+        to derive on every call and can never go stale."""
         n, k = self.config.weight_shape
-        check_tensor("fp8_weight", fp8_weight, dtypes=(self.fp8,), shape=(n, k), device=self.device)
+        check_tensor("weight", weight, dtypes=_CANONICAL, shape=(n, k), device=self.device)
+        if not weight.is_contiguous():
+            raise reject("weight", weight, "a contiguous row-major [N, K] tensor")
         align = self.traits.alignment
         if align is not None and (n % align or k % align):
-            expected = f"N and K multiples of {align} for {self.kernel_id}"
-            raise reject("fp8_weight", fp8_weight, expected)
-        return WeightBundle(
-            self._layout(fp8_weight),
-            self._weight_scale(scale, fp8_weight.device),
-            self._input_scale(input_scale, fp8_weight.device),
-        )
+            raise reject("weight", weight, f"N and K multiples of {align} for {self.kernel_id}")
+        scale = self._weight_scale(weight_scale)
+        static = self._input_scale(input_scale)
+        if self.traits.fp8 is Dtype.FLOAT8_E4M3FNUZ:
+            weight, scale, static = as_fnuz(weight, scale, static)
+        return WeightBundle(self._arrange(weight), scale, static)
 
-    def _weight_scale(self, scale: torch.Tensor, device: torch.device) -> torch.Tensor:
-        n, k = self.config.weight_shape
-        rows, cols = weight_group(self.config)
-        check_tensor("weight scale", scale, dtypes=_F32, device=device)
-        if (rows, cols) == (-1, -1):
-            if scale.numel() != 1:
-                raise reject("weight scale", scale, "one per-tensor value")
-            return scale.reshape(())
-        if (rows, cols) == (1, -1):
-            if scale.dim() > 2 or scale.numel() != n or scale.shape[0] != n:
-                raise reject("weight scale", scale, f"one per output channel: [{n}, 1] or [{n}]")
-            return scale.reshape(n, 1).contiguous()
-        grid = (-(-n // (n if rows == -1 else rows)), -(-k // (k if cols == -1 else cols)))
-        return check_tensor("weight scale", scale, shape=grid)
+    def _weight_scale(self, scale: torch.Tensor) -> torch.Tensor:
+        shape = self.config.weight_scale_shape
+        check_tensor("weight_scale", scale, dtypes=_F32, device=self.device)
+        if shape == (1,):
+            return _one_value("weight_scale", scale)
+        if tuple(scale.shape) != shape:
+            raise reject("weight_scale", scale, f"shape {list(shape)}")
+        return scale
 
-    def _input_scale(
-        self, input_scale: torch.Tensor | None, device: torch.device
-    ) -> torch.Tensor | None:
+    def _input_scale(self, input_scale: torch.Tensor | None) -> torch.Tensor | None:
         act = self.config.activation
         static = act is not None and act.scale.static
         if input_scale is None:
@@ -176,10 +165,8 @@ class KernelBase:
         if not static:
             expected = "None: this config computes activation scales per call"
             raise reject("input_scale", input_scale, expected)
-        check_tensor("input_scale", input_scale, dtypes=_F32, device=device)
-        if input_scale.numel() != 1:
-            raise reject("input_scale", input_scale, "one per-tensor value")
-        return input_scale.reshape(())
+        check_tensor("input_scale", input_scale, dtypes=_F32, device=self.device)
+        return _one_value("input_scale", input_scale)
 
     def quantize_input(
         self, x: torch.Tensor, bundle: WeightBundle
@@ -206,6 +193,9 @@ class KernelBase:
         """``x [..., K]`` -> ``[..., N]`` in the config's output dtype."""
         n, k = self.config.weight_shape
         device = bundle.weight.device
+        # A bundle whose tensors were cast (say by a model-wide .half()) must not run.
+        check_tensor("bundle.weight", bundle.weight, dtypes=(self.fp8,))
+        check_tensor("bundle.scale", bundle.scale, dtypes=_F32)
         check_tensor("x", x, dtypes=(torch_dtype(self.config.input_dtype),), device=device)
         if x.dim() == 0 or x.shape[-1] != k:
             raise reject("x", x, f"last dimension K={k}")
@@ -222,8 +212,5 @@ class KernelBase:
 class RowMajorKernel(KernelBase):
     """A kernel that reads the weight ``[N, K]`` as it is stored (dequantizing families)."""
 
-    def _layout(self, fp8_weight: torch.Tensor) -> torch.Tensor:
-        return fp8_weight
-
-    def _stored(self, weight: torch.Tensor) -> torch.Tensor:
+    def _arrange(self, weight: torch.Tensor) -> torch.Tensor:
         return weight

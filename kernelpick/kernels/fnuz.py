@@ -1,9 +1,10 @@
-"""e4m3fn -> e4m3fnuz, for OCP checkpoints on MI300-series GPUs (design §5).
+"""e4m3fn -> e4m3fnuz, for OCP weights on MI300-series GPUs (gfx94x).
 
 The two formats share a bit layout but e4m3fnuz's exponent bias is one higher, so the same
 byte means half the value: reinterpreting and doubling the scale keeps every product
-exact. Byte 0x80 is -0 in e4m3fn but NaN in e4m3fnuz, so it becomes +0; e4m3fn's NaN bytes
-(0x7F, 0xFF) would read as +-240 and become e4m3fnuz's only NaN, 0x80.
+exact. Byte 0x80 is -0 in e4m3fn but NaN in e4m3fnuz, and e4m3fn's NaN bytes (0x7F, 0xFF)
+read as +-240 in e4m3fnuz. A canonical weight has neither, so it is reinterpreted without
+a copy (``as_fnuz``); ``normalize_e4m3fn_to_fnuz`` converts any e4m3fn tensor.
 """
 
 from __future__ import annotations
@@ -12,20 +13,29 @@ import torch
 
 from kernelpick.kernels._torch import check_tensor
 
-__all__ = ["normalize_e4m3fn_to_fnuz"]
+__all__ = ["as_fnuz", "normalize_e4m3fn_to_fnuz"]
 
 _FNUZ_NAN = -128  # 0x80 as int8
 _MAGNITUDE = 0x7F
 
 
+def as_fnuz(
+    weight: torch.Tensor, scale: torch.Tensor, input_scale: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """A canonical e4m3fn weight (no -0, no NaN byte) read as e4m3fnuz: the same bytes,
+    with doubled scales. No copy of the weight is made."""
+    doubled = None if input_scale is None else input_scale * 2.0
+    return weight.view(torch.float8_e4m3fnuz), scale * 2.0, doubled
+
+
 def normalize_e4m3fn_to_fnuz(
     weight: torch.Tensor, scale: torch.Tensor, input_scale: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """The same values in e4m3fnuz: (weight, 2 x scale, 2 x input_scale)."""
+    """The same values in e4m3fnuz: (weight, 2 x scale, 2 x input_scale), for any e4m3fn
+    tensor: -0 becomes +0, and NaN stays NaN (e4m3fnuz's 0x80)."""
     check_tensor("weight", weight, dtypes=(torch.float8_e4m3fn,))
     bits = weight.view(torch.int8)
     nan = (bits & _MAGNITUDE) == _MAGNITUDE
     bits = torch.where(bits == _FNUZ_NAN, torch.zeros_like(bits), bits)
     bits = torch.where(nan, torch.full_like(bits, _FNUZ_NAN), bits)
-    doubled = None if input_scale is None else input_scale * 2.0
-    return bits.view(torch.float8_e4m3fnuz), scale * 2.0, doubled
+    return as_fnuz(bits.view(torch.float8_e4m3fn), scale, input_scale)

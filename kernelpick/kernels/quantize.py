@@ -1,10 +1,11 @@
 """FP8 quantization with torch ops: activations per call, weights once after loading.
 
-One formula everywhere (design §5): per group, ``scale = amax / fp8_max`` clamped below at
+One formula everywhere: per group, ``scale = amax / fp8_max`` clamped below at
 ``1 / (fp8_max * 512)`` so an all-zero group does not divide by zero, then
 ``clamp(x / scale, -fp8_max, fp8_max)`` cast to FP8. The clamp comes before the cast
 because out-of-range casts differ by format (e4m3fn saturates, e4m3fnuz gives NaN, e5m2
-gives inf), and reductions run in fp32 because CPU FP8 tensors cannot reduce (design §4).
+gives inf), and reductions run in fp32 because CPU FP8 tensors cannot reduce (torch 2.13
+has no FP8 ``amax`` or ``sum`` on the CPU).
 
 Group shapes here are ``(rows, cols)`` over the tensor as given, ``-1`` for a whole
 dimension: per-token on an activation ``[M, K]`` is ``(1, -1)``; per-channel on a weight
@@ -23,17 +24,17 @@ __all__ = [
     "SCALE_FLOOR_DIVISOR",
     "dequantize",
     "quantize",
+    "quantize_in_chunks",
     "quantize_per_tensor",
     "quantize_per_token",
     "quantize_static",
-    "quantize_weight",
     "scale_floor",
 ]
 
 # Rows of a weight quantized at a time: the fp32 working copy is at most this many rows.
 CHUNK_ROWS = 512
 
-# The clamp floor is 1 / (fp8_max * 512) (design §5, as vLLM's per-token quantizer).
+# The clamp floor is 1 / (fp8_max * 512), as in vLLM's per-token FP8 quantizer.
 SCALE_FLOOR_DIVISOR = 512.0
 
 
@@ -120,11 +121,11 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, group: tuple[int, int]) -> 
     return q.float() * expanded
 
 
-def quantize_weight(
+def quantize_in_chunks(
     w: torch.Tensor, group: tuple[int, int], fp8: Dtype, *, chunk_rows: int = CHUNK_ROWS
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Quantize a weight ``[N, K]`` a chunk of rows at a time, so the fp32 working copy is
-    at most ``chunk_rows`` rows (design §5). Same result as ``quantize(w, group, fp8)``.
+    """Quantize a 2-D ``w`` a chunk of rows at a time, so the fp32 working copy is at most
+    ``chunk_rows`` rows. Same result as ``quantize(w, group, fp8)``.
     """
     shape = (w.shape[0], w.shape[1])
     rows, cols = _extents(group, shape)

@@ -1,7 +1,7 @@
 """Weight-only (W8A16): dequantize the FP8 weight, then a matmul in the activation's dtype.
 
 Activations are not quantized. For a config with a per-tensor activation scale this is the
-degraded W8A16 fallback (design §1, behaviour 2): the selector marks it so.
+degraded W8A16 fallback used on GPUs without FP8 tensor cores: the selector marks it so.
 """
 
 from __future__ import annotations
@@ -33,9 +33,6 @@ class DequantMatmul(RowMajorKernel):
 class CupyGemvW8A16(DequantMatmul):
     """The cupy FP8 GEMV for small M (decode), which reads the FP8 weight once and never
     builds a 16-bit copy; past ``GEMV_MAX_M`` rows, dequantize and call cuBLAS."""
-
-    def _layout(self, fp8_weight: torch.Tensor) -> torch.Tensor:
-        return fp8_weight.contiguous()
 
     def _matmul(
         self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None

@@ -86,12 +86,11 @@ def test_the_selected_w8a16_kernel_switches_to_cublas_past_the_gemv_rows() -> No
     caps = kp.probe("cuda")
     config = kp.scheme("fp8_weight_only", weight_shape=(512, 1024))
     from kernelpick.adapters.registry import bind
-    from kernelpick.kernels.base import weight_group
-    from kernelpick.kernels.quantize import quantize_weight
+    from kernelpick.kernels.canonical import quantize_weight
 
     kernel = bind("cuda_w8a16_cupy", config, caps, _device())
     w = torch.randn(512, 1024, device=_device()) * 0.05
-    bundle = kernel.prepare_weights(*quantize_weight(w, weight_group(config), caps.fp8_format))
+    bundle = kernel.prepare_weights(*quantize_weight(w, config))
     for m in (1, GEMV_MAX_M, GEMV_MAX_M + 1, 200):
         x = torch.randn(m, 1024, device=_device()).to(torch.bfloat16)
         got = kernel.apply(x, bundle)

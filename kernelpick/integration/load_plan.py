@@ -1,0 +1,231 @@
+"""Reading a quantized checkpoint into a skeleton, in two steps that leave the model alone:
+``plan`` checks every name, dtype, shape and kernel choice from the file headers, and
+``build`` reads the tensors and makes the new modules. ``checkpoint.load_quantized`` then
+puts them in place."""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from kernelpick.core.errors import KernelpickError
+from kernelpick.integration.ct_config import matches
+from kernelpick.integration.errors import CheckpointError, ModelConversionError
+from kernelpick.integration.method import Fp8LinearMethod
+from kernelpick.integration.modules import Fp8Linear
+from kernelpick.integration.report import SkippedLayer
+from kernelpick.integration.safetensors_io import Checkpoint
+from kernelpick.integration.state import LayerState
+from kernelpick.kernels.base import Kernel
+from kernelpick.kernels.canonical import (
+    SCALE_DTYPES,
+    canonical_scale,
+    check_fp8_finite,
+    positive_zero_,
+)
+
+__all__ = ["LoadPlan", "PlannedLayer", "build", "plan"]
+
+
+@attrs.frozen
+class PlannedLayer:
+    """A quantized layer of the checkpoint: the skeleton's linear at each of its paths, its
+    selected and bound kernel, and the stored key of each of its tensors."""
+
+    paths: tuple[str, ...]
+    module: torch.nn.Linear
+    state: LayerState
+    kernel: Kernel
+    keys: dict[str, str]
+
+
+@attrs.frozen
+class LoadPlan:
+    layers: list[PlannedLayer]
+    tensors: dict[int, tuple[str, torch.Tensor]]  # skeleton tensor id -> (stored key, tensor)
+    skipped: list[SkippedLayer]
+
+
+def _wanted(checkpoint: Checkpoint, key: str, ok: bool, expected: str) -> str:
+    if not ok:
+        dtype, shape = checkpoint.describe(key)
+        raise CheckpointError(checkpoint.where(key), "dtype/shape", f"{dtype} {list(shape)}",
+                              expected)  # fmt: skip
+    return key
+
+
+def _layer_keys(
+    checkpoint: Checkpoint, path: str, config_names: list[str], n: int, k: int
+) -> dict[str, str]:
+    keys: dict[str, str] = {}
+    for name in config_names:
+        key = checkpoint.source(f"{path}.{name}")
+        if key is None:
+            where = str(checkpoint.directory)
+            raise CheckpointError(where, f"{path}.{name}", "nothing", "a tensor of this layer")
+        dtype, shape = checkpoint.describe(key)
+        if name == "weight":
+            ok, expected = (
+                dtype == torch.float8_e4m3fn and shape == (n, k),
+                f"float8_e4m3fn [{n}, {k}]",
+            )
+        elif name == "bias":
+            ok, expected = dtype in SCALE_DTYPES and shape == (n,), f"fp32, bf16 or fp16 [{n}]"
+        else:  # scales: their shapes are checked with their values, in build
+            ok, expected = dtype in SCALE_DTYPES, "fp32, bf16 or fp16"
+        keys[name] = _wanted(checkpoint, key, ok, expected)
+    return keys
+
+
+def _plan_layer(
+    checkpoint: Checkpoint,
+    method: Fp8LinearMethod,
+    paths: list[str],
+    module: torch.nn.Module,
+    device: torch.device,
+) -> PlannedLayer:
+    name = paths[0]
+    if type(module) is not torch.nn.Linear:
+        expected = "an nn.Linear: kernelpick replaces exact nn.Linear modules"
+        raise CheckpointError(name, "module", type(module).__name__, expected)
+    bias = module.bias is not None
+    config = method.config(module.out_features, module.in_features, module.weight.dtype, bias=bias)
+    state = method.state(config, name, (module.out_features,))
+    kernel = method.bind(state, device)
+    names = ["weight", "weight_scale"]
+    if config.activation is not None and config.activation.scale.static:
+        names.append("input_scale")
+    if bias:
+        names.append("bias")
+    keys = _layer_keys(checkpoint, name, names, *config.weight_shape)
+    return PlannedLayer(tuple(paths), module, state, kernel, keys)
+
+
+def plan(
+    model: torch.nn.Module,
+    checkpoint: Checkpoint,
+    method: Fp8LinearMethod,
+    patterns: tuple[tuple[str, ...], tuple[str, ...]],
+    device: torch.device,
+) -> LoadPlan:
+    """Everything ``build`` will read, checked against the skeleton; raises
+    ``ModelConversionError`` naming every layer with no kernel, or ``CheckpointError``."""
+    targets, ignore = patterns
+    paths: dict[int, list[str]] = {}
+    modules: dict[int, torch.nn.Module] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        paths.setdefault(id(module), []).append(name)
+        modules[id(module)] = module
+    layers: list[PlannedLayer] = []
+    skipped: list[SkippedLayer] = []
+    failures: list[tuple[str, KernelpickError]] = []
+    for key, names in paths.items():
+        module = modules[key]
+        if not names[0] or not matches(names[0], module, targets):
+            continue
+        if matches(names[0], module, ignore):
+            skipped.append(SkippedLayer(names[0], "the checkpoint keeps it in high precision"))
+            continue
+        try:
+            layers.append(_plan_layer(checkpoint, method, names, module, device))
+        except KernelpickError as error:
+            failures.append((names[0], error))
+    if failures:
+        raise ModelConversionError(failures)
+    replaced = {f"{p}.{key}" for layer in layers for p in layer.paths for key in ("weight", "bias")}
+    tensors = _plan_tensors(model, checkpoint, replaced)
+    used = {key for layer in layers for key in layer.keys.values()}
+    unexpected = sorted(checkpoint.keys() - used - {key for key, _ in tensors.values()})
+    if unexpected:
+        raise CheckpointError(
+            checkpoint.where(unexpected[0]), "tensors", ", ".join(unexpected[:5]),
+            "only tensors of this model: the skeleton and the checkpoint disagree",
+        )  # fmt: skip
+    return LoadPlan(layers, tensors, skipped)
+
+
+def _plan_tensors(
+    model: torch.nn.Module, checkpoint: Checkpoint, replaced: set[str]
+) -> dict[int, tuple[str, torch.Tensor]]:
+    """Each other tensor of the skeleton, once, with the stored key it loads from."""
+    tensors: dict[int, tuple[str, torch.Tensor]] = {}
+    missing: list[tuple[str, torch.Tensor]] = []
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if name in replaced:
+            continue
+        key = checkpoint.source(name)
+        if key is None:
+            missing.append((name, tensor))
+            continue
+        dtype, shape = checkpoint.describe(key)
+        floating = isinstance(dtype, torch.dtype) and dtype.is_floating_point
+        fp8 = floating and isinstance(dtype, torch.dtype) and dtype.itemsize == 1
+        ok = shape == tuple(tensor.shape) and floating == tensor.is_floating_point() and not fp8
+        dtype_name = str(tensor.dtype).removeprefix("torch.")
+        _wanted(checkpoint, key, ok, f"{dtype_name} {list(tensor.shape)}, as the model's")
+        tensors.setdefault(id(tensor), (key, tensor))
+    # A tensor the skeleton ties to another (saved once) loads with that one.
+    absent = [name for name, tensor in missing if id(tensor) not in tensors]
+    absent += [n for n, b in model.named_buffers() if b.is_meta and id(b) not in tensors]
+    if absent:
+        raise CheckpointError(
+            str(checkpoint.directory), "tensors", "none for " + ", ".join(absent[:5]),
+            "a value for every parameter and buffer of the skeleton; only tensors a checkpoint "
+            "holds may be on the meta device",
+        )  # fmt: skip
+    return tensors
+
+
+def _frozen(tensor: torch.Tensor) -> torch.nn.Parameter:
+    return torch.nn.Parameter(tensor, requires_grad=False)
+
+
+def _read_layer(
+    checkpoint: Checkpoint,
+    method: Fp8LinearMethod,
+    layer: PlannedLayer,
+    weight: torch.nn.Parameter,
+    device: torch.device,
+) -> Fp8Linear:
+    name, keys, linear = layer.paths[0], layer.keys, layer.module
+    shapes = (("weight_scale", layer.state.config.weight_scale_shape), ("input_scale", (1,)))
+    scales = [
+        _frozen(canonical_scale(f"{name}.{key}", checkpoint.read(keys[key]).to(device), shape))
+        for key, shape in shapes
+        if key in keys
+    ]
+    bias = None
+    if linear.bias is not None:
+        stored = checkpoint.read(keys["bias"]).to(device, linear.bias.dtype)
+        bias = torch.nn.Parameter(stored, requires_grad=linear.bias.requires_grad)
+    module = Fp8Linear(linear.in_features, linear.out_features, method, bias)
+    method.install(module, layer.state, layer.kernel, weight, *scales)
+    return module
+
+
+def build(
+    checkpoint: Checkpoint, method: Fp8LinearMethod, plan: LoadPlan, device: torch.device
+) -> tuple[list[Fp8Linear], dict[int, torch.Tensor]]:
+    """Every new module and tensor, read and checked (NaN bytes, scales); the model is not
+    touched. A tensor that fails its checks raises ``ModelConversionError``."""
+    modules: list[Fp8Linear] = []
+    weights: dict[int, torch.nn.Parameter] = {}  # linears tied in the skeleton stay tied
+    for layer in plan.layers:
+        name, linear = layer.paths[0], layer.module
+        try:
+            weight = weights.get(id(linear.weight))
+            if weight is None:
+                stored = checkpoint.read(layer.keys["weight"])
+                check_fp8_finite(f"{name}.weight", stored)
+                weight = _frozen(stored.to(device, copy=True).contiguous())
+                positive_zero_(weight.data)
+                weights[id(linear.weight)] = weight
+            modules.append(_read_layer(checkpoint, method, layer, weight, device))
+        except KernelpickError as error:
+            raise ModelConversionError([(name, error)]) from error
+    tensors: dict[int, torch.Tensor] = {}
+    for ident, (key, old) in plan.tensors.items():
+        new = checkpoint.read(key).to(device, old.dtype)
+        is_param = isinstance(old, torch.nn.Parameter)
+        tensors[ident] = torch.nn.Parameter(new, old.requires_grad) if is_param else new
+    return modules, tensors
