@@ -370,3 +370,32 @@ def test_static_schemes_load_their_input_scale(tmp_path: Path) -> None:
     layer = skeleton.get_submodule("2")
     assert float(layer.get_parameter("input_scale")) == pytest.approx(0.02)
     assert _run_layers(skeleton, torch.randn(2, 64)).shape == (2, 32)
+
+
+def test_a_sharded_checkpoint_loads_through_its_index(tmp_path: Path) -> None:
+    model = _saved(tmp_path)
+    single = tmp_path / "model.safetensors"
+    tensors = safetensors.torch.load_file(str(single))
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[::2],
+              "model-00002-of-00002.safetensors": names[1::2]}  # fmt: skip
+    for file, keys in shards.items():
+        safetensors.torch.save_file({k: tensors[k] for k in keys}, str(tmp_path / file))
+    weight_map = {key: file for file, keys in shards.items() for key in keys}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    single.unlink()
+    skeleton = _model(seed=1)
+    load_quantized(skeleton, tmp_path, CPU, kp.Policy())
+    x = torch.randn(3, 64)
+    assert torch.equal(_run_layers(skeleton, x), _run_layers(model, x))
+
+
+def test_save_refuses_a_model_with_no_or_mixed_schemes(tmp_path: Path) -> None:
+    with pytest.raises(kp.InvalidValueError, match="no quantized layer"):
+        save_quantized(_model(), tmp_path)
+    model = _model()
+    quantize_model(model, "fp8_per_channel", CPU, kp.Policy(), skip=lambda n, _: n == "4")
+    quantize_model(model, "fp8_per_tensor", CPU, kp.Policy())
+    with pytest.raises(kp.InvalidValueError, match="fp8_per_channel', 'fp8_per_tensor"):
+        save_quantized(model, tmp_path)
+    assert not (tmp_path / "model.safetensors").exists()

@@ -96,13 +96,26 @@ def test_static_input_scales_take_the_largest_shard_scale() -> None:
     assert _apply(layer, torch.randn(2, K)).shape == (2, 128)
 
 
-def test_negative_zero_bytes_become_positive_zero_on_load() -> None:
-    layer = _layer()
+@pytest.mark.parametrize("engine_loader", [False, True])
+def test_negative_zero_bytes_become_positive_zero_whoever_loads_them(engine_loader: bool) -> None:
+    method = Fp8LinearMethod("fp8_per_channel", CPU, kp.Policy(), checkpoint_format="fp8")
+
+    def copy_rows(
+        param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | None = None
+    ) -> None:
+        start = sum(SIZES[: shard_id or 0])
+        with torch.no_grad():
+            param[start : start + loaded_weight.shape[0]].copy_(loaded_weight)
+
+    layer = torch.nn.Module()
+    loader = copy_rows if engine_loader else None
+    method.create_weights(layer, K, SIZES, K, 128, torch.float32, weight_loader=loader)
     for i, (_, fp8, scale) in enumerate(_shards("fp8_per_channel")):
         fp8 = fp8.clone()
         fp8.view(torch.uint8)[:, :3] = 0x80  # -0 in e4m3fn, NaN in e4m3fnuz
         _load(layer, "weight", fp8, i)
         _load(layer, "weight_scale", scale, i)
+    method.process_weights_after_loading(layer)
     weight = layer.get_parameter("weight").detach()
     assert not bool((weight.view(torch.uint8) == 0x80).any())
     assert bool((weight[:, :3].float() == 0).all())

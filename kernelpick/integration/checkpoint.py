@@ -63,14 +63,14 @@ def save_quantized(model: torch.nn.Module, directory: str | os.PathLike[str]) ->
     """
     layers = _quantized(model)
     schemes = {scheme_of(state.config) for state in layers.values()}
-    if not layers or len(schemes) != 1 or None in schemes:
+    named = [s for s in schemes if s is not None]
+    if len(schemes) != 1 or len(named) != 1:  # none, several, or a custom config
         found = sorted(str(s) for s in schemes) or "no quantized layer"
         raise InvalidValueError(
             "schemes of the quantized layers", found,
             "one named scheme for every quantized layer (quantize_model first)",
         )  # fmt: skip
-    (scheme,) = schemes
-    assert scheme is not None  # for mypy: None was refused above
+    scheme = named[0]
     ignore = [
         name for name, module in model.named_modules()
         if name and name not in layers and matches(name, module, ["Linear"])

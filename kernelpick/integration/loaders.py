@@ -17,7 +17,7 @@ import torch
 from kernelpick.core.errors import InvalidValueError, KernelInputError
 from kernelpick.integration.state import ALL_SHARDS, LayerState
 from kernelpick.kernels._torch import check_tensor, reject
-from kernelpick.kernels.canonical import canonical_scale, check_fp8_finite, positive_zero_
+from kernelpick.kernels.canonical import canonical_scale, check_fp8_finite
 
 __all__ = [
     "WeightLoader",
@@ -132,7 +132,8 @@ def high_precision_loader(state: LayerState, own: torch.Tensor) -> WeightLoader:
 
 
 def fp8_weight_loader(state: LayerState, own: torch.Tensor) -> WeightLoader:
-    """The canonical FP8 ``weight [N, K]`` of the pre-quantized path: e4m3fn, no NaN."""
+    """The FP8 ``weight [N, K]`` of the pre-quantized path: e4m3fn without NaN bytes (its
+    negative zeros become +0 when the layer is processed)."""
     width = state.config.k
 
     def accept(label: str, tensor: torch.Tensor, rows: int) -> torch.Tensor:
@@ -146,16 +147,7 @@ def fp8_weight_loader(state: LayerState, own: torch.Tensor) -> WeightLoader:
         check_fp8_finite(label, tensor)
         return tensor
 
-    loader = _loader(state, own, "weight", accept, per_shard=False)
-
-    def canonical_loader(
-        param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | None = None
-    ) -> None:
-        loader(param, loaded_weight, shard_id)
-        start, rows, _ = _shard(state, shard_id)
-        positive_zero_(param[start : start + rows])
-
-    return canonical_loader
+    return _loader(state, own, "weight", accept, per_shard=False)
 
 
 def scale_loader(state: LayerState, own: torch.Tensor, name: str, per_shard: bool) -> WeightLoader:

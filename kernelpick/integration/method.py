@@ -45,6 +45,7 @@ from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
 from kernelpick.kernels.base import Kernel
 from kernelpick.kernels.canonical import (
     CANONICAL_FP8,
+    canonicalize_fp8_,
     check_finite,
     one_tensor_scale,
     quantize_weight,
@@ -222,6 +223,7 @@ class Fp8LinearMethod:
         if "input_scale" in names:
             static = _frozen(layer.get_parameter("input_scale").detach().amax().reshape(1))
         kernel.prepare_weights(weight, scale, static)  # every check before the bytes change
+        canonicalize_fp8_(f"{state.name}.weight", weight.data, self.chunk_rows)  # any loader's
         if merge:
             one_tensor_scale(weight.data, state.shards, scales.detach(), self.chunk_rows)
         self.install(layer, state, kernel, weight, scale, static)
