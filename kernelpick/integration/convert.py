@@ -46,13 +46,14 @@ class _Layer:
     kernel: Kernel
 
 
-def _linears(
-    model: torch.nn.Module, skip: Skip | None
-) -> tuple[dict[int, list[str]], list[SkippedLayer]]:
-    """Every path to each eligible linear, and the linears ``skip`` keeps. Only exact
-    ``nn.Linear``: subclasses such as MultiheadAttention's ``out_proj`` are read by their
-    owners as linears. A module ``skip`` keeps at one path is kept at all of them."""
-    paths: dict[int, list[str]] = {}
+Found = tuple[torch.nn.Linear, tuple[str, ...]]  # a linear, and every path to it
+
+
+def _linears(model: torch.nn.Module, skip: Skip | None) -> tuple[list[Found], list[SkippedLayer]]:
+    """Each eligible linear with every path to it, and the linears ``skip`` keeps. Only
+    exact ``nn.Linear``: subclasses such as MultiheadAttention's ``out_proj`` are read by
+    their owners as linears. A module ``skip`` keeps at one path is kept at all of them."""
+    found: dict[int, tuple[torch.nn.Linear, list[str]]] = {}
     kept: set[int] = set()
     skipped: list[SkippedLayer] = []
     for name, module in model.named_modules(remove_duplicate=False):
@@ -62,8 +63,9 @@ def _linears(
             kept.add(id(module))
             skipped.append(SkippedLayer(name, "skip() kept it"))
         else:
-            paths.setdefault(id(module), []).append(name)
-    return {key: names for key, names in paths.items() if key not in kept}, skipped
+            found.setdefault(id(module), (module, []))[1].append(name)
+    linears = [(module, tuple(paths)) for key, (module, paths) in found.items() if key not in kept]
+    return linears, skipped
 
 
 def _weight_owners(model: torch.nn.Module) -> dict[int, list[tuple[str, torch.nn.Module]]]:
@@ -78,19 +80,18 @@ def _weight_owners(model: torch.nn.Module) -> dict[int, list[tuple[str, torch.nn
 
 
 def _groups(
-    model: torch.nn.Module, paths: dict[int, list[str]], untie: bool
-) -> tuple[list[list[list[str]]], list[SkippedLayer]]:
+    model: torch.nn.Module, linears: list[Found], untie: bool
+) -> tuple[list[list[Found]], list[SkippedLayer]]:
     """The linears grouped by the weight they share (one group per weight), and the groups
     left alone because a module that stays in high precision shares their weight."""
     owners = _weight_owners(model)
-    by_weight: dict[int, list[list[str]]] = {}
-    for names in paths.values():
-        weight = model.get_submodule(names[0]).get_parameter("weight")
-        by_weight.setdefault(id(weight), []).append(names)
-    groups: list[list[list[str]]] = []
+    by_weight: dict[int, list[Found]] = {}
+    for found in linears:
+        by_weight.setdefault(id(found[0].weight), []).append(found)
+    groups: list[list[Found]] = []
     skipped: list[SkippedLayer] = []
     for key, group in by_weight.items():
-        members = {id(model.get_submodule(names[0])) for names in group}
+        members = {id(module) for module, _ in group}
         others = [(path, m) for path, m in owners[key] if id(m) not in members]
         if others and not untie:
             path, other = others[0]
@@ -98,35 +99,32 @@ def _groups(
                 f"its weight is tied to {path} ({type(other).__name__}), which stays in high "
                 "precision; untie=True converts a separate FP8 copy"
             )
-            skipped.extend(SkippedLayer(names[0], reason) for names in group)
+            skipped.extend(SkippedLayer(paths[0], reason) for _, paths in group)
         else:
             groups.append(group)
     return groups, skipped
 
 
 def _plan(
-    model: torch.nn.Module, method: Fp8LinearMethod, group: list[list[str]]
+    method: Fp8LinearMethod, group: list[Found]
 ) -> tuple[list[_Layer], list[tuple[str, KernelpickError]]]:
     layers: list[_Layer] = []
     failures: list[tuple[str, KernelpickError]] = []
-    for index, names in enumerate(group):
-        linear = model.get_submodule(names[0])
-        if not isinstance(linear, torch.nn.Linear):
-            raise InvalidValueError("module", names[0], "an nn.Linear")
+    for index, (linear, paths) in enumerate(group):
         try:
             config = method.config(
                 linear.out_features, linear.in_features, linear.weight.dtype,
                 bias=linear.bias is not None,
             )  # fmt: skip
-            state = method.state(config, names[0], (linear.out_features,))
+            state = method.state(config, paths[0], (linear.out_features,))
             if index == 0:  # one weight for the whole group: checked once
                 method.check_weight(state, linear.weight)
             if linear.bias is not None:
-                check_finite(f"{names[0]}.bias", linear.bias.view(1, -1), method.chunk_rows)
+                check_finite(f"{paths[0]}.bias", linear.bias.view(1, -1), method.chunk_rows)
             kernel = method.bind(state, linear.weight.device)
-            layers.append(_Layer(tuple(names), linear, state, kernel))
+            layers.append(_Layer(paths, linear, state, kernel))
         except KernelpickError as error:
-            failures.append((names[0], error))
+            failures.append((paths[0], error))
     return layers, failures
 
 
@@ -160,22 +158,21 @@ def quantize_model(
     """
     if not isinstance(untie, bool):
         raise InvalidValueError("untie", untie, "True or False")
-    paths, skipped = _linears(model, skip)
-    if any(name == "" for names in paths.values() for name in names):
+    linears, skipped = _linears(model, skip)
+    if any("" in paths for _, paths in linears):
         raise InvalidValueError(
             "model", type(model).__name__, "a module containing linears (the root is not replaced)"
         )
-    groups, tied = _groups(model, paths, untie)
+    groups, tied = _groups(model, linears, untie)
     if caps is None:
         from kernelpick import probe
 
-        first = groups[0][0][0] if groups else None
-        caps = probe(model.get_submodule(first).get_parameter("weight").device if first else None)
+        caps = probe(groups[0][0][0].weight.device if groups else None)
     method = Fp8LinearMethod(scheme, caps, policy, catalog=catalog, chunk_rows=chunk_rows)
     plans: list[list[_Layer]] = []
     failures: list[tuple[str, KernelpickError]] = []
     for group in groups:
-        layers, failed = _plan(model, method, group)
+        layers, failed = _plan(method, group)
         plans.append(layers)
         failures.extend(failed)
     if failures:
