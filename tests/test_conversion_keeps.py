@@ -212,3 +212,23 @@ def test_a_model_on_the_meta_device_is_refused_naming_each_layer() -> None:
     assert all(isinstance(error, kp.KernelInputError) for _, error in info.value.failures)
     assert "not on the meta device" in str(info.value)
     assert all(type(m) is torch.nn.Linear for m in model)
+
+
+def test_each_replaced_linear_is_freed_before_the_next_is_quantized(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import weakref
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(4)])
+    originals = [weakref.ref(module) for module in model]
+    alive: list[int] = []
+
+    def counting(*args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
+        alive.append(sum(ref() is not None for ref in originals))
+        return quantize_weight(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(convert_module, "quantize_weight", counting)
+    quantize_model(model, caps=CPU, policy=kp.Policy())
+    assert alive == [4, 3, 2, 1]  # peak memory stays near one high-precision layer
+    assert all(ref() is None for ref in originals)

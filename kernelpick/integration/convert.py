@@ -128,6 +128,20 @@ def _plan(
     return layers, failures
 
 
+def _plan_all(method: Fp8LinearMethod, groups: list[list[Found]]) -> list[list[_Layer]]:
+    """Every group planned, emptying ``groups``; or ``ModelConversionError`` naming every
+    layer that cannot be converted."""
+    plans: list[list[_Layer]] = []
+    failures: list[tuple[str, KernelpickError]] = []
+    while groups:
+        layers, failed = _plan(method, groups.pop(0))
+        plans.append(layers)
+        failures.extend(failed)
+    if failures:
+        raise ModelConversionError(failures)
+    return plans
+
+
 def _frozen(tensor: torch.Tensor) -> torch.nn.Parameter:
     return torch.nn.Parameter(tensor, requires_grad=False)
 
@@ -164,19 +178,13 @@ def quantize_model(
             "model", type(model).__name__, "a module containing linears (the root is not replaced)"
         )
     groups, tied = _groups(model, linears, untie)
+    del linears  # from here on only the plans hold the linears, and they are popped
     if caps is None:
         from kernelpick import probe
 
         caps = probe(groups[0][0][0].weight.device if groups else None)
     method = Fp8LinearMethod(scheme, caps, policy, catalog=catalog, chunk_rows=chunk_rows)
-    plans: list[list[_Layer]] = []
-    failures: list[tuple[str, KernelpickError]] = []
-    for group in groups:
-        layers, failed = _plan(method, group)
-        plans.append(layers)
-        failures.extend(failed)
-    if failures:
-        raise ModelConversionError(failures)
+    plans = _plan_all(method, groups)
     before = model_bytes(model)
     reports: list[LayerReport] = []
     while plans:  # popped, so each replaced nn.Linear is freed as soon as it is swapped out
@@ -188,10 +196,11 @@ def quantize_model(
             swaps.undo()
             converted = [report.name for report in reports]
             raise ModelConversionError.stopped(layers[0].paths[0], converted, error) from error
-        for layer in layers:
-            decision = layer.state.decision
-            shape = layer.state.config.weight_shape
-            reports.append(LayerReport(layer.paths[0], shape, decision.kernel, decision.degraded))
+        reports.extend(
+            LayerReport(layer.paths[0], layer.state.config.weight_shape,
+                        layer.state.decision.kernel, layer.state.decision.degraded)
+            for layer in layers
+        )  # fmt: skip
         del layers, swaps
     return ConversionReport(
         method.scheme.value, caps.name, tuple(reports), (*skipped, *tied), before,
