@@ -156,3 +156,30 @@ def test_a_layer_whose_weight_was_replaced_by_a_cast_copy_refuses_to_run() -> No
     layer.get_parameter("weight").data = layer.get_parameter("weight").data.half()
     with pytest.raises(kp.KernelInputError, match=r"weight: got shape \[96, 64\], dtype float16"):
         layer(torch.randn(2, 64))
+
+
+def test_a_state_dict_of_the_old_kernel_layout_is_refused() -> None:
+    square = torch.nn.Sequential(torch.nn.Linear(64, 64))
+    quantize_model(square, caps=CPU, policy=kp.Policy())
+    state = square.state_dict()
+    before = _canonical_bytes(square)
+    transposed = state | {"0.weight": state["0.weight"].t()}  # what _scaled_mm layers stored
+    with pytest.raises(kp.KernelInputError, match="contiguous row-major"):
+        square.load_state_dict(transposed)
+    metadata = getattr(state, "_metadata")  # noqa: B009
+    metadata["0"] = {"version": 1}
+    with pytest.raises(kp.InvalidValueError, match="version"):
+        square.load_state_dict(state)
+    assert _canonical_bytes(square) == before
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
+def test_a_state_dict_scale_that_is_not_positive_and_finite_is_refused(bad: float) -> None:
+    _, model = _quantized()
+    before = _canonical_bytes(model)
+    state = model.state_dict()
+    scale = state["2.weight_scale"].clone()
+    scale[3] = bad
+    with pytest.raises(kp.KernelInputError, match=r"2\.weight_scale.*positive, finite"):
+        model.load_state_dict(state | {"2.weight_scale": scale})
+    assert _canonical_bytes(model) == before

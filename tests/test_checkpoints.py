@@ -399,3 +399,74 @@ def test_save_refuses_a_model_with_no_or_mixed_schemes(tmp_path: Path) -> None:
     with pytest.raises(kp.InvalidValueError, match="fp8_per_channel', 'fp8_per_tensor"):
         save_quantized(model, tmp_path)
     assert not (tmp_path / "model.safetensors").exists()
+
+
+def test_a_skeleton_that_ties_weights_the_checkpoint_stores_apart_is_refused(
+    tmp_path: Path,
+) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict({"a": torch.nn.Linear(32, 32), "b": torch.nn.Linear(32, 32)})
+    quantize_model(model, "fp8_per_channel", CPU, kp.Policy())
+    save_quantized(model, tmp_path)
+    skeleton = torch.nn.ModuleDict({"a": torch.nn.Linear(32, 32), "b": torch.nn.Linear(32, 32)})
+    skeleton["b"].weight = skeleton["a"].weight
+    before = snapshot(skeleton)
+    with pytest.raises(CheckpointError, match="which the skeleton ties to b"):
+        load_quantized(skeleton, tmp_path, CPU, kp.Policy())
+    assert snapshot(skeleton) == before
+
+
+class _WithBuffer(torch.nn.Module):
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(32, 32)
+        self.register_buffer("table", torch.zeros(4, dtype=dtype))
+
+
+@pytest.mark.parametrize(
+    ("saved", "skeleton", "value", "error"),
+    [
+        (torch.int64, torch.uint8, 300.0, r"uint8 \[4\], as the model"),  # would wrap around
+        (torch.float32, torch.float16, 1e6, "values out of range of float16"),  # would be inf
+        (torch.float32, torch.bfloat16, 1e6, None),  # a float cast that fits: loaded
+    ],
+)
+def test_other_tensors_load_into_the_skeletons_dtype_only_when_their_values_fit(
+    tmp_path: Path, saved: torch.dtype, skeleton: torch.dtype, value: float, error: str | None
+) -> None:
+    model = _WithBuffer(saved)
+    model.get_buffer("table").fill_(value)
+    quantize_model(model, "fp8_per_channel", CPU, kp.Policy())
+    save_quantized(model, tmp_path)
+    target = _WithBuffer(skeleton)
+    if error is None:
+        load_quantized(target, tmp_path, CPU, kp.Policy())
+        assert float(target.get_buffer("table")[0]) == pytest.approx(value, rel=1e-2)
+        return
+    before = snapshot(target)
+    with pytest.raises(CheckpointError, match=error):
+        load_quantized(target, tmp_path, CPU, kp.Policy())
+    assert snapshot(target) == before
+
+
+def test_an_index_is_followed_and_a_key_it_lists_must_be_in_its_file(tmp_path: Path) -> None:
+    model = _saved(tmp_path)
+    single = tmp_path / "model.safetensors"
+    tensors = safetensors.torch.load_file(str(single))
+    stale = {key: torch.zeros_like(tensor) for key, tensor in tensors.items()}
+    safetensors.torch.save_file(tensors, str(tmp_path / "a.safetensors"))
+    safetensors.torch.save_file(stale, str(tmp_path / "b.safetensors"))  # not in the index
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": dict.fromkeys(tensors, "a.safetensors")}))
+    single.unlink()
+    skeleton = _model(seed=1)
+    load_quantized(skeleton, tmp_path, CPU, kp.Policy())
+    x = torch.randn(3, 64)
+    assert torch.equal(_run_layers(skeleton, x), _run_layers(model, x))
+    index.write_text(json.dumps({"weight_map": {**dict.fromkeys(tensors, "a.safetensors"),
+                                                "0.weight": "c.safetensors"}}))  # fmt: skip
+    with pytest.raises(CheckpointError, match=r"c\.safetensors"):
+        load_quantized(_model(seed=1), tmp_path, CPU, kp.Policy())
+    safetensors.torch.save_file({"x": torch.ones(1)}, str(tmp_path / "c.safetensors"))
+    with pytest.raises(CheckpointError, match=r"none for 0\.weight; expected what the index"):
+        load_quantized(_model(seed=1), tmp_path, CPU, kp.Policy())

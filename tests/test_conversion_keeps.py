@@ -232,3 +232,14 @@ def test_each_replaced_linear_is_freed_before_the_next_is_quantized(
     quantize_model(model, caps=CPU, policy=kp.Policy())
     assert alive == [4, 3, 2, 1]  # peak memory stays near one high-precision layer
     assert all(ref() is None for ref in originals)
+
+
+def test_a_load_state_dict_pre_hook_moves_to_the_converted_layer() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32))
+    seen: list[type] = []
+    register = model[0].register_load_state_dict_pre_hook
+    register(lambda module, *args: seen.append(type(module)))  # type: ignore[no-untyped-call]
+    quantize_model(model, caps=CPU, policy=kp.Policy())
+    model.load_state_dict(model.state_dict())
+    assert seen == [Fp8Linear]

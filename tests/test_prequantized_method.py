@@ -226,3 +226,57 @@ def test_an_engines_own_loader_is_called_and_its_shards_are_counted() -> None:
     assert calls == [0, 0, 1, 1, 2]
     with pytest.raises(kp.InvalidValueError, match=r"weight_scale.*never loaded: \[2\]"):
         method.process_weights_after_loading(layer)
+
+
+def test_scales_an_engine_loader_wrote_are_checked_when_processing() -> None:
+    method = Fp8LinearMethod("fp8_per_channel", CPU, kp.Policy(), checkpoint_format="fp8")
+
+    def copy_rows(
+        param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | None = None
+    ) -> None:
+        start = sum(SIZES[: shard_id or 0])
+        with torch.no_grad():
+            param[start : start + loaded_weight.shape[0]].copy_(loaded_weight)
+
+    layer = torch.nn.Module()
+    method.create_weights(layer, K, SIZES, K, 128, torch.float32, weight_loader=copy_rows)
+    for i, (_, fp8, scale) in enumerate(_shards("fp8_per_channel")):
+        _load(layer, "weight", fp8, i)
+        _load(layer, "weight_scale", -scale if i == 1 else scale, i)
+    with pytest.raises(kp.KernelInputError, match=r"weight_scale.*positive, finite"):
+        method.process_weights_after_loading(layer)
+    assert layer_state(layer).kernel is None
+
+
+def test_an_interrupted_requantization_leaves_the_weight_for_a_clean_retry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kernelpick.kernels import canonical
+    from kernelpick.kernels.quantize import quantize_static
+
+    def loaded() -> torch.nn.Module:
+        layer = _layer("fp8_per_tensor")
+        for i, (_, fp8, scale) in enumerate(_shards("fp8_per_tensor")):
+            _load(layer, "weight", fp8, i)
+            _load(layer, "weight_scale", scale, i)
+        return layer
+
+    reference, layer = loaded(), loaded()
+    _process(reference)
+    real, calls = quantize_static, []
+
+    def interrupted(*args: object) -> torch.Tensor:
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(canonical, "quantize_static", interrupted)
+    layer.__dict__["method"].chunk_rows = 16  # several chunks per shard
+    with pytest.raises(KeyboardInterrupt):
+        _process(layer)
+    monkeypatch.setattr(canonical, "quantize_static", real)
+    layer.__dict__["method"].chunk_rows = 512
+    _process(layer)
+    weights = (layer.get_parameter("weight"), reference.get_parameter("weight"))
+    assert torch.equal(weights[0].view(torch.uint8), weights[1].view(torch.uint8))

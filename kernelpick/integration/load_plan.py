@@ -132,6 +132,7 @@ def plan(
             failures.append((names[0], error))
     if failures:
         raise ModelConversionError(failures)
+    _check_ties(checkpoint, layers)
     replaced = {f"{p}.{key}" for layer in layers for p in layer.paths for key in ("weight", "bias")}
     tensors = _plan_tensors(model, checkpoint, replaced)
     used = {key for layer in layers for key in layer.keys.values()}
@@ -142,6 +143,19 @@ def plan(
             "only tensors of this model: the skeleton and the checkpoint disagree",
         )  # fmt: skip
     return LoadPlan(layers, tensors, skipped)
+
+
+def _check_ties(checkpoint: Checkpoint, layers: list[PlannedLayer]) -> None:
+    """Linears the skeleton ties load one weight: the checkpoint must store one for them."""
+    first: dict[int, PlannedLayer] = {}
+    for layer in layers:
+        tied = first.setdefault(id(layer.module.weight), layer)
+        if layer.keys["weight"] != tied.keys["weight"]:
+            raise CheckpointError(
+                checkpoint.where(layer.keys["weight"]), "weight",
+                f"a tensor apart from {tied.keys['weight']}",
+                f"the weight of {tied.paths[0]}, which the skeleton ties to {layer.paths[0]}",
+            )  # fmt: skip
 
 
 def _plan_tensors(
@@ -158,10 +172,15 @@ def _plan_tensors(
             missing.append((name, tensor))
             continue
         dtype, shape = checkpoint.describe(key)
-        floating = isinstance(dtype, torch.dtype) and dtype.is_floating_point
-        fp8 = floating and isinstance(dtype, torch.dtype) and dtype.itemsize == 1
-        ok = shape == tuple(tensor.shape) and floating == tensor.is_floating_point() and not fp8
+        # Floats load into the skeleton's float dtype (build refuses a value that overflows
+        # it); FP8 would drop its scale, and integers must match exactly.
+        if tensor.is_floating_point():
+            kind_ok = isinstance(dtype, torch.dtype) and dtype.is_floating_point
+            kind_ok = kind_ok and isinstance(dtype, torch.dtype) and dtype.itemsize > 1
+        else:
+            kind_ok = dtype == tensor.dtype
         dtype_name = str(tensor.dtype).removeprefix("torch.")
+        ok = shape == tuple(tensor.shape) and kind_ok
         _wanted(checkpoint, key, ok, f"{dtype_name} {list(tensor.shape)}, as the model's")
         tensors.setdefault(id(tensor), (key, tensor))
     # A tensor the skeleton ties to another (saved once) loads with that one.
@@ -225,7 +244,12 @@ def build(
             raise ModelConversionError([(name, error)]) from error
     tensors: dict[int, torch.Tensor] = {}
     for ident, (key, old) in plan.tensors.items():
-        new = checkpoint.read(key).to(device, old.dtype)
+        stored = checkpoint.read(key)
+        new = stored.to(device, old.dtype)
+        if new.dtype != stored.dtype and bool((stored.isfinite() & ~new.isfinite().cpu()).any()):
+            dtype = str(old.dtype).removeprefix("torch.")
+            raise CheckpointError(checkpoint.where(key), "values", "values out of range of "
+                                  f"{dtype}", f"values the model's {dtype} can hold")  # fmt: skip
         is_param = isinstance(old, torch.nn.Parameter)
         tensors[ident] = torch.nn.Parameter(new, old.requires_grad) if is_param else new
     return modules, tensors

@@ -45,6 +45,7 @@ from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
 from kernelpick.kernels.base import Kernel
 from kernelpick.kernels.canonical import (
     CANONICAL_FP8,
+    canonical_scale,
     canonicalize_fp8_,
     check_finite,
     one_tensor_scale,
@@ -217,15 +218,21 @@ class Fp8LinearMethod:
             self.install(layer, state, kernel, _frozen(fp8), _frozen(scale))
             return
         scales = layer.get_parameter("weight_scale")
+        static = layer.get_parameter("input_scale") if "input_scale" in names else None
+        for name, values in (("weight_scale", scales), ("input_scale", static)):
+            if values is not None:  # whoever loaded them: an engine's loader checks nothing
+                canonical_scale(f"{state.name}.{name}", values.detach(), tuple(values.shape))
         merge = state.config.weight_scale_shape == (1,)
         scale = _frozen(scales.detach().amax().reshape(1)) if merge else scales
-        static = None
-        if "input_scale" in names:
-            static = _frozen(layer.get_parameter("input_scale").detach().amax().reshape(1))
+        if static is not None:
+            static = _frozen(static.detach().amax().reshape(1))
         kernel.prepare_weights(weight, scale, static)  # every check before the bytes change
         canonicalize_fp8_(f"{state.name}.weight", weight.data, self.chunk_rows)  # any loader's
         if merge:
-            one_tensor_scale(weight.data, state.shards, scales.detach(), self.chunk_rows)
+            merged, _ = one_tensor_scale(
+                weight.data, state.shards, scales.detach(), self.chunk_rows
+            )
+            weight = _frozen(merged)
         self.install(layer, state, kernel, weight, scale, static)
 
     def _parameter_names(self, config: QuantConfig) -> tuple[str, ...]:

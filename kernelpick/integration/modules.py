@@ -12,8 +12,13 @@ from kernelpick.core.dtypes import HIGH_PRECISION
 from kernelpick.core.errors import InvalidValueError
 from kernelpick.integration.method import Fp8LinearMethod
 from kernelpick.integration.state import attach, layer_state
-from kernelpick.kernels._torch import check_tensor, torch_dtype
-from kernelpick.kernels.canonical import SCALE_DTYPES, check_fp8_finite, positive_zero_
+from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
+from kernelpick.kernels.canonical import (
+    SCALE_DTYPES,
+    canonical_scale,
+    check_fp8_finite,
+    positive_zero_,
+)
 
 __all__ = ["Fp8Linear"]
 
@@ -41,6 +46,11 @@ def _carried(fn: Callable[[torch.Tensor], torch.Tensor], tensor: torch.Tensor) -
     return out.view(tensor.dtype)
 
 
+# torch stores a module's _version in its state dict metadata. Version 1 was kernelpick's
+# first Fp8Linear, whose stored weight was in the kernel's layout ([K, N] for _scaled_mm).
+_VERSION = 2
+
+
 class Fp8Linear(torch.nn.Module):
     """A linear layer whose FP8 weight runs on the kernel kernelpick chose for it.
 
@@ -56,6 +66,8 @@ class Fp8Linear(torch.nn.Module):
     the tensors and, onto another device, selects again for that device.
     ``load_state_dict`` takes only canonical tensors: FP8 e4m3fn weights without NaN.
     """
+
+    _version = _VERSION
 
     def __init__(
         self,
@@ -120,15 +132,28 @@ class Fp8Linear(torch.nn.Module):
         unexpected_keys: list[str],
         error_msgs: list[str],
     ) -> None:
-        # torch's copy_ would cast a float weight into FP8 without its scale: refuse it,
-        # and NaN bytes, before a byte of this layer is written.
+        # torch's copy_ would cast a float weight into FP8 without its scale, or copy a
+        # transposed weight into a square layer: refuse what is not canonical before a byte
+        # of this layer is written.
+        version = local_metadata.get("version", _VERSION)
+        if version < _VERSION:
+            raise InvalidValueError(
+                f"state dict version of {prefix or 'the layer'}", version,
+                f"{_VERSION}, kernelpick's canonical layout: an older Fp8Linear stored its "
+                "kernel's layout (a transposed weight), so quantize the model again",
+            )  # fmt: skip
         for name, dtypes in _CANONICAL.items():
             tensor = state_dict.get(prefix + name)
             if tensor is None or name not in self._parameters:
                 continue
-            check_tensor(prefix + name, tensor, dtypes=dtypes)
+            shape = tuple(self.get_parameter(name).shape)
             if name == "weight":
+                check_tensor(prefix + name, tensor, dtypes=dtypes, shape=shape)
+                if not tensor.is_contiguous():
+                    raise reject(prefix + name, tensor, "a contiguous row-major [N, K] tensor")
                 check_fp8_finite(prefix + name, tensor)
+            else:
+                canonical_scale(prefix + name, tensor, shape)
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )

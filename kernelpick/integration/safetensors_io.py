@@ -63,6 +63,25 @@ def read_json(path: Path) -> dict[str, Any]:
     return data
 
 
+def _files(directory: Path) -> dict[Path, set[str] | None]:
+    """Each safetensors file of a checkpoint, with the keys to take from it: one
+    ``model.safetensors`` (all of its keys), or the shards its index maps each key to."""
+    single, index = directory / WEIGHTS_NAME, directory / INDEX_NAME
+    if single.is_file():
+        return {single: None}
+    if not index.is_file():
+        raise CheckpointError(str(directory), WEIGHTS_NAME, "no such file", "safetensors")
+    weight_map = read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(str(index), "weight_map", repr(weight_map), "a mapping")
+    files: dict[Path, set[str]] = {}
+    for key, name in weight_map.items():
+        if not isinstance(name, str) or Path(name).name != name:
+            raise CheckpointError(str(index), key, repr(name), "a file name in this directory")
+        files.setdefault(directory / name, set()).add(key)
+    return {path: keys for path, keys in files.items()}
+
+
 class Checkpoint:
     """The tensors of a checkpoint directory, by name: headers read up front, data on demand.
 
@@ -70,32 +89,35 @@ class Checkpoint:
     """
 
     def __init__(self, directory: Path) -> None:
-        single, index = directory / WEIGHTS_NAME, directory / INDEX_NAME
-        if single.is_file():
-            files = {single: None}
-        elif index.is_file():
-            weight_map = read_json(index).get("weight_map")
-            if not isinstance(weight_map, dict):
-                raise CheckpointError(str(index), "weight_map", repr(weight_map), "a mapping")
-            files = {directory / str(name): None for name in weight_map.values()}
-        else:
-            raise CheckpointError(str(directory), WEIGHTS_NAME, "no such file", "safetensors")
         self.directory = directory
         self._stack = contextlib.ExitStack()
         self._where: dict[str, Any] = {}
         self._path: dict[str, Path] = {}
         self.aliases: dict[str, str] = {}
-        for path in files:
-            try:
-                handle = self._stack.enter_context(safe_open(str(path), framework="pt"))
-            except (OSError, SafetensorError) as error:
-                self._stack.close()
-                raise CheckpointError(str(path), "", str(error), "a safetensors file") from error
-            names: list[str] = handle.keys()
-            for key in names:
-                self._where[key] = handle
-                self._path[key] = path
-            self.aliases.update(json.loads((handle.metadata() or {}).get(ALIASES, "{}")))
+        try:
+            for path, keys in _files(directory).items():
+                self._open(path, keys)
+        except BaseException:
+            self._stack.close()
+            raise
+
+    def _open(self, path: Path, keys: set[str] | None) -> None:
+        """Open ``path`` and take ``keys`` from it (every key, for a single file)."""
+        try:
+            handle = self._stack.enter_context(safe_open(str(path), framework="pt"))
+        except (OSError, SafetensorError) as error:
+            raise CheckpointError(str(path), "", str(error), "a safetensors file") from error
+        held: set[str] = set(handle.keys())
+        missing = sorted((keys or set()) - held)
+        if missing:
+            listed = ", ".join(missing[:5])
+            raise CheckpointError(
+                str(path), "tensors", f"none for {listed}", "what the index lists"
+            )
+        for key in held if keys is None else keys:
+            self._where[key] = handle
+            self._path[key] = path
+        self.aliases.update(json.loads((handle.metadata() or {}).get(ALIASES, "{}")))
 
     def __enter__(self) -> Checkpoint:
         return self

@@ -3,6 +3,9 @@ undoing a set of such swaps as one."""
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable, Mapping
+
 import torch
 
 __all__ = ["Swaps", "model_bytes"]
@@ -24,10 +27,19 @@ _HOOK_DICTS = (
 )
 
 
+def _rebind(hooks: Mapping[int, object], module: torch.nn.Module) -> None:
+    """Point the hooks that torch calls with their module (``load_state_dict`` pre-hooks
+    registered publicly hold it weakly) at ``module``."""
+    for hook in hooks.values():
+        if getattr(hook, "with_module", False):
+            hook.module = weakref.ref(module)  # type: ignore[attr-defined]
+
+
 def _adopt(new: torch.nn.Module, old: torch.nn.Module) -> None:
     for name in _HOOK_DICTS:
         if name in old.__dict__:
             new.__dict__[name] = old.__dict__[name]
+    _rebind(old._load_state_dict_pre_hooks, new)
     new.train(old.training)
 
 
@@ -37,17 +49,20 @@ class Swaps:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self._model = model
-        self._done: list[tuple[dict[str, object], str, object]] = []
+        self._undo: list[Callable[[], None]] = []
 
     def _put(self, entries: dict[str, object], key: str, new: object) -> None:
-        self._done.append((entries, key, entries[key]))
+        old = entries[key]
+        self._undo.append(lambda: entries.__setitem__(key, old))
         entries[key] = new
 
     def replace(self, path: str, new: torch.nn.Module) -> None:
         """Put ``new`` at ``path`` with the hooks and mode of the module there."""
         parent_name, _, child = path.rpartition(".")
         parent = self._model.get_submodule(parent_name)
-        _adopt(new, parent.get_submodule(child))
+        old = parent.get_submodule(child)
+        self._undo.append(lambda: _rebind(old._load_state_dict_pre_hooks, old))
+        _adopt(new, old)
         self._put(parent._modules, child, new)  # type: ignore[arg-type]
 
     def set_tensor(self, module: torch.nn.Module, name: str, new: torch.Tensor) -> None:
@@ -57,9 +72,8 @@ class Swaps:
 
     def undo(self) -> None:
         """Put back everything replaced so far."""
-        while self._done:
-            entries, key, old = self._done.pop()
-            entries[key] = old
+        while self._undo:
+            self._undo.pop()()
 
 
 def model_bytes(model: torch.nn.Module) -> int:

@@ -134,21 +134,22 @@ def one_tensor_scale(
     shards: tuple[int, ...],
     scales: torch.Tensor,
     chunk_rows: int = CHUNK_ROWS,
-) -> torch.Tensor:
-    """One per-tensor scale ``[1]`` for a fused weight whose shards (of ``shards`` rows each)
-    were saved with a scale each: the largest, the other shards' FP8 values requantized to it
-    in place (one more rounding, as engines do). Shards already at the largest keep their
-    bytes."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fused weight whose shards (of ``shards`` rows each) were saved with a scale each,
+    with one per-tensor scale ``[1]``: the largest. The other shards' FP8 values are
+    requantized to it (one more rounding, as engines do) in a new tensor, so ``weight`` is
+    unchanged if this stops halfway; shards already at the largest keep their bytes."""
     largest = scales.amax()
+    merged = weight.clone()
     start = 0
     for rows, shard_scale in zip(shards, scales.tolist(), strict=True):
         if shard_scale != float(largest):
             for first in range(start, start + rows, chunk_rows):
-                chunk = weight[first : min(first + chunk_rows, start + rows)]
+                chunk = merged[first : min(first + chunk_rows, start + rows)]
                 chunk.copy_(quantize_static(chunk.float() * shard_scale, largest, CANONICAL_FP8))
-            positive_zero_(weight[start : start + rows], chunk_rows)
+            positive_zero_(merged[start : start + rows], chunk_rows)
         start += rows
-    return largest.reshape(1)
+    return merged, largest.reshape(1)
 
 
 def dequantize_weight(
