@@ -183,3 +183,14 @@ def test_a_state_dict_scale_that_is_not_positive_and_finite_is_refused(bad: floa
     with pytest.raises(kp.KernelInputError, match=r"2\.weight_scale.*positive, finite"):
         model.load_state_dict(state | {"2.weight_scale": scale})
     assert _canonical_bytes(model) == before
+
+
+def test_a_state_dict_scale_of_another_layout_is_refused_before_the_weight_changes() -> None:
+    _, model = _quantized()
+    state = model.state_dict()
+    before = _canonical_bytes(model)
+    changed = state | {"0.weight": torch.zeros(96, 64, dtype=torch.float8_e4m3fn),
+                       "0.weight_scale": state["0.weight_scale"].reshape(-1)}  # fmt: skip
+    with pytest.raises(kp.KernelInputError, match=r"0\.weight_scale: got shape \[96\]"):
+        model.load_state_dict(changed)
+    assert _canonical_bytes(model) == before

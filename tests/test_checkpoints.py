@@ -470,3 +470,83 @@ def test_an_index_is_followed_and_a_key_it_lists_must_be_in_its_file(tmp_path: P
     safetensors.torch.save_file({"x": torch.ones(1)}, str(tmp_path / "c.safetensors"))
     with pytest.raises(CheckpointError, match=r"none for 0\.weight; expected what the index"):
         load_quantized(_model(seed=1), tmp_path, CPU, kp.Policy())
+
+
+@pytest.mark.parametrize(("value", "skeleton", "named"), [
+    (1e6, torch.float16, "values out of range of float16"),
+    (float("nan"), torch.float32, "NaN or Inf"),
+])  # fmt: skip
+def test_a_quantized_layers_bias_must_load_finite(
+    tmp_path: Path, value: float, skeleton: torch.dtype, named: str
+) -> None:
+    model = _model()
+    quantize_model(model, "fp8_per_channel", CPU, kp.Policy())
+    with torch.no_grad():
+        model.get_submodule("2").get_parameter("bias")[0] = value
+    save_quantized(model, tmp_path)
+    target = _model(seed=1).to(skeleton)
+    before = snapshot(target)
+    with pytest.raises(kp.KernelpickError, match=named):
+        load_quantized(target, tmp_path, CPU, kp.Policy())
+    assert snapshot(target) == before
+
+
+def test_a_scale_stored_across_input_channels_is_not_read_as_per_output_channel(
+    tmp_path: Path,
+) -> None:
+    _saved(tmp_path)
+    _rewrite(tmp_path, lambda t: t.__setitem__("0.weight_scale", t["0.weight_scale"].t()))
+    skeleton = _model(seed=1)
+    before = snapshot(skeleton)
+    with pytest.raises(ModelConversionError, match=r"0\.weight_scale: got shape \[1, 64\]"):
+        load_quantized(skeleton, tmp_path, CPU, kp.Policy())
+    assert snapshot(skeleton) == before
+
+
+class _Derived(torch.nn.Module):
+    """A module that saves a tensor computed from its parameter, not the parameter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(32, 32)
+        self.gain = torch.nn.Parameter(torch.ones(32))
+
+    def _save_to_state_dict(self, destination: dict[str, object], prefix: str, keep: bool) -> None:
+        destination[prefix + "gain"] = self.gain * 1
+
+
+def test_a_tensor_the_skeleton_derives_when_saving_is_refused(tmp_path: Path) -> None:
+    model = _Derived()
+    quantize_model(model, "fp8_per_channel", CPU, kp.Policy())
+    save_quantized(model, tmp_path)
+    with pytest.raises(CheckpointError, match="gain: found a tensor the model derives"):
+        load_quantized(_Derived(), tmp_path, CPU, kp.Policy())
+
+
+def test_a_linear_holding_more_than_weight_and_bias_is_kept_and_not_loaded_into(
+    tmp_path: Path,
+) -> None:
+    model = _model()
+    model.get_submodule("2").register_buffer("mask", torch.ones(96))
+    report = quantize_model(model, "fp8_per_channel", CPU, kp.Policy())
+    assert report.skipped[0].name == "2"
+    assert "mask, which an Fp8Linear would drop" in report.skipped[0].reason
+    assert type(model.get_submodule("2")) is torch.nn.Linear
+    plain = _model()
+    quantize_model(plain, "fp8_per_channel", CPU, kp.Policy())
+    save_quantized(plain, tmp_path)
+    skeleton = _model(seed=1)
+    skeleton.get_submodule("2").register_buffer("mask", torch.ones(96))
+    with pytest.raises(ModelConversionError, match="Linear holding mask"):
+        load_quantized(skeleton, tmp_path, CPU, kp.Policy())
+
+
+def test_save_refuses_a_directory_holding_another_checkpoint(tmp_path: Path) -> None:
+    model = _model()
+    quantize_model(model, "fp8_per_channel", CPU, kp.Policy())
+    (tmp_path / "model.safetensors.index.json").write_text("{}")
+    with pytest.raises(CheckpointError, match=r"model\.safetensors\.index\.json"):
+        save_quantized(model, tmp_path)
+    (tmp_path / "model.safetensors.index.json").unlink()
+    save_quantized(model, tmp_path)
+    save_quantized(model, tmp_path)  # its own file is replaced

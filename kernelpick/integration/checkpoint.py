@@ -30,6 +30,7 @@ from kernelpick.integration.method import Fp8LinearMethod
 from kernelpick.integration.modules import Fp8Linear
 from kernelpick.integration.report import ConversionReport, LayerReport
 from kernelpick.integration.safetensors_io import (
+    WEIGHTS_NAME,
     Checkpoint,
     read_json,
     write_atomically,
@@ -76,6 +77,16 @@ def save_quantized(model: torch.nn.Module, directory: str | os.PathLike[str]) ->
         if name and name not in layers and matches(name, module, ["Linear"])
     ]  # fmt: skip
     root = Path(directory)
+    others = sorted(
+        p.name
+        for p in root.glob("*.safetensors*")
+        if p.name != WEIGHTS_NAME and not p.name.startswith(".")
+    )  # a reader would take them with the new config (vLLM reads every *.safetensors)
+    if others:
+        raise CheckpointError(
+            str(root), "files", ", ".join(others[:5]),
+            f"a directory holding no other checkpoint than {WEIGHTS_NAME}",
+        )  # fmt: skip
     root.mkdir(parents=True, exist_ok=True)
     config = getattr(model, "config", None)
     to_json = getattr(config, "to_json_string", None)

@@ -26,7 +26,7 @@ from kernelpick.integration.method import Fp8LinearMethod
 from kernelpick.integration.modules import Fp8Linear
 from kernelpick.integration.report import ConversionReport, LayerReport, SkippedLayer
 from kernelpick.integration.state import LayerState
-from kernelpick.integration.swap import Swaps, model_bytes
+from kernelpick.integration.swap import Swaps, dropped_by_swap, model_bytes
 from kernelpick.kernels.base import Kernel
 from kernelpick.kernels.canonical import check_finite, quantize_weight
 from kernelpick.kernels.quantize import CHUNK_ROWS
@@ -59,9 +59,11 @@ def _linears(model: torch.nn.Module, skip: Skip | None) -> tuple[list[Found], li
     for name, module in model.named_modules(remove_duplicate=False):
         if type(module) is not torch.nn.Linear:
             continue
-        if skip is not None and skip(name, module):
+        extra = dropped_by_swap(module)
+        if extra or (skip is not None and skip(name, module)):
             kept.add(id(module))
-            skipped.append(SkippedLayer(name, "skip() kept it"))
+            why = f"it also holds {', '.join(extra)}, which an Fp8Linear would drop"
+            skipped.append(SkippedLayer(name, why if extra else "skip() kept it"))
         else:
             found.setdefault(id(module), (module, []))[1].append(name)
     linears = [(module, tuple(paths)) for key, (module, paths) in found.items() if key not in kept]

@@ -16,10 +16,12 @@ from kernelpick.integration.modules import Fp8Linear
 from kernelpick.integration.report import SkippedLayer
 from kernelpick.integration.safetensors_io import Checkpoint
 from kernelpick.integration.state import LayerState
+from kernelpick.integration.swap import dropped_by_swap
 from kernelpick.kernels.base import Kernel
 from kernelpick.kernels.canonical import (
     SCALE_DTYPES,
     canonical_scale,
+    check_finite,
     check_fp8_finite,
     positive_zero_,
 )
@@ -85,9 +87,12 @@ def _plan_layer(
     device: torch.device,
 ) -> PlannedLayer:
     name = paths[0]
-    if type(module) is not torch.nn.Linear:
-        expected = "an nn.Linear: kernelpick replaces exact nn.Linear modules"
-        raise CheckpointError(name, "module", type(module).__name__, expected)
+    if type(module) is not torch.nn.Linear or dropped_by_swap(module):
+        found = type(module).__name__
+        extra = dropped_by_swap(module) if isinstance(module, torch.nn.Linear) else []
+        found += f" holding {', '.join(extra)}" if extra else ""
+        expected = "an nn.Linear of weight and bias: kernelpick replaces exact nn.Linear modules"
+        raise CheckpointError(name, "module", found, expected)
     bias = module.bias is not None
     config = method.config(module.out_features, module.in_features, module.weight.dtype, bias=bias)
     state = method.state(config, name, (module.out_features,))
@@ -133,8 +138,7 @@ def plan(
     if failures:
         raise ModelConversionError(failures)
     _check_ties(checkpoint, layers)
-    replaced = {f"{p}.{key}" for layer in layers for p in layer.paths for key in ("weight", "bias")}
-    tensors = _plan_tensors(model, checkpoint, replaced)
+    tensors = _plan_tensors(model, checkpoint, layers)
     used = {key for layer in layers for key in layer.keys.values()}
     unexpected = sorted(checkpoint.keys() - used - {key for key, _ in tensors.values()})
     if unexpected:
@@ -159,14 +163,26 @@ def _check_ties(checkpoint: Checkpoint, layers: list[PlannedLayer]) -> None:
 
 
 def _plan_tensors(
-    model: torch.nn.Module, checkpoint: Checkpoint, replaced: set[str]
+    model: torch.nn.Module, checkpoint: Checkpoint, layers: list[PlannedLayer]
 ) -> dict[int, tuple[str, torch.Tensor]]:
     """Each other tensor of the skeleton, once, with the stored key it loads from."""
+    replaced = {f"{p}.{key}" for layer in layers for p in layer.paths for key in ("weight", "bias")}
+    gone = {id(layer.module) for layer in layers}
+    held = {
+        id(tensor)
+        for module in model.modules() if id(module) not in gone
+        for tensor in (*module._parameters.values(), *module._buffers.values())
+    }  # fmt: skip
     tensors: dict[int, tuple[str, torch.Tensor]] = {}
     missing: list[tuple[str, torch.Tensor]] = []
     for name, tensor in model.state_dict(keep_vars=True).items():
         if name in replaced:
             continue
+        if id(tensor) not in held:  # made by a module's _save_to_state_dict: nowhere to put it
+            raise CheckpointError(
+                str(checkpoint.directory), name, "a tensor the model derives when saving",
+                "parameters and buffers of the skeleton, which is all kernelpick loads",
+            )  # fmt: skip
         key = checkpoint.source(name)
         if key is None:
             missing.append((name, tensor))
@@ -215,7 +231,8 @@ def _read_layer(
     ]
     bias = None
     if linear.bias is not None:
-        stored = checkpoint.read(keys["bias"]).to(device, linear.bias.dtype)
+        stored = _read_as(checkpoint, keys["bias"], linear.bias.dtype, device)
+        check_finite(f"{name}.bias", stored.view(1, -1))  # as quantize_model refuses one
         bias = torch.nn.Parameter(stored, requires_grad=linear.bias.requires_grad)
     module = Fp8Linear(linear.in_features, linear.out_features, method, bias)
     method.install(module, layer.state, layer.kernel, weight, *scales)
@@ -244,12 +261,21 @@ def build(
             raise ModelConversionError([(name, error)]) from error
     tensors: dict[int, torch.Tensor] = {}
     for ident, (key, old) in plan.tensors.items():
-        stored = checkpoint.read(key)
-        new = stored.to(device, old.dtype)
-        if new.dtype != stored.dtype and bool((stored.isfinite() & ~new.isfinite().cpu()).any()):
-            dtype = str(old.dtype).removeprefix("torch.")
-            raise CheckpointError(checkpoint.where(key), "values", "values out of range of "
-                                  f"{dtype}", f"values the model's {dtype} can hold")  # fmt: skip
+        new = _read_as(checkpoint, key, old.dtype, device)
         is_param = isinstance(old, torch.nn.Parameter)
         tensors[ident] = torch.nn.Parameter(new, old.requires_grad) if is_param else new
     return modules, tensors
+
+
+def _read_as(
+    checkpoint: Checkpoint, key: str, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """A stored tensor in the skeleton's ``dtype``, refusing a value the cast cannot hold
+    (1e6 in fp16 would become inf)."""
+    stored = checkpoint.read(key)
+    new = stored.to(device, dtype)
+    if new.dtype != stored.dtype and bool((stored.isfinite() & ~new.isfinite().cpu()).any()):
+        name = str(dtype).removeprefix("torch.")
+        raise CheckpointError(checkpoint.where(key), "values", f"values out of range of {name}",
+                              f"values the model's {name} can hold")  # fmt: skip
+    return new

@@ -152,7 +152,8 @@ class Fp8Linear(torch.nn.Module):
                 if not tensor.is_contiguous():
                     raise reject(prefix + name, tensor, "a contiguous row-major [N, K] tensor")
                 check_fp8_finite(prefix + name, tensor)
-            else:
+            else:  # exactly the parameter's shape: torch refuses others after copying the weight
+                check_tensor(prefix + name, tensor, dtypes=dtypes, shape=shape)
                 canonical_scale(prefix + name, tensor, shape)
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs

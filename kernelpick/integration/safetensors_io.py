@@ -22,6 +22,8 @@ from kernelpick.integration.errors import CheckpointError
 
 __all__ = [
     "ALIASES",
+    "INDEX_NAME",
+    "WEIGHTS_NAME",
     "Checkpoint",
     "read_json",
     "unique_tensors",

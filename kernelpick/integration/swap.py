@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-__all__ = ["Swaps", "model_bytes"]
+__all__ = ["Swaps", "dropped_by_swap", "model_bytes"]
 
 # Every hook a module can hold. The new module shares the old one's dictionaries, so a
 # hook still fires and a handle registered on the old module still removes it.
@@ -74,6 +74,13 @@ class Swaps:
         """Put back everything replaced so far."""
         while self._undo:
             self._undo.pop()()
+
+
+def dropped_by_swap(linear: torch.nn.Module) -> list[str]:
+    """What a linear holds besides ``weight`` and ``bias`` (other parameters, buffers,
+    child modules): a swap for an ``Fp8Linear`` would lose it."""
+    names = [n for n in linear._parameters if n not in ("weight", "bias")]
+    return names + list(linear._buffers) + list(linear._modules)
 
 
 def model_bytes(model: torch.nn.Module) -> int:

@@ -81,12 +81,22 @@ def _rows(bits: torch.Tensor) -> torch.Tensor:
     return bits.reshape(-1, bits.shape[-1]) if bits.dim() > 1 else bits.view(1, -1)
 
 
+def _scale_layouts(shape: tuple[int, ...]) -> set[tuple[int, ...]]:
+    """The layouts a checkpoint may store a scale of ``shape`` in: itself, per channel also
+    ``[N]``, and one value as ``[]``, ``[1]`` or ``[1, 1]``. Nothing else: a ``[1, N]``
+    scale is one per input channel, which read per output channel would be wrong."""
+    layouts = {shape, shape[:-1] if shape[-1:] == (1,) else shape}
+    if all(extent == 1 for extent in shape):
+        layouts |= {(), (1,), (1, 1)}
+    return layouts
+
+
 def canonical_scale(name: str, scale: object, shape: tuple[int, ...]) -> torch.Tensor:
-    """``scale`` as canonical fp32 of ``shape``, from any layout with the same values in
-    order (``[N]`` or ``[N, 1]``; ``[]``, ``[1]`` or ``[1, 1]``), refusing values that
+    """``scale`` as canonical fp32 of ``shape``, from the layouts checkpoints use (``[N, 1]``
+    or ``[N]`` per channel; ``[]``, ``[1]`` or ``[1, 1]`` per tensor), refusing values that
     are not positive and finite (a zero or NaN scale is a corrupt checkpoint)."""
     tensor = check_tensor(name, scale, dtypes=SCALE_DTYPES)
-    if [d for d in tensor.shape if d != 1] != [d for d in shape if d != 1]:
+    if tuple(tensor.shape) not in _scale_layouts(shape):
         raise reject(name, tensor, f"fp32 scales of shape {list(shape)}")
     values = tensor.to(torch.float32).reshape(shape)
     if not bool(torch.isfinite(values).all()) or not bool((values > 0).all()):
