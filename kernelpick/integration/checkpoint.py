@@ -175,11 +175,7 @@ def load_quantized(
         before = model_bytes(model)
         modules, tensors = build(checkpoint, method, planned, target)
     _commit(model, planned, modules, tensors)
-    layers = tuple(
-        LayerReport(layer.paths[0], layer.state.config.weight_shape,
-                    layer.state.decision.kernel, layer.state.decision.degraded)
-        for layer in planned.layers
-    )  # fmt: skip
+    layers = tuple(LayerReport.of(layer.paths[0], layer.state) for layer in planned.layers)
     return ConversionReport(
         scheme.value, caps.name, layers, tuple(planned.skipped), before, model_bytes(model)
     )

@@ -22,7 +22,7 @@ from kernelpick.core.policy import Policy
 from kernelpick.core.schemes import Scheme
 from kernelpick.core.specs import Catalog
 from kernelpick.integration.errors import ModelConversionError
-from kernelpick.integration.method import Fp8LinearMethod
+from kernelpick.integration.method import Fp8LinearMethod, frozen
 from kernelpick.integration.modules import Fp8Linear
 from kernelpick.integration.report import ConversionReport, LayerReport, SkippedLayer
 from kernelpick.integration.state import LayerState
@@ -144,10 +144,6 @@ def _plan_all(method: Fp8LinearMethod, groups: list[list[Found]]) -> list[list[_
     return plans
 
 
-def _frozen(tensor: torch.Tensor) -> torch.nn.Parameter:
-    return torch.nn.Parameter(tensor, requires_grad=False)
-
-
 def quantize_model(
     model: torch.nn.Module,
     scheme: Scheme | str = Scheme.FP8_PER_CHANNEL,
@@ -198,11 +194,7 @@ def quantize_model(
             swaps.undo()
             converted = [report.name for report in reports]
             raise ModelConversionError.stopped(layers[0].paths[0], converted, error) from error
-        reports.extend(
-            LayerReport(layer.paths[0], layer.state.config.weight_shape,
-                        layer.state.decision.kernel, layer.state.decision.degraded)
-            for layer in layers
-        )  # fmt: skip
+        reports.extend(LayerReport.of(layer.paths[0], layer.state) for layer in layers)
         del layers, swaps
     return ConversionReport(
         method.scheme.value, caps.name, tuple(reports), (*skipped, *tied), before,
@@ -217,7 +209,7 @@ def _convert(method: Fp8LinearMethod, swaps: Swaps, layers: list[_Layer]) -> Non
     fp8, scale = quantize_weight(
         first.module.weight.detach(), first.state.config, chunk_rows=method.chunk_rows
     )
-    weight, weight_scale = _frozen(fp8), _frozen(scale)
+    weight, weight_scale = frozen(fp8), frozen(scale)
     for layer in layers:
         linear = layer.module
         quantized = Fp8Linear(linear.in_features, linear.out_features, method, linear.bias)

@@ -11,7 +11,7 @@ import torch
 from kernelpick.core.errors import KernelpickError
 from kernelpick.integration.ct_config import matches
 from kernelpick.integration.errors import CheckpointError, ModelConversionError
-from kernelpick.integration.method import Fp8LinearMethod
+from kernelpick.integration.method import Fp8LinearMethod, frozen
 from kernelpick.integration.modules import Fp8Linear
 from kernelpick.integration.report import SkippedLayer
 from kernelpick.integration.safetensors_io import Checkpoint
@@ -211,10 +211,6 @@ def _plan_tensors(
     return tensors
 
 
-def _frozen(tensor: torch.Tensor) -> torch.nn.Parameter:
-    return torch.nn.Parameter(tensor, requires_grad=False)
-
-
 def _read_layer(
     checkpoint: Checkpoint,
     method: Fp8LinearMethod,
@@ -225,7 +221,7 @@ def _read_layer(
     name, keys, linear = layer.paths[0], layer.keys, layer.module
     shapes = (("weight_scale", layer.state.config.weight_scale_shape), ("input_scale", (1,)))
     scales = [
-        _frozen(canonical_scale(f"{name}.{key}", checkpoint.read(keys[key]).to(device), shape))
+        frozen(canonical_scale(f"{name}.{key}", checkpoint.read(keys[key]).to(device), shape))
         for key, shape in shapes
         if key in keys
     ]
@@ -253,7 +249,7 @@ def build(
             if weight is None:
                 stored = checkpoint.read(layer.keys["weight"])
                 check_fp8_finite(f"{name}.weight", stored)
-                weight = _frozen(stored.to(device, copy=True).contiguous())
+                weight = frozen(stored.to(device, copy=True).contiguous())
                 positive_zero_(weight.data)
                 weights[id(linear.weight)] = weight
             modules.append(_read_layer(checkpoint, method, layer, weight, device))

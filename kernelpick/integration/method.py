@@ -53,7 +53,7 @@ from kernelpick.kernels.canonical import (
 )
 from kernelpick.kernels.quantize import CHUNK_ROWS
 
-__all__ = ["ONLINE_SCHEMES", "Fp8LinearMethod", "Fp8PtpcLinearMethod"]
+__all__ = ["ONLINE_SCHEMES", "Fp8LinearMethod", "Fp8PtpcLinearMethod", "frozen"]
 
 # Schemes whose scales can all be computed from the weights and the live activations.
 # fp8_per_tensor_static needs activation scales calibrated on data, which only a
@@ -72,7 +72,8 @@ def _positive_sizes(sizes: object) -> tuple[int, ...]:
     return items
 
 
-def _frozen(tensor: torch.Tensor) -> torch.nn.Parameter:
+def frozen(tensor: torch.Tensor) -> torch.nn.Parameter:
+    """``tensor`` as a parameter that takes no gradient, as every quantized tensor is."""
     return torch.nn.Parameter(tensor, requires_grad=False)
 
 
@@ -170,17 +171,17 @@ class Fp8LinearMethod:
         n, k = config.weight_shape
         params: dict[str, tuple[torch.nn.Parameter, WeightLoader]] = {}
         if self.checkpoint_format is CheckpointFormat.HIGH_PRECISION:
-            weight = _frozen(torch.empty((n, k), dtype=params_dtype))
+            weight = frozen(torch.empty((n, k), dtype=params_dtype))
             params["weight"] = (weight, high_precision_loader(state, weight))
         else:
-            weight = _frozen(torch.empty((n, k), dtype=torch_dtype(CANONICAL_FP8)))
+            weight = frozen(torch.empty((n, k), dtype=torch_dtype(CANONICAL_FP8)))
             params["weight"] = (weight, fp8_weight_loader(state, weight))
             per_tensor = config.weight_scale_shape == (1,)
-            scale = _frozen(torch.empty((len(sizes),) if per_tensor else (n, 1)))
+            scale = frozen(torch.empty((len(sizes),) if per_tensor else (n, 1)))
             params["weight_scale"] = (scale, scale_loader(state, scale, "weight_scale", per_tensor))
             act = config.activation
             if act is not None and act.scale.static:
-                static = _frozen(torch.empty((len(sizes),)))
+                static = frozen(torch.empty((len(sizes),)))
                 params["input_scale"] = (static, scale_loader(state, static, "input_scale", True))
         for name, (param, loader) in params.items():
             own = loader if weight_loader is None else tracking(state, name, weight_loader)
@@ -215,7 +216,7 @@ class Fp8LinearMethod:
         if self.checkpoint_format is CheckpointFormat.HIGH_PRECISION:
             self.check_weight(state, weight)
             fp8, scale = quantize_weight(weight.data, state.config, chunk_rows=self.chunk_rows)
-            self.install(layer, state, kernel, _frozen(fp8), _frozen(scale))
+            self.install(layer, state, kernel, frozen(fp8), frozen(scale))
             return
         scales = layer.get_parameter("weight_scale")
         static = layer.get_parameter("input_scale") if "input_scale" in names else None
@@ -223,16 +224,16 @@ class Fp8LinearMethod:
             if values is not None:  # whoever loaded them: an engine's loader checks nothing
                 canonical_scale(f"{state.name}.{name}", values.detach(), tuple(values.shape))
         merge = state.config.weight_scale_shape == (1,)
-        scale = _frozen(scales.detach().amax().reshape(1)) if merge else scales
+        scale = frozen(scales.detach().amax().reshape(1)) if merge else scales
         if static is not None:
-            static = _frozen(static.detach().amax().reshape(1))
+            static = frozen(static.detach().amax().reshape(1))
         kernel.prepare_weights(weight, scale, static)  # every check before the bytes change
         canonicalize_fp8_(f"{state.name}.weight", weight.data, self.chunk_rows)  # any loader's
         if merge:
             merged, _ = one_tensor_scale(
                 weight.data, state.shards, scales.detach(), self.chunk_rows
             )
-            weight = _frozen(merged)
+            weight = frozen(merged)
         self.install(layer, state, kernel, weight, scale, static)
 
     def _parameter_names(self, config: QuantConfig) -> tuple[str, ...]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import attrs
 
+from kernelpick.integration.state import LayerState
+
 __all__ = ["ConversionReport", "LayerReport", "SkippedLayer"]
 
 
@@ -15,6 +17,12 @@ class LayerReport:
     shape: tuple[int, int]
     kernel: str
     degraded: bool
+
+    @classmethod
+    def of(cls, name: str, state: LayerState) -> LayerReport:
+        """The report of a converted layer, from the method's state on it."""
+        decision = state.decision
+        return cls(name, state.config.weight_shape, decision.kernel, decision.degraded)
 
 
 @attrs.frozen
