@@ -96,20 +96,32 @@ def test_static_input_scales_take_the_largest_shard_scale() -> None:
     assert _apply(layer, torch.randn(2, K)).shape == (2, 128)
 
 
-@pytest.mark.parametrize("engine_loader", [False, True])
-def test_negative_zero_bytes_become_positive_zero_whoever_loads_them(engine_loader: bool) -> None:
+def _engine_layer(calls: list[int | None] | None = None) -> tuple[Fp8LinearMethod, torch.nn.Module]:
+    """A pre-quantized layer whose parameters load through an engine's own loader, which
+    copies rows and checks nothing (recording each shard id in ``calls``)."""
     method = Fp8LinearMethod("fp8_per_channel", CPU, kp.Policy(), checkpoint_format="fp8")
 
     def copy_rows(
         param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | None = None
     ) -> None:
+        if calls is not None:
+            calls.append(shard_id)
         start = sum(SIZES[: shard_id or 0])
         with torch.no_grad():
             param[start : start + loaded_weight.shape[0]].copy_(loaded_weight)
 
     layer = torch.nn.Module()
-    loader = copy_rows if engine_loader else None
-    method.create_weights(layer, K, SIZES, K, 128, torch.float32, weight_loader=loader)
+    method.create_weights(layer, K, SIZES, K, 128, torch.float32, weight_loader=copy_rows)
+    return method, layer
+
+
+@pytest.mark.parametrize("engine_loader", [False, True])
+def test_negative_zero_bytes_become_positive_zero_whoever_loads_them(engine_loader: bool) -> None:
+    if engine_loader:
+        method, layer = _engine_layer()
+    else:
+        layer = _layer()
+        method = layer.__dict__["method"]
     for i, (_, fp8, scale) in enumerate(_shards("fp8_per_channel")):
         fp8 = fp8.clone()
         fp8.view(torch.uint8)[:, :3] = 0x80  # -0 in e4m3fn, NaN in e4m3fnuz
@@ -206,19 +218,8 @@ def test_scales_never_loaded_are_an_error() -> None:
 
 
 def test_an_engines_own_loader_is_called_and_its_shards_are_counted() -> None:
-    method = Fp8LinearMethod("fp8_per_channel", CPU, kp.Policy(), checkpoint_format="fp8")
     calls: list[int | None] = []
-
-    def engine_loader(
-        param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | None = None
-    ) -> None:
-        calls.append(shard_id)
-        start = sum(SIZES[: shard_id or 0])
-        with torch.no_grad():
-            param[start : start + loaded_weight.shape[0]].copy_(loaded_weight)
-
-    layer = torch.nn.Module()
-    method.create_weights(layer, K, SIZES, K, 128, torch.float32, weight_loader=engine_loader)
+    method, layer = _engine_layer(calls)
     for i, (_, fp8, scale) in enumerate(_shards("fp8_per_channel")):
         _load(layer, "weight", fp8, i)
         if i < 2:
@@ -229,17 +230,7 @@ def test_an_engines_own_loader_is_called_and_its_shards_are_counted() -> None:
 
 
 def test_scales_an_engine_loader_wrote_are_checked_when_processing() -> None:
-    method = Fp8LinearMethod("fp8_per_channel", CPU, kp.Policy(), checkpoint_format="fp8")
-
-    def copy_rows(
-        param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | None = None
-    ) -> None:
-        start = sum(SIZES[: shard_id or 0])
-        with torch.no_grad():
-            param[start : start + loaded_weight.shape[0]].copy_(loaded_weight)
-
-    layer = torch.nn.Module()
-    method.create_weights(layer, K, SIZES, K, 128, torch.float32, weight_loader=copy_rows)
+    method, layer = _engine_layer()
     for i, (_, fp8, scale) in enumerate(_shards("fp8_per_channel")):
         _load(layer, "weight", fp8, i)
         _load(layer, "weight_scale", -scale if i == 1 else scale, i)
