@@ -86,9 +86,9 @@ def _run_case(case: Case, caps: Any, median_ms: Timer) -> dict[str, Any]:
     import torch
 
     import kernelpick as kp
-    from kernelpick.adapters.registry import LAUNCHERS
-    from kernelpick.kernels.canonical import dequantize_weight, quantize_weight
-    from kernelpick.kernels.quantize import quantize_per_tensor, quantize_per_token
+    from kernelpick.adapters._registry import LAUNCHERS
+    from kernelpick.kernels._canonical import dequantize_weight, quantize_weight
+    from kernelpick.kernels._quantize import quantize_per_tensor, quantize_per_token
 
     record: dict[str, Any] = asdict(case)
     config = kp.scheme(case.scheme, weight_shape=(case.n, case.k))
@@ -133,8 +133,8 @@ def _figures(caps: Any, median_ms: Timer) -> dict[str, Any]:
     import torch
 
     import kernelpick as kp
-    from kernelpick.kernels.cupy_ops import quantize_per_token_cupy
-    from kernelpick.kernels.cupy_runtime import cupy_usable
+    from kernelpick.kernels._cupy_ops import quantize_per_token_cupy
+    from kernelpick.kernels._cupy_runtime import cupy_usable
 
     figures: dict[str, Any] = {}
     device = torch.device("cuda", torch.cuda.current_device())

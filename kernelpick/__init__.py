@@ -18,7 +18,7 @@ def probe(device: object = None) -> DeviceCaps:
     else the CPU), ``"cpu"``, ``"cuda"``, ``"cuda:N"``, a GPU index or a ``torch.device``.
     """
     # Imported here, not at the top, so that `import kernelpick` stays free of torch.
-    from kernelpick.adapters.probe import probe_device
+    from kernelpick.adapters._probe import probe_device
 
     return probe_device(device)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from kernelpick.bench import TARGETS, SuiteConfig, render, run_suite
-from kernelpick.bench.memory import peak_extra_rss, resident_bytes
+from kernelpick.bench._memory import peak_extra_rss, resident_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_KEYS = {

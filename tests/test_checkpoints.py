@@ -13,7 +13,7 @@ import safetensors.torch
 import torch
 
 import kernelpick as kp
-from kernelpick.adapters.registry import LAUNCHERS
+from kernelpick.adapters._registry import LAUNCHERS
 from kernelpick.integration import (
     CheckpointError,
     Fp8Linear,
@@ -24,7 +24,7 @@ from kernelpick.integration import (
     quantize_model,
     save_quantized,
 )
-from kernelpick.kernels.canonical import quantize_weight
+from kernelpick.kernels._canonical import quantize_weight
 from tests.emulation import BOUND, emulate, relative_error
 from tests.snapshots import snapshot
 
@@ -328,7 +328,7 @@ def test_no_kernel_for_the_checkpoint_names_every_layer_once_and_changes_nothing
 def test_an_interrupted_load_puts_everything_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kernelpick.integration import swap
+    from kernelpick.integration import _swap as swap
 
     _saved(tmp_path)
     skeleton = _model(seed=1)

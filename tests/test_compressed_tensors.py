@@ -29,7 +29,7 @@ from kernelpick.integration import (
     quantize_model,
     save_quantized,
 )
-from kernelpick.kernels.canonical import dequantize_weight
+from kernelpick.kernels._canonical import dequantize_weight
 from tests.emulation import relative_error
 
 CPU = kp.device_profile("cpu")

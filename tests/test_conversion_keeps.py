@@ -13,10 +13,10 @@ from kernelpick.integration import (
     ModelConversionError,
     SkippedLayer,
     quantize_model,
-    swap,
 )
-from kernelpick.integration import convert as convert_module
-from kernelpick.kernels.canonical import quantize_weight
+from kernelpick.integration import _swap as swap
+from kernelpick.integration import _convert as convert_module
+from kernelpick.kernels._canonical import quantize_weight
 from tests.snapshots import snapshot
 
 CPU = kp.device_profile("cpu")

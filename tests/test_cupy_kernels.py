@@ -20,8 +20,8 @@ import pytest
 import torch
 
 import kernelpick as kp
-from kernelpick.adapters.registry import LAUNCHERS
-from kernelpick.kernels.cupy_ops import (
+from kernelpick.adapters._registry import LAUNCHERS
+from kernelpick.kernels._cupy_ops import (
     gemv_launch,
     gemv_vec,
     quant_launch,
@@ -29,8 +29,8 @@ from kernelpick.kernels.cupy_ops import (
     quantize_per_token_cupy,
     w8a16_gemv_cupy,
 )
-from kernelpick.kernels.cupy_runtime import cupy_usable
-from kernelpick.kernels.cupy_source import (
+from kernelpick.kernels._cupy_runtime import cupy_usable
+from kernelpick.kernels._cupy_source import (
     GemvSpec,
     QuantSpec,
     render_codecs,
@@ -176,7 +176,7 @@ def test_launch_geometry_comes_from_pure_helpers() -> None:
 
 
 def kp_launch(grid: tuple[int, int, int], block: tuple[int, int, int]) -> object:
-    from kernelpick.kernels.cupy_runtime import Launch
+    from kernelpick.kernels._cupy_runtime import Launch
 
     return Launch(grid, block)
 
@@ -218,7 +218,7 @@ def test_without_cupy_the_cuda_kernels_quantize_with_torch_ops() -> None:
 
 
 def _weights(config: kp.QuantConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    from kernelpick.kernels.quantize import quantize_per_token
+    from kernelpick.kernels._quantize import quantize_per_token
 
     return quantize_per_token(torch.randn(config.weight_shape), FN)
 
@@ -232,7 +232,7 @@ def test_with_cupy_installed_and_no_gpu_it_is_unusable_and_never_imported_early(
         caps = kp.probe()
         installed = importlib.util.find_spec("cupy") is not None
         print("cupy" in sys.modules, "cupy" in caps.libraries, installed)
-        from kernelpick.kernels.cupy_runtime import cupy_usable
+        from kernelpick.kernels._cupy_runtime import cupy_usable
         print(cupy_usable())
         """
     )
@@ -260,7 +260,7 @@ def test_gpu_check_prints_its_plan_without_a_gpu() -> None:
 
 
 def test_each_layout_is_a_view_of_the_canonical_weight_with_the_same_values() -> None:
-    from kernelpick.kernels.canonical import dequantize_weight
+    from kernelpick.kernels._canonical import dequantize_weight
 
     for kernel, scheme, device in (
         ("cuda_rowwise_scaled_mm", "fp8_per_channel", "h100"),
@@ -324,7 +324,7 @@ def test_a_launch_runs_on_torchs_stream_inside_the_device_context(
 ) -> None:
     import numpy as np
 
-    from kernelpick.kernels import cupy_runtime
+    from kernelpick.kernels import _cupy_runtime as cupy_runtime
 
     fake = _FakeCupy()
     monkeypatch.setattr(cupy_runtime, "_cupy", lambda: fake)

@@ -23,9 +23,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import kernelpick as kp
-from kernelpick.adapters.cpu import device as cpu_device
-from kernelpick.adapters.cuda import device as cuda_device
-from kernelpick.adapters.rocm import device as rocm_device
+from kernelpick.adapters.cpu import _device as cpu_device
+from kernelpick.adapters.cuda import _device as cuda_device
+from kernelpick.adapters.rocm import _device as rocm_device
 from kernelpick.cli import main
 from kernelpick.integration import Fp8PtpcLinearMethod, layer_state, weight_loader_of
 

@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kernelpick as kp
-from kernelpick.adapters.registry import LAUNCHERS
-from kernelpick.kernels.base import KernelBase
-from kernelpick.kernels.canonical import quantize_weight
+from kernelpick.adapters._registry import LAUNCHERS
+from kernelpick.kernels._base import KernelBase
+from kernelpick.kernels._canonical import quantize_weight
 from tests.emulation import BOUND, emulate, relative_error
 
 PER_CHANNEL, PER_TENSOR = "fp8_per_channel", "fp8_per_tensor"

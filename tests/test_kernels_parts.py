@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import kernelpick as kp
-from kernelpick.adapters.registry import LAUNCHERS, bind
-from kernelpick.kernels.base import KernelBase
-from kernelpick.kernels.canonical import quantize_weight
-from kernelpick.kernels.fnuz import as_fnuz, normalize_e4m3fn_to_fnuz
-from kernelpick.kernels.quantize import quantize, quantize_in_chunks, quantize_per_token
+from kernelpick.adapters._registry import LAUNCHERS, bind
+from kernelpick.kernels._base import KernelBase
+from kernelpick.kernels._canonical import quantize_weight
+from kernelpick.kernels._fnuz import as_fnuz, normalize_e4m3fn_to_fnuz
+from kernelpick.kernels._quantize import quantize, quantize_in_chunks, quantize_per_token
 from tests.emulation import BOUND, emulate, relative_error
 
 CPU = torch.device("cpu")

@@ -118,7 +118,7 @@ def test_importing_kernelpick_and_choosing_does_not_import_torch() -> None:
 
 def test_every_catalog_id_has_a_launcher_and_every_launcher_a_catalog_id() -> None:
     import kernelpick as kp
-    from kernelpick.adapters.registry import LAUNCHERS
+    from kernelpick.adapters._registry import LAUNCHERS
 
     assert set(kp.default_catalog().ids) == set(LAUNCHERS)
     for kernel_id in LAUNCHERS:

@@ -10,7 +10,7 @@ import torch
 
 import kernelpick as kp
 from kernelpick.integration import Fp8LinearMethod, layer_state, weight_loader_of
-from kernelpick.kernels.canonical import dequantize_weight, quantize_weight
+from kernelpick.kernels._canonical import dequantize_weight, quantize_weight
 from tests.emulation import BOUND, emulate, relative_error
 
 CPU = kp.device_profile("cpu")
@@ -242,8 +242,8 @@ def test_scales_an_engine_loader_wrote_are_checked_when_processing() -> None:
 def test_an_interrupted_requantization_leaves_the_weight_for_a_clean_retry(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from kernelpick.kernels import canonical
-    from kernelpick.kernels.quantize import quantize_static
+    from kernelpick.kernels import _canonical as canonical
+    from kernelpick.kernels._quantize import quantize_static
 
     def loaded() -> torch.nn.Module:
         layer = _layer("fp8_per_tensor")

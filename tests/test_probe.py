@@ -16,11 +16,11 @@ import pytest
 import torch
 
 import kernelpick as kp
-from kernelpick.adapters import probe as any_probe
-from kernelpick.adapters.cpu import device as cpu_device
-from kernelpick.adapters.cuda import device as cuda_device
-from kernelpick.adapters.rocm import device as rocm_device
-from kernelpick.kernels.cupy_runtime import cupy_usable
+from kernelpick.adapters import _probe as any_probe
+from kernelpick.adapters.cpu import _device as cpu_device
+from kernelpick.adapters.cuda import _device as cuda_device
+from kernelpick.adapters.rocm import _device as rocm_device
+from kernelpick.kernels._cupy_runtime import cupy_usable
 
 FIXTURES = Path(__file__).parent / "fixtures" / "devices"
 META_KEYS = ("_source", "platform")
@@ -60,7 +60,7 @@ def test_every_fixture_says_where_it_came_from_and_which_platform(path: Path) ->
     source = data["_source"]
     assert isinstance(source, str)
     if path.stem == "cpu":
-        assert source.startswith("Recorded by kernelpick.adapters.cpu.device.read_properties(0)")
+        assert source.startswith("Recorded by kernelpick.adapters.cpu.read_properties(0)")
     else:
         assert "by hand from public specifications" in source
         assert "not recorded on a device" in source
@@ -520,7 +520,7 @@ def test_cupy_unusable_when_not_installed(monkeypatch: pytest.MonkeyPatch) -> No
 
 def test_importing_the_probes_does_not_import_cupy() -> None:
     code = (
-        "import sys, kernelpick.adapters.cuda.device, kernelpick.adapters.probe; "
+        "import sys, kernelpick.adapters.cuda._device, kernelpick.adapters._probe; "
         "sys.exit('cupy' in sys.modules)"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import kernelpick as kp
-from kernelpick.adapters.registry import LAUNCHERS
+from kernelpick.adapters._registry import LAUNCHERS
 from kernelpick.integration import ModelConversionError, quantize_model
-from kernelpick.kernels.base import KernelBase, Traits
-from kernelpick.kernels.canonical import quantize_weight
+from kernelpick.kernels._base import KernelBase, Traits
+from kernelpick.kernels._canonical import quantize_weight
 from tests.snapshots import snapshot
 
 CPU = kp.device_profile("cpu")

@@ -9,7 +9,7 @@ import attrs
 import pytest
 
 import kernelpick as kp
-from kernelpick.core.reasons import TEMPLATES
+from kernelpick.core._reasons import TEMPLATES
 
 DTYPE_NAMES = [d.value for d in kp.Dtype]
 PROFILE_NAMES = list(kp.device_profiles())

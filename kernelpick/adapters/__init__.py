@@ -5,7 +5,7 @@ runnable kernel on a device. Each platform package (cpu, cuda, rocm) has a pure
 ``translate`` from device properties, a one-line ``probe(device_index)`` and its launchers.
 """
 
-from kernelpick.adapters.probe import probe_device
-from kernelpick.adapters.registry import LAUNCHERS, bind
+from kernelpick.adapters._probe import probe_device
+from kernelpick.adapters._registry import LAUNCHERS, bind
 
 __all__ = ["LAUNCHERS", "bind", "probe_device"]

@@ -4,8 +4,8 @@
 ratio against a baseline timed in the same process; ``bench_layer`` times one layer.
 """
 
-from kernelpick.bench.layer import LayerBench, bench_layer
-from kernelpick.bench.report import TARGETS, Target, render
-from kernelpick.bench.suite import SuiteConfig, run_suite
+from kernelpick.bench._layer import LayerBench, bench_layer
+from kernelpick.bench._report import TARGETS, Target, render
+from kernelpick.bench._suite import SuiteConfig, run_suite
 
 __all__ = ["TARGETS", "LayerBench", "SuiteConfig", "Target", "bench_layer", "render", "run_suite"]

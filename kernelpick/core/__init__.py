@@ -5,22 +5,22 @@ selection for any device on any machine.
 """
 
 from kernelpick.core._typing import assert_never
-from kernelpick.core.arch import Arch, CpuArch, CudaArch, Platform, RocmArch, Version
-from kernelpick.core.builtin_catalog import DEFAULT_CATALOG
-from kernelpick.core.decision import SCHEMA_VERSION, Decision, Rejected, Selected, Verdict
-from kernelpick.core.device import FEATURE_SCALED_MM, FEATURE_SCALED_MM_ROWWISE, DeviceCaps
-from kernelpick.core.dtypes import Dtype
-from kernelpick.core.errors import (
+from kernelpick.core._arch import Arch, CpuArch, CudaArch, Platform, RocmArch, Version
+from kernelpick.core._builtin_catalog import DEFAULT_CATALOG
+from kernelpick.core._decision import SCHEMA_VERSION, Decision, Rejected, Selected, Verdict
+from kernelpick.core._device import FEATURE_SCALED_MM, FEATURE_SCALED_MM_ROWWISE, DeviceCaps
+from kernelpick.core._dtypes import Dtype
+from kernelpick.core._errors import (
     InvalidValueError,
     KernelInputError,
     KernelpickError,
     UnknownNameError,
 )
-from kernelpick.core.policy import ENV_DISABLED, ENV_FORCE, ENV_STRICT, Policy
-from kernelpick.core.profiles import device_profile, device_profiles
-from kernelpick.core.quant import GroupShape, QuantConfig, QuantKey, ScaleSpec
-from kernelpick.core.reasons import Reason, RejectCode, Unmet
-from kernelpick.core.requirements import (
+from kernelpick.core._policy import ENV_DISABLED, ENV_FORCE, ENV_STRICT, Policy
+from kernelpick.core._profiles import device_profile, device_profiles
+from kernelpick.core._quant import GroupShape, QuantConfig, QuantKey, ScaleSpec
+from kernelpick.core._reasons import Reason, RejectCode, Unmet
+from kernelpick.core._requirements import (
     ActivationScales,
     Alignment,
     Fp8Dtypes,
@@ -35,9 +35,9 @@ from kernelpick.core.requirements import (
     RocmArchs,
     WeightScales,
 )
-from kernelpick.core.schemes import Scheme, scheme, scheme_of
-from kernelpick.core.select import CACHE_SIZE, KIND_RULES, cache_info, choose, clear_cache, evaluate
-from kernelpick.core.specs import Catalog, KernelKind, KernelSpec
+from kernelpick.core._schemes import Scheme, scheme, scheme_of
+from kernelpick.core._select import CACHE_SIZE, KIND_RULES, cache_info, choose, clear_cache, evaluate
+from kernelpick.core._specs import Catalog, KernelKind, KernelSpec
 
 
 def default_catalog() -> Catalog:

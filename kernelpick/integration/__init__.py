@@ -1,18 +1,18 @@
 """Engine integration: the FP8 linear methods (select before allocating), a one-call
 conversion of an ordinary PyTorch model, and quantized checkpoints out and in."""
 
-from kernelpick.integration.checkpoint import load_quantized, save_quantized
-from kernelpick.integration.convert import quantize_model
-from kernelpick.integration.errors import (
+from kernelpick.integration._checkpoint import load_quantized, save_quantized
+from kernelpick.integration._convert import quantize_model
+from kernelpick.integration._errors import (
     CheckpointError,
     KernelSelectionError,
     ModelConversionError,
 )
-from kernelpick.integration.loaders import WeightLoader, weight_loader_of
-from kernelpick.integration.method import ONLINE_SCHEMES, Fp8LinearMethod, Fp8PtpcLinearMethod
-from kernelpick.integration.modules import Fp8Linear
-from kernelpick.integration.report import ConversionReport, LayerReport, SkippedLayer
-from kernelpick.integration.state import CheckpointFormat, LayerState, layer_state
+from kernelpick.integration._loaders import WeightLoader, weight_loader_of
+from kernelpick.integration._method import ONLINE_SCHEMES, Fp8LinearMethod, Fp8PtpcLinearMethod
+from kernelpick.integration._modules import Fp8Linear
+from kernelpick.integration._report import ConversionReport, LayerReport, SkippedLayer
+from kernelpick.integration._state import CheckpointFormat, LayerState, layer_state
 
 __all__ = [
     "ONLINE_SCHEMES",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from kernelpick.core.dtypes import Dtype
-from kernelpick.core.errors import KernelInputError
+from kernelpick.core._dtypes import Dtype
+from kernelpick.core._errors import KernelInputError
 
 __all__ = ["check_tensor", "reject", "torch_dtype"]
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import kernelpick as kp
-from kernelpick.kernels.cupy_ops import GEMV_MAX_M, quantize_per_token_cupy, w8a16_gemv_cupy
-from kernelpick.kernels.cupy_runtime import cupy_usable
-from kernelpick.kernels.quantize import quantize_per_token
+from kernelpick.kernels._cupy_ops import GEMV_MAX_M, quantize_per_token_cupy, w8a16_gemv_cupy
+from kernelpick.kernels._cupy_runtime import cupy_usable
+from kernelpick.kernels._quantize import quantize_per_token
 from tests.emulation import BOUND, relative_error
 
 pytestmark = [
@@ -85,8 +85,8 @@ def test_gemv_matches_the_fp32_reference(
 def test_the_selected_w8a16_kernel_switches_to_cublas_past_the_gemv_rows() -> None:
     caps = kp.probe("cuda")
     config = kp.scheme("fp8_weight_only", weight_shape=(512, 1024))
-    from kernelpick.adapters.registry import bind
-    from kernelpick.kernels.canonical import quantize_weight
+    from kernelpick.adapters._registry import bind
+    from kernelpick.kernels._canonical import quantize_weight
 
     kernel = bind("cuda_w8a16_cupy", config, caps, _device())
     w = torch.randn(512, 1024, device=_device()) * 0.05

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import kernelpick as kp
-from kernelpick.adapters.registry import LAUNCHERS, bind
-from kernelpick.kernels.canonical import quantize_weight
+from kernelpick.adapters._registry import LAUNCHERS, bind
+from kernelpick.kernels._canonical import quantize_weight
 from tests.emulation import BOUND, emulate, relative_error
 
 pytestmark = pytest.mark.gpu

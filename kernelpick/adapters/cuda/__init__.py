@@ -1,7 +1,7 @@
 """The CUDA adapter: a pure ``translate`` of device properties, a one-line ``probe``
 cached per device index, and the launchers that run this platform's catalog ids."""
 
-from kernelpick.adapters.cuda.device import probe, read_properties, translate
-from kernelpick.adapters.cuda.launch import LAUNCHERS
+from kernelpick.adapters.cuda._device import probe, read_properties, translate
+from kernelpick.adapters.cuda._launch import LAUNCHERS
 
 __all__ = ["LAUNCHERS", "probe", "read_properties", "translate"]

@@ -1,0 +1,162 @@
+"""Probe the host CPU and the torch build: raw properties, a pure translate, a cached probe."""
+
+from __future__ import annotations
+
+import functools
+import platform
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from kernelpick.adapters._props import Properties
+from kernelpick.core._device import FEATURE_SCALED_MM, FEATURE_SCALED_MM_ROWWISE, DeviceCaps
+from kernelpick.core._errors import InvalidValueError
+
+__all__ = ["KERNEL_ISA_FLAGS", "parse_cpuinfo", "probe", "read_properties", "translate"]
+
+# The /proc/cpuinfo flags that decide which CPU kernel paths are fast: x86 vector, FMA,
+# AVX-512 and AMX units (x86 "flags" line), and Arm SIMD, SVE and bf16/int8 dot products
+# (aarch64 "Features" line). Everything else in cpuinfo is noise for kernel choice.
+KERNEL_ISA_FLAGS = frozenset(
+    {
+        "avx2",
+        "fma",
+        "avx512f",
+        "avx512bw",
+        "avx512vl",
+        "avx512_bf16",
+        "avx512_fp16",
+        "amx_bf16",
+        "amx_int8",
+        "amx_tile",
+        "asimd",
+        "asimdhp",
+        "asimddp",
+        "i8mm",
+        "bf16",
+        "sve",
+        "sve2",
+    }
+)
+
+_CPUINFO = Path("/proc/cpuinfo")
+# Only the host CPU exists as a device for this adapter.
+_CPU_INDEX = 0
+# Small enough to cost microseconds, and 16 satisfies _scaled_mm's alignment rule.
+_TRIAL_SIZE = 16
+# What a torch build without the op, or without this scaling mode, raises. Recent builds
+# raise ValueError for a scale layout they do not support, older ones RuntimeError.
+_UNSUPPORTED = (RuntimeError, NotImplementedError, AttributeError, TypeError, ValueError)
+
+
+def parse_cpuinfo(text: str) -> tuple[str | None, list[str]]:
+    """The model name (None when absent) and the sorted kernel-relevant ISA flags of cpuinfo text.
+
+    Reads the first processor's ``model name`` and its ``flags`` (x86) or ``Features``
+    (aarch64) line, keeping only ``KERNEL_ISA_FLAGS``.
+    """
+    name: str | None = None
+    flags: set[str] = set()
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep:
+            continue
+        key = key.strip().lower()
+        if key == "model name" and name is None and value.strip():
+            name = value.strip()
+        elif key in ("flags", "features") and not flags:
+            flags = {flag.lower() for flag in value.split()} & KERNEL_ISA_FLAGS
+    return name, sorted(flags)
+
+
+def _read_cpuinfo() -> str:
+    try:
+        return _CPUINFO.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        # Not Linux, or a sandbox without /proc: no name and no flags, not an error.
+        return ""
+
+
+def _check_index(device_index: object) -> int:
+    if (
+        not isinstance(device_index, int)
+        or isinstance(device_index, bool)
+        or device_index != _CPU_INDEX
+    ):
+        raise InvalidValueError("CPU device index", device_index, "0, the only CPU device")
+    return device_index
+
+
+def _trial_scaled_mm(rowwise: bool) -> bool:
+    """Whether this torch build runs ``_scaled_mm`` on CPU, with row-wise or scalar scales.
+
+    A version string cannot tell: CPU support arrived per scaling mode and per build.
+    """
+    try:
+        fp8 = torch.float8_e4m3fn
+        a = torch.ones(_TRIAL_SIZE, _TRIAL_SIZE).to(fp8)
+        # _scaled_mm wants b column-major [K, N]; the transpose of a row-major tensor is.
+        b = torch.ones(_TRIAL_SIZE, _TRIAL_SIZE).to(fp8).t()
+        if rowwise:
+            scale_a = torch.ones(_TRIAL_SIZE, 1, dtype=torch.float32)
+            scale_b = torch.ones(1, _TRIAL_SIZE, dtype=torch.float32)
+        else:
+            scale_a = torch.tensor(1.0, dtype=torch.float32)
+            scale_b = torch.tensor(1.0, dtype=torch.float32)
+        torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.float32)
+    except _UNSUPPORTED:
+        return False
+    return True
+
+
+def read_properties(device_index: int = 0) -> dict[str, object]:
+    """The raw facts of the host CPU and torch build, JSON-ready (``translate`` reads them).
+
+    Keys: ``machine``, ``name``, ``isa`` (sorted ``KERNEL_ISA_FLAGS`` present),
+    ``cpu_capability`` (torch's), ``torch_version``, and ``scaled_mm`` /
+    ``scaled_mm_rowwise`` found by a tiny trial call. Only index 0 exists.
+    """
+    _check_index(device_index)
+    machine = platform.machine()
+    model, isa = parse_cpuinfo(_read_cpuinfo())
+    return {
+        "machine": machine,
+        "name": model or platform.processor() or machine or "CPU",
+        "isa": isa,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch_version": str(torch.__version__),
+        "scaled_mm": _trial_scaled_mm(rowwise=False),
+        "scaled_mm_rowwise": _trial_scaled_mm(rowwise=True),
+    }
+
+
+def translate(props: Mapping[str, object]) -> DeviceCaps:
+    """The ``DeviceCaps`` of a CPU from its properties (as ``read_properties`` returns them).
+
+    Pure: reads ``machine``, ``name``, ``isa``, ``torch_version``, ``scaled_mm`` and
+    ``scaled_mm_rowwise``; a missing or wrongly typed one raises ``InvalidValueError``.
+    """
+    read = Properties(props, "CPU")
+    found = {
+        FEATURE_SCALED_MM: read.flag("scaled_mm"),
+        FEATURE_SCALED_MM_ROWWISE: read.flag("scaled_mm_rowwise"),
+    }
+    return DeviceCaps.cpu(
+        machine=read.text("machine"),
+        isa=read.names("isa"),
+        name=read.text("name"),
+        torch_version=read.text("torch_version"),
+        features=[feature for feature, present in found.items() if present],
+    )
+
+
+@functools.cache
+def _probe(device_index: int) -> DeviceCaps:
+    return translate(read_properties(device_index))
+
+
+def probe(device_index: int = 0) -> DeviceCaps:
+    """The host CPU's ``DeviceCaps``, probed once per process (only index 0 exists)."""
+    # Checked before the cache so that probe() and probe(0) share one entry.
+    return _probe(_check_index(device_index))

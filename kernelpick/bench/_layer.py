@@ -1,0 +1,88 @@
+"""One layer: the selected kernel against the unquantized linear it replaces, in one run."""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from kernelpick.bench._timing import median_seconds
+from kernelpick.core._device import DeviceCaps
+from kernelpick.core._dtypes import Dtype
+from kernelpick.core._schemes import Scheme
+from kernelpick.integration import Fp8LinearMethod, layer_state, weight_loader_of
+from kernelpick.kernels._torch import torch_dtype
+
+__all__ = ["LayerBench", "bench_layer", "processed_layer"]
+
+
+def processed_layer(
+    method: Fp8LinearMethod, weight: torch.Tensor, device: torch.device
+) -> torch.nn.Module:
+    """A layer taken through the linear-method protocol as an engine would: create, load
+    ``weight [N, K]`` (its dtype is the layer's), process."""
+    n, k = weight.shape
+    layer = torch.nn.Module()
+    with torch.device(device):  # engines allocate under the device they load onto
+        method.create_weights(layer, k, [n], k, n, weight.dtype, prefix="bench")
+    param = layer.get_parameter("weight")
+    weight_loader_of(param)(param, weight)
+    method.process_weights_after_loading(layer)
+    return layer
+
+
+@attrs.frozen
+class LayerBench:
+    """One layer: the kernel's time (activation quantization included), the unquantized
+    linear's in fp32 and in the layer's dtype, and the kernel's error against fp32."""
+
+    kernel: str
+    degraded: bool
+    device: str
+    tokens: int
+    shape: tuple[int, int]
+    dtype: str
+    seconds_kernel: float
+    seconds_fp32: float
+    seconds_native: float
+    relative_error: float
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            **attrs.asdict(self),
+            "vs_fp32": self.seconds_kernel / self.seconds_fp32,
+            "vs_native": self.seconds_kernel / self.seconds_native,
+        }
+
+
+def bench_layer(
+    caps: DeviceCaps,
+    scheme: Scheme | str,
+    shape: tuple[int, int],
+    dtype: Dtype | str,
+    tokens: int,
+    repeats: int,
+    device: torch.device,
+) -> LayerBench:
+    """Quantize a random ``[N, K]`` layer with the kernel selected for ``caps`` and time it."""
+    n, k = shape
+    native = torch_dtype(Dtype.parse(dtype))
+    generator = torch.Generator().manual_seed(0)
+    weight = (torch.randn(n, k, generator=generator) / k**0.5).to(device)
+    x = torch.randn(tokens, k, generator=generator).to(device)
+    method = Fp8LinearMethod(scheme, caps)
+    layer = processed_layer(method, weight.to(native), device)
+    x_native, w_native = x.to(native), weight.to(native)
+    with torch.inference_mode():
+        exact = torch.nn.functional.linear(x, weight)
+        got = method.apply(layer, x_native).float()
+        error = float(torch.linalg.norm(got - exact) / torch.linalg.norm(exact))
+        seconds = median_seconds(lambda: method.apply(layer, x_native), repeats, device)
+        fp32 = median_seconds(lambda: torch.nn.functional.linear(x, weight), repeats, device)
+        same = median_seconds(
+            lambda: torch.nn.functional.linear(x_native, w_native), repeats, device
+        )
+    decision = layer_state(layer).decision
+    return LayerBench(
+        decision.kernel, decision.degraded, caps.name, tokens, shape,
+        Dtype.parse(dtype).value, seconds, fp32, same, error,
+    )  # fmt: skip

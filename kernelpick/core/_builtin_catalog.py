@@ -1,0 +1,187 @@
+"""kernelpick's own kernel catalog (design §4): the table kernel authors extend.
+
+Order is preference, fastest first per platform. Each requirement carries the fact's
+source in a comment; the kind rules (W8A8 / W8A16) are added by the core.
+"""
+
+from __future__ import annotations
+
+from kernelpick.core._arch import CudaArch, Platform
+from kernelpick.core._device import FEATURE_SCALED_MM, FEATURE_SCALED_MM_ROWWISE
+from kernelpick.core._dtypes import E4M3_FORMATS, HIGH_PRECISION, Dtype
+from kernelpick.core._quant import GroupShape
+from kernelpick.core._requirements import (
+    ActivationScales,
+    Alignment,
+    Fp8Dtypes,
+    InputDtypes,
+    MinComputeCapability,
+    MinTorch,
+    NeedsLibrary,
+    NeedsTorchFeature,
+    NotBothPerTensor,
+    OutDtypes,
+    Requirement,
+    RocmArchs,
+    WeightScales,
+)
+from kernelpick.core._specs import Catalog, KernelKind, KernelSpec
+
+__all__ = ["DEFAULT_CATALOG"]
+
+W8A8, W8A16 = KernelKind.W8A8, KernelKind.W8A16
+CUDA, ROCM, CPU = Platform.CUDA, Platform.ROCM, Platform.CPU
+
+# Either e4m3 flavour: the integration quantizes into the device's native one (design §3).
+E4M3 = Fp8Dtypes(E4M3_FORMATS)
+TENSOR_OR_TOKEN = frozenset({GroupShape.PER_TENSOR, GroupShape.PER_TOKEN})
+TENSOR_OR_CHANNEL = frozenset({GroupShape.PER_TENSOR, GroupShape.PER_CHANNEL})
+PER_TENSOR = frozenset({GroupShape.PER_TENSOR})
+BF16 = OutDtypes(frozenset({Dtype.BFLOAT16}))
+ANY_OUT = OutDtypes(HIGH_PRECISION)
+# torch._scaled_mm needs K and N to be multiples of 16 (cuBLASLt / CUTLASS operand
+# alignment; torch.compile's fake-tensor check demands it on CPU too: design §4).
+ALIGN_16 = Alignment(16)
+# The package's floor. Every scaled_mm path in the table exists there: row-wise on SM 8.9
+# (pytorch#145676), SM 10.x (pytorch#148421), SM 12.x (pytorch#155991), ROCm (pytorch#144432).
+TORCH_2_8 = MinTorch("2.8")
+# CUTLASS/cuBLASLt FP8 tensor cores start at Ada (SM 8.9); torch's row-wise path has
+# CUTLASS kernels for 8.9, 9.0, 10.x and 12.x (design §4).
+SM89 = MinComputeCapability(CudaArch(8, 9))
+# hipBLASLt FP8 GEMM: gfx942 in its fnuz format; gfx950 and RDNA4 (gfx1200/1201) in OCP
+# e4m3fn from ROCm 7.0 (design §4).
+ROCM_FP8 = RocmArchs({"gfx942": None, "gfx950": "7.0", "gfx1200": "7.0", "gfx1201": "7.0"})
+
+ROWWISE: tuple[Requirement, ...] = (
+    E4M3,
+    ActivationScales(TENSOR_OR_TOKEN),
+    WeightScales(TENSOR_OR_CHANNEL),
+    NotBothPerTensor(),
+    ALIGN_16,
+)
+TENSORWISE: tuple[Requirement, ...] = (
+    E4M3,
+    ActivationScales(PER_TENSOR),
+    WeightScales(PER_TENSOR),
+    ALIGN_16,
+)
+# Unit-scale scaled_mm to fp32, then both scales applied outside: any mix but both per-tensor.
+UNFUSED: tuple[Requirement, ...] = ROWWISE
+# Weight-only: dequantize a per-channel or per-tensor weight; activations stay as they come.
+WEIGHT_ONLY: tuple[Requirement, ...] = (E4M3, WeightScales(TENSOR_OR_CHANNEL))
+# The CPU reference quantizes and dequantizes in fp32, so any W8A8 scale mix and shape works.
+ANY_GROUPING: tuple[Requirement, ...] = (E4M3,)
+
+_CUDA = (
+    KernelSpec(
+        "cuda_rowwise_scaled_mm",
+        CUDA,
+        W8A8,
+        (SM89, TORCH_2_8, *ROWWISE, BF16),
+        "torch._scaled_mm with row-wise scales (CUTLASS)",
+    ),
+    KernelSpec(
+        "cuda_tensorwise_scaled_mm",
+        CUDA,
+        W8A8,
+        (SM89, TORCH_2_8, *TENSORWISE, ANY_OUT),
+        "torch._scaled_mm with per-tensor scales (cuBLASLt)",
+    ),
+    KernelSpec(
+        "cuda_channelwise_unfused",
+        CUDA,
+        W8A8,
+        (SM89, TORCH_2_8, *UNFUSED, ANY_OUT),
+        "unit-scale torch._scaled_mm to fp32, then activation and weight scales",
+    ),
+    KernelSpec(
+        # FP8 is decoded in software, so any GPU torch supports runs it (T4 is SM 7.5).
+        "cuda_w8a16_cupy",
+        CUDA,
+        W8A16,
+        (
+            MinComputeCapability(CudaArch(7, 5)),
+            NeedsLibrary("cupy"),
+            *WEIGHT_ONLY,
+            InputDtypes(frozenset({Dtype.BFLOAT16, Dtype.FLOAT16})),
+            ANY_OUT,
+        ),
+        "fused FP8-dequant GEMV (cupy) for small M; dequant + cuBLAS for large M",
+    ),
+    KernelSpec(
+        "cuda_w8a16_torch",
+        CUDA,
+        W8A16,
+        (*WEIGHT_ONLY, ANY_OUT),
+        "dequantize with torch ops, then matmul",
+    ),
+)
+
+_ROCM = (
+    KernelSpec(
+        "rocm_rowwise_scaled_mm",
+        ROCM,
+        W8A8,
+        (ROCM_FP8, TORCH_2_8, *ROWWISE, BF16),
+        "torch._scaled_mm with row-wise scales (hipBLASLt)",
+    ),
+    KernelSpec(
+        "rocm_tensorwise_scaled_mm",
+        ROCM,
+        W8A8,
+        (ROCM_FP8, TORCH_2_8, *TENSORWISE, ANY_OUT),
+        "torch._scaled_mm with per-tensor scales (hipBLASLt)",
+    ),
+    KernelSpec(
+        # Serves what row-wise cannot, such as fp16 models (hipBLASLt row-wise is bf16 only).
+        "rocm_channelwise_unfused",
+        ROCM,
+        W8A8,
+        (ROCM_FP8, TORCH_2_8, *UNFUSED, ANY_OUT),
+        "unit-scale torch._scaled_mm to fp32, then activation and weight scales",
+    ),
+    KernelSpec(
+        "rocm_w8a16_torch",
+        ROCM,
+        W8A16,
+        (*WEIGHT_ONLY, ANY_OUT),
+        "dequantize with torch ops, then matmul",
+    ),
+)
+
+_CPU = (
+    KernelSpec(
+        "cpu_rowwise_scaled_mm",
+        CPU,
+        W8A8,
+        (
+            NeedsTorchFeature(FEATURE_SCALED_MM_ROWWISE, "row-wise torch._scaled_mm on CPU"),
+            *ROWWISE,
+            ANY_OUT,
+        ),
+        "torch._scaled_mm on CPU with (M,1) x (1,N) fp32 scales",
+    ),
+    KernelSpec(
+        "cpu_tensorwise_scaled_mm",
+        CPU,
+        W8A8,
+        (NeedsTorchFeature(FEATURE_SCALED_MM, "torch._scaled_mm on CPU"), *TENSORWISE, ANY_OUT),
+        "torch._scaled_mm on CPU with scalar scales",
+    ),
+    KernelSpec(
+        "cpu_dequant_reference",
+        CPU,
+        W8A8,
+        (*ANY_GROUPING, ANY_OUT),
+        "quantize, dequantize, fp32 matmul: the numerics reference",
+    ),
+    KernelSpec(
+        "cpu_w8a16_reference",
+        CPU,
+        W8A16,
+        (*WEIGHT_ONLY, ANY_OUT),
+        "dequantize the weight, fp32 matmul",
+    ),
+)
+
+DEFAULT_CATALOG = Catalog(_CUDA + _ROCM + _CPU)

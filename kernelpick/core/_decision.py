@@ -1,0 +1,132 @@
+"""The outcome of a choice: Selected or Rejected, each with the verdict of every kernel."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, final
+
+import attrs
+
+from kernelpick.core._reasons import Reason
+from kernelpick.core._specs import KernelKind
+
+__all__ = ["SCHEMA_VERSION", "Decision", "Rejected", "Selected", "Verdict"]
+
+# Bumped whenever a key of to_dict() changes meaning or disappears.
+SCHEMA_VERSION = 1
+
+HEADER = "Failed to find a kernel that can implement the ScaledMM linear layer. Reasons:"
+DEGRADED_NOTE = (
+    "degraded: weight-only (W8A16) kernel; activations are not quantized, "
+    "so numerics differ from the requested W8A8 config"
+)
+
+
+class Verdict(NamedTuple):
+    """What one kernel answered: no reasons means it could implement the config.
+
+    A NamedTuple, like ``Reason``: an uncached decision builds one per kernel.
+    """
+
+    kernel: str
+    kind: KernelKind
+    reasons: tuple[Reason, ...]
+    degraded: bool
+
+    @property
+    def ok(self) -> bool:
+        return not self.reasons
+
+    def to_dict(self, status: str) -> dict[str, Any]:
+        return {
+            "kernel": self.kernel,
+            "kind": self.kind.value,
+            "status": status,
+            "degraded": self.degraded,
+            "reasons": [
+                {"code": r.code.value, "needed": r.needed, "found": r.found, "message": r.message}
+                for r in self.reasons
+            ],
+        }
+
+
+def _status(verdict: Verdict, chosen: str | None) -> str:
+    if verdict.kernel == chosen:
+        return "selected"
+    return "viable" if verdict.ok else "rejected"
+
+
+def _trace_dict(trace: tuple[Verdict, ...], chosen: str | None) -> list[dict[str, Any]]:
+    return [v.to_dict(_status(v, chosen)) for v in trace]
+
+
+@final
+@attrs.frozen
+class Selected:
+    """A kernel was chosen. ``trace`` holds every kernel's verdict, in catalog order, including
+    those after the chosen one; ``degraded`` marks a choice that changes numerics."""
+
+    kernel: str
+    trace: tuple[Verdict, ...]
+    degraded: bool
+
+    @property
+    def alternatives(self) -> tuple[str, ...]:
+        """The other kernels that could also have implemented the config."""
+        return tuple(v.kernel for v in self.trace if v.ok and v.kernel != self.kernel)
+
+    def render(self) -> str:
+        """The choice and, for every other kernel, why it was not chosen."""
+        head = f"Selected {self.kernel}"
+        lines = [f"{head} ({DEGRADED_NOTE})." if self.degraded else f"{head}."]
+        others = [v for v in self.trace if v.kernel != self.kernel]
+        if others:
+            lines.append("Other kernels:")
+        for verdict in others:
+            if verdict.ok:
+                lines.append(f"  - {verdict.kernel}: also viable (later in preference order)")
+            lines.extend(f"  - {reason}" for reason in verdict.reasons)
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able record of the decision, stable under ``schema_version``."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "outcome": "selected",
+            "kernel": self.kernel,
+            "degraded": self.degraded,
+            "trace": _trace_dict(self.trace, self.kernel),
+        }
+
+
+@final
+@attrs.frozen
+class Rejected:
+    """No kernel could implement the config; ``trace`` holds every kernel's reasons."""
+
+    trace: tuple[Verdict, ...]
+
+    @property
+    def reasons(self) -> tuple[Reason, ...]:
+        """Every reason of every kernel, in catalog order."""
+        return tuple(reason for verdict in self.trace for reason in verdict.reasons)
+
+    def render(self) -> str:
+        """The layout engines already print (vLLM's kernel chooser): a header, one line a reason."""
+        lines = [HEADER]
+        lines.extend(f"  - {reason}" for reason in self.reasons)
+        if not self.trace:
+            lines.append("  - (the catalog has no kernel for this device's platform)")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able record of the decision, stable under ``schema_version``."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "outcome": "rejected",
+            "kernel": None,
+            "degraded": False,
+            "trace": _trace_dict(self.trace, None),
+        }
+
+
+Decision = Selected | Rejected

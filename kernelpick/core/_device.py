@@ -1,0 +1,151 @@
+"""DeviceCaps: everything the decision needs to know about one device, as a value."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import attrs
+
+from kernelpick.core._arch import Arch, CpuArch, CudaArch, Platform, RocmArch, Version, as_version
+from kernelpick.core._dtypes import Dtype
+from kernelpick.core._errors import InvalidValueError
+
+__all__ = ["FEATURE_SCALED_MM", "FEATURE_SCALED_MM_ROWWISE", "DeviceCaps"]
+
+# Facts about the torch build that no version string can tell; adapters find them by a
+# trial call. They are strings so that an engine can add its own.
+FEATURE_SCALED_MM = "scaled_mm"
+FEATURE_SCALED_MM_ROWWISE = "scaled_mm_rowwise"
+
+
+def _names(value: Iterable[str] | str) -> frozenset[str]:
+    items = [value] if isinstance(value, str) else value
+    try:
+        return frozenset(str(item).strip() for item in items)
+    except TypeError:
+        raise InvalidValueError("name set", value, "a collection of names") from None
+
+
+def _arch(_inst: object, attribute: attrs.Attribute[Arch], value: Arch) -> None:
+    if not isinstance(value, (CudaArch, RocmArch, CpuArch)):
+        raise InvalidValueError("arch", value, "a CudaArch, RocmArch or CpuArch")
+
+
+def _optional_version(value: object) -> Version | None:
+    return None if value is None else Version.parse(value)
+
+
+def _name(_inst: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidValueError("device name", value, "a non-empty string")
+
+
+@attrs.frozen(cache_hash=True)
+class DeviceCaps:
+    """The facts of one device that kernel rules read.
+
+    ``toolkit_version`` is the CUDA runtime on NVIDIA, the ROCm (HIP) version on AMD and
+    None on a CPU. ``libraries`` names the optional libraries that are usable, not merely
+    installed (``"cupy"`` means cupy imports and a driver answers). ``features`` names facts
+    of the torch build found by trial (see ``FEATURE_*``). Build one with a named
+    constructor, take a profile (``kp.device_profile``), or probe a live device.
+    """
+
+    arch: Arch = attrs.field(validator=_arch)
+    name: str = attrs.field(validator=_name)
+    torch_version: Version = attrs.field(converter=as_version)
+    toolkit_version: Version | None = attrs.field(default=None, converter=_optional_version)
+    libraries: frozenset[str] = attrs.field(default=frozenset(), converter=_names)
+    features: frozenset[str] = attrs.field(default=frozenset(), converter=_names)
+
+    @property
+    def platform(self) -> Platform:
+        if isinstance(self.arch, CudaArch):
+            return Platform.CUDA
+        if isinstance(self.arch, RocmArch):
+            return Platform.ROCM
+        return Platform.CPU
+
+    @property
+    def fp8_format(self) -> Dtype:
+        """The FP8 e4m3 flavour the hardware computes in: e4m3fnuz on gfx94x, e4m3fn elsewhere."""
+        if isinstance(self.arch, RocmArch):
+            return self.arch.native_fp8
+        return Dtype.FLOAT8_E4M3FN
+
+    @property
+    def toolkit(self) -> str:
+        """The toolkit as a person reads it: ``CUDA 12.8``, ``ROCm 7.0`` or ``none``."""
+        if self.toolkit_version is None:
+            return "none"
+        label = {Platform.CUDA: "CUDA", Platform.ROCM: "ROCm"}.get(self.platform, "toolkit")
+        return f"{label} {self.toolkit_version}"
+
+    @classmethod
+    def cuda(
+        cls,
+        arch: CudaArch | str,
+        *,
+        name: str,
+        torch_version: Version | str,
+        cuda_version: Version | str,
+        libraries: Iterable[str] | str = (),
+        features: Iterable[str] | str = (),
+    ) -> DeviceCaps:
+        """An NVIDIA device from its compute capability (``"8.9"`` or ``"sm_89"``)."""
+        return cls(
+            arch=CudaArch.parse(arch),
+            name=name,
+            torch_version=Version.parse(torch_version),
+            toolkit_version=Version.parse(cuda_version),
+            libraries=libraries,
+            features=features,
+        )
+
+    @classmethod
+    def rocm(
+        cls,
+        arch: RocmArch | str,
+        *,
+        name: str,
+        torch_version: Version | str,
+        rocm_version: Version | str,
+        libraries: Iterable[str] | str = (),
+        features: Iterable[str] | str = (),
+    ) -> DeviceCaps:
+        """An AMD device from its gfx name or ``gcnArchName`` (``gfx942:sramecc+:xnack-``)."""
+        return cls(
+            arch=RocmArch.parse(arch),
+            name=name,
+            torch_version=Version.parse(torch_version),
+            toolkit_version=Version.parse(rocm_version),
+            libraries=libraries,
+            features=features,
+        )
+
+    @classmethod
+    def cpu(
+        cls,
+        *,
+        machine: str,
+        isa: Iterable[str] | str,
+        name: str,
+        torch_version: Version | str,
+        features: Iterable[str] | str = (),
+    ) -> DeviceCaps:
+        """The host CPU, with the torch-build features found on it (``FEATURE_*``)."""
+        return cls(
+            arch=CpuArch(machine, isa),
+            name=name,
+            torch_version=Version.parse(torch_version),
+            features=features,
+        )
+
+    def describe(self) -> str:
+        """One line: name, platform, arch, toolkit and torch."""
+        arch = f"compute capability {self.arch}" if self.platform is Platform.CUDA else self.arch
+        toolkit = "" if self.toolkit_version is None else f", {self.toolkit}"
+        return (
+            f"{self.name}: {self.platform}, {arch}{toolkit}, torch {self.torch_version}, "
+            f"FP8 {self.fp8_format}"
+        )

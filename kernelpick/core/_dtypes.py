@@ -1,0 +1,108 @@
+"""Data types as plain names, so the core can speak of them without importing torch."""
+
+from __future__ import annotations
+
+import enum
+
+from kernelpick.core._errors import InvalidValueError, UnknownNameError
+
+__all__ = ["E4M3_FORMATS", "HIGH_PRECISION", "Dtype", "as_dtype"]
+
+
+class Dtype(enum.Enum):
+    """A tensor element type. Values are torch's attribute names (``torch.<value>``)."""
+
+    # Members are singletons: identity hashing is correct and, unlike Enum.__hash__,
+    # runs in C. Rules test set membership of these on every decision.
+    __hash__ = object.__hash__
+
+    FLOAT8_E4M3FN = "float8_e4m3fn"
+    FLOAT8_E4M3FNUZ = "float8_e4m3fnuz"
+    FLOAT8_E5M2 = "float8_e5m2"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+    FLOAT32 = "float32"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def is_fp8(self) -> bool:
+        return self in _FP8
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return _ITEMSIZE[self]
+
+    @property
+    def finfo_max(self) -> float:
+        """Largest finite value, as ``torch.finfo`` reports it."""
+        return _FINFO_MAX[self]
+
+    @property
+    def quant_max(self) -> float:
+        """The FP8 range a quantizer targets.
+
+        Equal to ``finfo_max`` except for e4m3fnuz, where engines use 224 rather than
+        torch's 240 for accuracy on MI300 (vLLM does the same; design §5).
+        """
+        if not self.is_fp8:
+            raise InvalidValueError(
+                "dtype", self.value, "an FP8 dtype to have a quantization range"
+            )
+        return 224.0 if self is Dtype.FLOAT8_E4M3FNUZ else self.finfo_max
+
+    @classmethod
+    def parse(cls, value: object) -> Dtype:
+        """A member from a member, a name (``"bfloat16"``, ``"bf16"``) or a torch dtype.
+
+        Anything whose ``str`` is ``torch.<name>`` is accepted, so an engine may pass
+        ``torch.bfloat16`` without the core importing torch.
+        """
+        if isinstance(value, Dtype):
+            return value
+        text = str(value).strip().lower().removeprefix("torch.")
+        found = _BY_NAME.get(text)
+        if found is None:
+            raise UnknownNameError("dtype", value, [d.value for d in cls])
+        return found
+
+
+def as_dtype(value: object) -> Dtype:
+    """``Dtype.parse`` as a plain function, for use as an attrs converter."""
+    return Dtype.parse(value)
+
+
+_FP8 = frozenset({Dtype.FLOAT8_E4M3FN, Dtype.FLOAT8_E4M3FNUZ, Dtype.FLOAT8_E5M2})
+E4M3_FORMATS = frozenset({Dtype.FLOAT8_E4M3FN, Dtype.FLOAT8_E4M3FNUZ})
+HIGH_PRECISION = frozenset({Dtype.BFLOAT16, Dtype.FLOAT16, Dtype.FLOAT32})
+
+_ITEMSIZE = {
+    Dtype.FLOAT8_E4M3FN: 1,
+    Dtype.FLOAT8_E4M3FNUZ: 1,
+    Dtype.FLOAT8_E5M2: 1,
+    Dtype.BFLOAT16: 2,
+    Dtype.FLOAT16: 2,
+    Dtype.FLOAT32: 4,
+}
+# torch.finfo(...).max for each type.
+_FINFO_MAX = {
+    Dtype.FLOAT8_E4M3FN: 448.0,
+    Dtype.FLOAT8_E4M3FNUZ: 240.0,
+    Dtype.FLOAT8_E5M2: 57344.0,
+    Dtype.BFLOAT16: 3.3895313892515355e38,
+    Dtype.FLOAT16: 65504.0,
+    Dtype.FLOAT32: 3.4028234663852886e38,
+}
+_ALIASES = {
+    "bf16": Dtype.BFLOAT16,
+    "fp16": Dtype.FLOAT16,
+    "half": Dtype.FLOAT16,
+    "fp32": Dtype.FLOAT32,
+    "float": Dtype.FLOAT32,
+    "e4m3fn": Dtype.FLOAT8_E4M3FN,
+    "e4m3fnuz": Dtype.FLOAT8_E4M3FNUZ,
+    "e5m2": Dtype.FLOAT8_E5M2,
+}
+_BY_NAME = {**{d.value: d for d in Dtype}, **_ALIASES}

@@ -1,0 +1,187 @@
+"""Quantization vocabulary: group shapes, scale specs, keys and the per-layer QuantConfig.
+
+Group shapes describe an operand as the GEMM sees it: the activation as ``[M, K]`` and the
+weight as ``[K, N]``. ``-1`` means the whole dimension, so per-token is ``(1, -1)`` on the
+activation and per-channel (one scale per output channel) is ``(-1, 1)`` on the weight.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import attrs
+
+from kernelpick.core._dtypes import HIGH_PRECISION, Dtype, as_dtype
+from kernelpick.core._errors import InvalidValueError
+
+__all__ = ["GroupShape", "QuantConfig", "QuantKey", "ScaleSpec"]
+
+
+_NAMED = {(-1, -1): "per-tensor", (1, -1): "per-token", (-1, 1): "per-channel"}
+
+
+def _group_extent(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or (value < 1 and value != -1):
+        raise InvalidValueError(
+            f"group shape {attribute.name}", value, "-1 (whole dimension) or a positive integer"
+        )
+
+
+# Hashes are cached: rules test group membership on every uncached decision.
+@attrs.frozen(cache_hash=True)
+class GroupShape:
+    """How many rows and columns share one scale; -1 spans the whole dimension."""
+
+    rows: int = attrs.field(validator=_group_extent)
+    cols: int = attrs.field(validator=_group_extent)
+
+    PER_TENSOR: ClassVar[GroupShape]
+    PER_TOKEN: ClassVar[GroupShape]
+    PER_CHANNEL: ClassVar[GroupShape]
+
+    @classmethod
+    def per_group(cls, size: int) -> GroupShape:
+        """One scale per ``size`` consecutive elements of a row, e.g. ``(1, 128)``."""
+        return cls(1, size)
+
+    @classmethod
+    def block(cls, size: int) -> GroupShape:
+        """One scale per ``size`` x ``size`` tile, e.g. ``(128, 128)``."""
+        return cls(size, size)
+
+    def describe(self) -> str:
+        """A name a person knows: per-tensor, per-token, per-channel, per-group or block."""
+        shape = (self.rows, self.cols)
+        if shape in _NAMED:
+            return _NAMED[shape]
+        if self.rows == 1:
+            return f"per-group {shape}"
+        if self.rows == self.cols:
+            return f"block {shape}"
+        return f"group {shape}"
+
+    def __str__(self) -> str:
+        return self.describe()
+
+
+GroupShape.PER_TENSOR = GroupShape(-1, -1)
+GroupShape.PER_TOKEN = GroupShape(1, -1)
+GroupShape.PER_CHANNEL = GroupShape(-1, 1)
+
+
+def _is_bool(_inst: object, attribute: attrs.Attribute[bool], value: bool) -> None:
+    if not isinstance(value, bool):
+        raise InvalidValueError(attribute.name, value, "True or False")
+
+
+@attrs.frozen(cache_hash=True)
+class ScaleSpec:
+    """Scale granularity, and whether scales are stored (static) or computed per call (dynamic)."""
+
+    group: GroupShape = attrs.field(validator=attrs.validators.instance_of(GroupShape))
+    static: bool = attrs.field(validator=_is_bool)
+
+    def describe(self) -> str:
+        return f"{'static' if self.static else 'dynamic'} {self.group.describe()}"
+
+
+def _fp8(_inst: object, attribute: attrs.Attribute[Dtype], value: Dtype) -> None:
+    if not value.is_fp8:
+        raise InvalidValueError("quantized dtype", value.value, "an FP8 dtype")
+
+
+@attrs.frozen(cache_hash=True)
+class QuantKey:
+    """One quantized operand: its FP8 dtype and how it is scaled."""
+
+    dtype: Dtype = attrs.field(converter=as_dtype, validator=_fp8)
+    scale: ScaleSpec = attrs.field(validator=attrs.validators.instance_of(ScaleSpec))
+
+    def describe(self) -> str:
+        return f"{self.scale.describe()} {self.dtype}"
+
+
+def _weight_shape(value: object) -> tuple[int, int]:
+    items = tuple(value) if isinstance(value, (tuple, list)) else None
+    if (
+        items is None
+        or len(items) != 2
+        or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in items)
+    ):
+        raise InvalidValueError("weight_shape", value, "(N, K): two positive integers")
+    return (items[0], items[1])
+
+
+def _high_precision(_inst: object, attribute: attrs.Attribute[Dtype], value: Dtype) -> None:
+    if value not in HIGH_PRECISION:
+        valid = ", ".join(sorted(d.value for d in HIGH_PRECISION))
+        raise InvalidValueError(attribute.name, value.value, f"one of {valid}")
+
+
+def _optional_key(
+    _inst: object, attribute: attrs.Attribute[QuantKey | None], value: object
+) -> None:
+    if value is not None and not isinstance(value, QuantKey):
+        raise InvalidValueError(attribute.name, value, "a QuantKey or None (weight-only)")
+
+
+@attrs.frozen(cache_hash=True)
+class QuantConfig:
+    """What one linear layer asks of a kernel.
+
+    ``weight_shape`` is ``(N, K)`` (output features, input features) of this partition.
+    ``activation=None`` means weight-only: activations stay in ``input_dtype``. Build one
+    with ``kp.scheme(...)`` unless you need a combination no named scheme has.
+    """
+
+    weight: QuantKey = attrs.field(validator=attrs.validators.instance_of(QuantKey))
+    activation: QuantKey | None = attrs.field(validator=_optional_key)
+    weight_shape: tuple[int, int] = attrs.field(converter=_weight_shape)
+    input_dtype: Dtype = attrs.field(converter=as_dtype, validator=_high_precision)
+    out_dtype: Dtype = attrs.field(converter=as_dtype, validator=_high_precision)
+    bias: bool = attrs.field(default=False, validator=_is_bool)
+
+    @property
+    def n(self) -> int:
+        return self.weight_shape[0]
+
+    @property
+    def k(self) -> int:
+        return self.weight_shape[1]
+
+    @property
+    def weight_only(self) -> bool:
+        return self.activation is None
+
+    @property
+    def weight_block(self) -> tuple[int, int]:
+        """The ``(rows, cols)`` of the stored ``[N, K]`` weight that share one scale.
+
+        A weight is stored, saved and loaded as ``[N, K]`` (one row per output channel),
+        while its group shape is written over the GEMM's ``[K, N]`` operand, as engines
+        write it. This is the one place that reads one as the other: per-channel
+        ``(-1, 1)`` is ``(1, K)``, per-tensor ``(N, K)``, a ``(b, b)`` block ``(b, b)``.
+        """
+        group = self.weight.scale.group
+        n, k = self.weight_shape
+        return (n if group.cols == -1 else group.cols, k if group.rows == -1 else group.rows)
+
+    @property
+    def weight_scale_shape(self) -> tuple[int, ...]:
+        """The shape of the stored weight scale: ``(N, 1)`` per channel, ``(1,)`` per
+        tensor, ``(ceil(N / rows), ceil(K / cols))`` per block (compressed-tensors' shapes)."""
+        if self.weight.scale.group == GroupShape.PER_TENSOR:
+            return (1,)
+        n, k = self.weight_shape
+        rows, cols = self.weight_block
+        return (-(-n // rows), -(-k // cols))
+
+    def describe(self) -> str:
+        """One line: both operands, the shape and the dtypes."""
+        act = "none (weight-only)" if self.activation is None else self.activation.describe()
+        n, k = self.weight_shape
+        bias = ", bias" if self.bias else ""
+        return (
+            f"weight {self.weight.describe()}, activation {act}, N={n} K={k}, "
+            f"{self.input_dtype} -> {self.out_dtype}{bias}"
+        )

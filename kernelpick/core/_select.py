@@ -1,0 +1,146 @@
+"""evaluate and choose: the pure decision, and its bounded cache."""
+
+from __future__ import annotations
+
+import functools
+
+from kernelpick.core._builtin_catalog import DEFAULT_CATALOG
+from kernelpick.core._decision import Decision, Rejected, Selected, Verdict
+from kernelpick.core._device import DeviceCaps
+from kernelpick.core._errors import InvalidValueError
+from kernelpick.core._policy import Policy
+from kernelpick.core._quant import QuantConfig
+from kernelpick.core._reasons import Reason, RejectCode
+from kernelpick.core._schemes import clear_scheme_cache
+from kernelpick.core._specs import KIND_RULES, Catalog, KernelKind, KernelSpec
+
+__all__ = ["CACHE_SIZE", "KIND_RULES", "cache_info", "choose", "clear_cache", "evaluate"]
+
+# Distinct (device, config, policy, catalog) questions kept. A model has a few dozen
+# distinct layer shapes, so this holds many models' worth; least recently used goes first.
+CACHE_SIZE = 4096
+
+_DEFAULT_POLICY = Policy()
+
+
+def _verdict(spec: KernelSpec, caps: DeviceCaps, config: QuantConfig, policy: Policy) -> Verdict:
+    reasons = []
+    for rule in spec.rules:
+        unmet = rule.check(caps, config)
+        if unmet is not None:
+            reasons.append(Reason(spec.id, unmet.code, unmet.needed, unmet.found))
+    # A weight-only kernel serving an activation-quantized config skips that quantization.
+    degraded = spec.kind is KernelKind.W8A16 and config.activation is not None
+    if spec.id in policy.disabled:
+        reasons.append(Reason(spec.id, RejectCode.DISABLED, "enabled", "disabled"))
+    if policy.force is not None and spec.id != policy.force:
+        reasons.append(Reason(spec.id, RejectCode.NOT_FORCED, policy.force, spec.id))
+    if policy.strict and degraded:
+        found = "weight-only (W8A16) kernel"
+        reasons.append(Reason(spec.id, RejectCode.STRICT_DEGRADED, "a W8A8 kernel", found))
+    return Verdict(spec.id, spec.kind, tuple(reasons), degraded)
+
+
+def evaluate(
+    caps: DeviceCaps,
+    config: QuantConfig,
+    policy: Policy | None = None,
+    catalog: Catalog | None = None,
+) -> tuple[Verdict, ...]:
+    """The verdict of every kernel of the device's platform, in catalog order.
+
+    Every rule of every kernel is evaluated, so each verdict lists all its failing reasons.
+    A forced kernel of another platform is appended, its wrong-platform reason first.
+    """
+    policy = _DEFAULT_POLICY if policy is None else policy
+    catalog = DEFAULT_CATALOG if catalog is None else catalog
+    _check_types(caps, config, policy, catalog)
+    if policy.disabled or policy.force is not None:
+        catalog.check_ids(sorted(policy.kernel_ids))
+    specs = catalog.for_platform(caps.platform)
+    trace = [_verdict(spec, caps, config, policy) for spec in specs]
+    if policy.force is not None and all(spec.id != policy.force for spec in specs):
+        forced = catalog.kernel(policy.force)
+        needed, found = str(forced.platform), str(caps.platform)
+        wrong = Reason(forced.id, RejectCode.WRONG_PLATFORM, needed, found)
+        # Its own rules still run: the kind rule and policy hold for every kernel.
+        own = _verdict(forced, caps, config, policy)
+        trace.append(own._replace(reasons=(wrong, *own.reasons)))
+    return tuple(trace)
+
+
+def _decide(trace: tuple[Verdict, ...]) -> Decision:
+    # Preference order, except that a degraded kernel is only a fallback.
+    fallback = None
+    for verdict in trace:
+        if not verdict.reasons:
+            if not verdict.degraded:
+                return Selected(verdict.kernel, trace, False)
+            fallback = fallback or verdict
+    return Rejected(trace) if fallback is None else Selected(fallback.kernel, trace, True)
+
+
+# Defaults travel into the cache as None: None hashes in C, while each attrs value's hash
+# is a Python call, and the cached path is budgeted at 20 dict lookups.
+@functools.lru_cache(maxsize=CACHE_SIZE)
+def _choose(
+    caps: DeviceCaps, config: QuantConfig, policy: Policy | None, catalog: Catalog | None
+) -> Decision:
+    return _decide(evaluate(caps, config, policy, catalog))
+
+
+def choose(
+    caps: DeviceCaps,
+    config: QuantConfig,
+    policy: Policy | None = None,
+    catalog: Catalog | None = None,
+) -> Decision:
+    """Select the kernel for ``config`` on ``caps``: ``Selected`` or ``Rejected``.
+
+    Pure and cached: the same question twice is a lookup. It does not raise for valid
+    values; a policy naming an id the catalog lacks raises ``UnknownNameError``, and an
+    argument of the wrong type ``InvalidValueError``.
+    """
+    try:
+        return _choose(caps, config, policy, catalog)
+    except TypeError:
+        # An unhashable argument fails inside the cache, before any check could run.
+        _check_hashable(catalog)
+        _check_types(
+            caps,
+            config,
+            _DEFAULT_POLICY if policy is None else policy,
+            DEFAULT_CATALOG if catalog is None else catalog,
+        )
+        raise
+
+
+def clear_cache() -> None:
+    """Forget every cached decision, and the cached configs of ``kp.scheme``."""
+    _choose.cache_clear()
+    clear_scheme_cache()
+
+
+def cache_info() -> functools._CacheInfo:
+    """Hits, misses, current size and the bound (``CACHE_SIZE``) of the decision cache."""
+    return _choose.cache_info()
+
+
+def _check_types(caps: object, config: object, policy: object, catalog: object) -> None:
+    for name, value, cls in (
+        ("caps", caps, DeviceCaps),
+        ("config", config, QuantConfig),
+        ("policy", policy, Policy),
+        ("catalog", catalog, Catalog),
+    ):
+        if not isinstance(value, cls):
+            raise InvalidValueError(name, value, f"a kp.{cls.__name__}")
+
+
+def _check_hashable(catalog: object) -> None:
+    try:
+        hash(catalog)
+    except TypeError:
+        raise InvalidValueError(
+            "catalog", catalog, "hashable requirements (frozen attrs classes or dataclasses)"
+        ) from None

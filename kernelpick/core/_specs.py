@@ -1,0 +1,137 @@
+"""KernelSpec and Catalog: what each kernel needs, declared as data."""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterable, Iterator, Mapping
+
+import attrs
+
+from kernelpick.core._arch import Platform, as_platform
+from kernelpick.core._errors import InvalidValueError, UnknownNameError
+from kernelpick.core._requirements import ActivationQuantized, Requirement, WeightOnlyActivation
+
+__all__ = ["KIND_RULES", "Catalog", "KernelKind", "KernelSpec"]
+
+
+class KernelKind(enum.Enum):
+    """Whether a kernel quantizes activations (W8A8) or only weights (W8A16)."""
+
+    # Members are singletons: identity hashing is correct and, unlike Enum.__hash__,
+    # runs in C. Rules test set membership of these on every decision.
+    __hash__ = object.__hash__
+
+    W8A8 = "W8A8"
+    W8A16 = "W8A16"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# Rules every kernel of a kind obeys, whatever its spec declares. Keyed on the declared
+# kind, so a new weight-only kernel cannot forget the per-token check (design §1).
+KIND_RULES: Mapping[KernelKind, tuple[Requirement, ...]] = {
+    KernelKind.W8A8: (ActivationQuantized(),),
+    KernelKind.W8A16: (WeightOnlyActivation(),),
+}
+
+_KERNEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+
+
+def _kernel_id(_inst: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if not isinstance(value, str) or not _KERNEL_ID.match(value):
+        raise InvalidValueError(
+            "kernel id", value, "letters, digits, '_', '.' or '-', starting with a letter or digit"
+        )
+
+
+def _requirements(value: Iterable[Requirement]) -> tuple[Requirement, ...]:
+    items = tuple(value)
+    for item in items:
+        if not isinstance(item, Requirement):
+            raise InvalidValueError("requirement", item, "an object with check() and describe()")
+    return items
+
+
+@attrs.frozen
+class KernelSpec:
+    """One kernel: its id, platform, kind and the requirements it declares.
+
+    The kind's own rule (W8A16 kernels cannot honour per-token activations, W8A8 kernels
+    need an activation quantization) is added by the core and must not be listed here.
+    """
+
+    id: str = attrs.field(validator=_kernel_id)
+    platform: Platform = attrs.field(converter=as_platform)
+    kind: KernelKind = attrs.field(validator=attrs.validators.instance_of(KernelKind))
+    requires: tuple[Requirement, ...] = attrs.field(default=(), converter=_requirements)
+    summary: str = ""
+
+    @property
+    def rules(self) -> tuple[Requirement, ...]:
+        """Everything the kernel is checked against: its kind's rules, then its own."""
+        return KIND_RULES[self.kind] + self.requires
+
+
+def _specs(value: Iterable[KernelSpec]) -> tuple[KernelSpec, ...]:
+    items = tuple(value)
+    seen: set[str] = set()
+    for spec in items:
+        if not isinstance(spec, KernelSpec):
+            raise InvalidValueError("catalog entry", spec, "a KernelSpec")
+        if spec.id in seen:
+            raise InvalidValueError("catalog", spec.id, "each kernel id to appear once")
+        seen.add(spec.id)
+    return items
+
+
+@attrs.frozen(cache_hash=True)
+class Catalog:
+    """An ordered set of kernels, fastest first within each platform.
+
+    ``kp.default_catalog()`` is kernelpick's own. An engine builds its own from specs, or
+    extends the default: ``kp.Catalog(kp.default_catalog().kernels + (my_spec,))``.
+    """
+
+    kernels: tuple[KernelSpec, ...] = attrs.field(converter=_specs)
+    # Derived once: evaluate() reads these for every uncached decision.
+    _by_platform: dict[Platform, tuple[KernelSpec, ...]] = attrs.field(
+        init=False, eq=False, hash=False, repr=False
+    )
+    _known: frozenset[str] = attrs.field(init=False, eq=False, hash=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        by_platform = {p: tuple(s for s in self.kernels if s.platform is p) for p in Platform}
+        object.__setattr__(self, "_by_platform", by_platform)
+        object.__setattr__(self, "_known", frozenset(spec.id for spec in self.kernels))
+
+    def __iter__(self) -> Iterator[KernelSpec]:
+        return iter(self.kernels)
+
+    def __len__(self) -> int:
+        return len(self.kernels)
+
+    def __contains__(self, kernel_id: object) -> bool:
+        return kernel_id in self._known
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return tuple(spec.id for spec in self.kernels)
+
+    def for_platform(self, platform: Platform | str) -> tuple[KernelSpec, ...]:
+        """The platform's kernels in preference order."""
+        return self._by_platform[Platform.parse(platform)]
+
+    def kernel(self, kernel_id: str) -> KernelSpec:
+        """The spec with this id; ``UnknownNameError`` names the closest id otherwise."""
+        for spec in self.kernels:
+            if spec.id == kernel_id:
+                return spec
+        raise UnknownNameError("kernel id", kernel_id, self.ids)
+
+    def check_ids(self, kernel_ids: Iterable[str]) -> None:
+        """Raise ``UnknownNameError`` for the first id that is not in this catalog."""
+        for kernel_id in kernel_ids:
+            if kernel_id not in self._known:
+                raise UnknownNameError("kernel id", kernel_id, self.ids)

@@ -1,0 +1,181 @@
+"""Quantized checkpoints out and in, in compressed-tensors' "float-quantized" format
+(what llmcompressor writes for FP8 models, and vLLM and SGLang load).
+
+``save_quantized`` writes ``model.safetensors``, holding every quantized layer's canonical
+tensors and every other tensor as it is, and the ``quantization_config``: merged into the
+``config.json`` of a transformers model, or alone in a ``config.json`` beside the weights.
+``load_quantized`` turns a high-precision skeleton, built on the meta device or normally,
+into the quantized model a checkpoint holds, never materialising a high-precision weight
+for a quantized layer. Either the whole checkpoint loads, or the model is left as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kernelpick.core._device import DeviceCaps
+from kernelpick.core._errors import InvalidValueError
+from kernelpick.core._policy import Policy
+from kernelpick.core._schemes import scheme_of
+from kernelpick.core._specs import Catalog
+from kernelpick.integration._ct_config import QUANTIZATION_CONFIG, from_config, matches, to_config
+from kernelpick.integration._errors import CheckpointError, ModelConversionError
+from kernelpick.integration._load_plan import LoadPlan, build, plan
+from kernelpick.integration._method import Fp8LinearMethod
+from kernelpick.integration._modules import Fp8Linear
+from kernelpick.integration._report import ConversionReport, LayerReport
+from kernelpick.integration._safetensors_io import (
+    WEIGHTS_NAME,
+    Checkpoint,
+    read_json,
+    write_atomically,
+    write_safetensors,
+)
+from kernelpick.integration._state import CheckpointFormat, LayerState, find_state
+from kernelpick.integration._swap import Swaps, model_bytes
+
+__all__ = ["CONFIG_NAME", "load_quantized", "save_quantized"]
+
+CONFIG_NAME = "config.json"
+
+
+def _quantized(model: torch.nn.Module) -> dict[str, LayerState]:
+    found: dict[str, LayerState] = {}
+    for name, module in model.named_modules():
+        state = find_state(module)
+        if state is None:
+            continue
+        if state.kernel is None:
+            expected = "a layer whose weights were processed (process_weights_after_loading)"
+            raise InvalidValueError("layer", name, expected)
+        found[name] = state
+    return found
+
+
+def save_quantized(model: torch.nn.Module, directory: str | os.PathLike[str]) -> Path:
+    """Write ``model``'s quantized checkpoint to ``directory`` (created if needed).
+
+    Every quantized layer must use the same named scheme. Returns the directory.
+    """
+    layers = _quantized(model)
+    schemes = {scheme_of(state.config) for state in layers.values()}
+    named = [s for s in schemes if s is not None]
+    if len(schemes) != 1 or len(named) != 1:  # none, several, or a custom config
+        found = sorted(str(s) for s in schemes) or "no quantized layer"
+        raise InvalidValueError(
+            "schemes of the quantized layers", found,
+            "one named scheme for every quantized layer (quantize_model first)",
+        )  # fmt: skip
+    scheme = named[0]
+    ignore = [
+        name for name, module in model.named_modules()
+        if name and name not in layers and matches(name, module, ["Linear"])
+    ]  # fmt: skip
+    root = Path(directory)
+    others = sorted(
+        p.name
+        for p in root.glob("*.safetensors*")
+        if p.name != WEIGHTS_NAME and not p.name.startswith(".")
+    )  # a reader would take them with the new config (vLLM reads every *.safetensors)
+    if others:
+        raise CheckpointError(
+            str(root), "files", ", ".join(others[:5]),
+            f"a directory holding no other checkpoint than {WEIGHTS_NAME}",
+        )  # fmt: skip
+    root.mkdir(parents=True, exist_ok=True)
+    config = getattr(model, "config", None)
+    to_json = getattr(config, "to_json_string", None)
+    merged: dict[str, Any] = json.loads(to_json()) if callable(to_json) else {}
+    merged[QUANTIZATION_CONFIG] = to_config(scheme, ignore)
+    text = json.dumps(merged, indent=2, sort_keys=True) + "\n"
+
+    def write_config(path: Path) -> None:
+        path.write_text(text)
+
+    write_safetensors(root, model.state_dict())
+    write_atomically(root / CONFIG_NAME, write_config)
+    return root
+
+
+def _device(model: torch.nn.Module, device: torch.device | str | None) -> torch.device:
+    if device is not None:
+        return torch.device(device)
+    for tensor in (*model.parameters(), *model.buffers()):
+        if not tensor.is_meta:
+            return tensor.device
+    return torch.device("cpu")
+
+
+def _commit(
+    model: torch.nn.Module,
+    plan: LoadPlan,
+    modules: list[Fp8Linear],
+    tensors: dict[int, torch.Tensor],
+) -> None:
+    """Put every new tensor and module in place, or, if anything stops it, none."""
+    replaced = {id(layer.module) for layer in plan.layers}
+    swaps = Swaps(model)
+    at = "(the model's other tensors)"
+    try:
+        for module in {id(m): m for m in model.modules()}.values():
+            if id(module) in replaced:
+                continue
+            for name, tensor in (*module._parameters.items(), *module._buffers.items()):
+                if tensor is not None and id(tensor) in tensors:
+                    swaps.set_tensor(module, name, tensors[id(tensor)])
+        for layer, quantized in zip(plan.layers, modules, strict=True):
+            at = layer.paths[0]
+            for path in layer.paths:
+                swaps.replace(path, quantized)
+    except BaseException as error:
+        swaps.undo()
+        raise ModelConversionError.stopped(at, (), error) from error
+
+
+def load_quantized(
+    model: torch.nn.Module,
+    directory: str | os.PathLike[str],
+    caps: DeviceCaps | None = None,
+    policy: Policy | None = None,
+    *,
+    device: torch.device | str | None = None,
+    catalog: Catalog | None = None,
+) -> ConversionReport:
+    """Fill ``model``, a high-precision skeleton, from the quantized checkpoint in
+    ``directory``, replacing each quantized layer with an ``Fp8Linear`` (in place).
+
+    ``device`` is where the tensors go: by default the skeleton's, or the CPU for a skeleton
+    on the meta device. ``caps`` defaults to a probe of that device. Every check (the
+    config, each kernel selection, every tensor's name, dtype and shape, NaN bytes and
+    scales) runs before the model changes; a failure raises ``CheckpointError`` or
+    ``ModelConversionError`` and leaves the model as it was.
+    """
+    root = Path(directory)
+    config_path = root / CONFIG_NAME
+    qconfig = read_json(config_path).get(QUANTIZATION_CONFIG)
+    if qconfig is None:
+        expected = "the compressed-tensors config that save_quantized writes"
+        raise CheckpointError(str(config_path), QUANTIZATION_CONFIG, "nothing", expected)
+    scheme, targets, ignore = from_config(str(config_path), qconfig)
+    target = _device(model, device)
+    if caps is None:
+        from kernelpick import probe
+
+        caps = probe(target)
+    method = Fp8LinearMethod(
+        scheme, caps, policy, checkpoint_format=CheckpointFormat.FP8, catalog=catalog
+    )
+    with Checkpoint(root) as checkpoint:
+        planned = plan(model, checkpoint, method, (targets, ignore), target)
+        before = model_bytes(model)
+        modules, tensors = build(checkpoint, method, planned, target)
+    _commit(model, planned, modules, tensors)
+    layers = tuple(LayerReport.of(layer.paths[0], layer.state) for layer in planned.layers)
+    return ConversionReport(
+        scheme.value, caps.name, layers, tuple(planned.skipped), before, model_bytes(model)
+    )

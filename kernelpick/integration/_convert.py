@@ -1,0 +1,218 @@
+"""``quantize_model``: convert every eligible ``nn.Linear`` of a model to FP8, in place.
+
+Every check runs read-only before the first change: selection for every layer, shapes,
+dtypes, NaN/Inf and the device. A failure there raises ``ModelConversionError`` and the
+model is as it was. Then layers are quantized and swapped one at a time, each straight
+from its own weight, so peak extra memory stays near one layer. Layers that share a weight
+(tied) are quantized once and swapped together. If anything stops the swap phase
+(``KeyboardInterrupt``, out of memory), the layer being swapped is put back, every layer is
+either as it was or fully converted, and calling ``quantize_model`` again finishes the job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+import torch
+
+from kernelpick.core._device import DeviceCaps
+from kernelpick.core._errors import InvalidValueError, KernelpickError
+from kernelpick.core._policy import Policy
+from kernelpick.core._schemes import Scheme
+from kernelpick.core._specs import Catalog
+from kernelpick.integration._errors import ModelConversionError
+from kernelpick.integration._method import Fp8LinearMethod, frozen
+from kernelpick.integration._modules import Fp8Linear
+from kernelpick.integration._report import ConversionReport, LayerReport, SkippedLayer
+from kernelpick.integration._state import LayerState
+from kernelpick.integration._swap import Swaps, dropped_by_swap, model_bytes
+from kernelpick.kernels._base import Kernel
+from kernelpick.kernels._canonical import check_finite, quantize_weight
+from kernelpick.kernels._quantize import CHUNK_ROWS
+
+__all__ = ["quantize_model"]
+
+Skip = Callable[[str, torch.nn.Module], bool]
+
+
+@attrs.frozen
+class _Layer:
+    """One linear to convert, at every path it is reachable by."""
+
+    paths: tuple[str, ...]
+    module: torch.nn.Linear
+    state: LayerState
+    kernel: Kernel
+
+
+Found = tuple[torch.nn.Linear, tuple[str, ...]]  # a linear, and every path to it
+
+
+def _linears(model: torch.nn.Module, skip: Skip | None) -> tuple[list[Found], list[SkippedLayer]]:
+    """Each eligible linear with every path to it, and the linears ``skip`` keeps. Only
+    exact ``nn.Linear``: subclasses such as MultiheadAttention's ``out_proj`` are read by
+    their owners as linears. A module ``skip`` keeps at one path is kept at all of them."""
+    found: dict[int, tuple[torch.nn.Linear, list[str]]] = {}
+    kept: set[int] = set()
+    skipped: list[SkippedLayer] = []
+    for name, module in model.named_modules(remove_duplicate=False):
+        if type(module) is not torch.nn.Linear:
+            continue
+        extra = dropped_by_swap(module)
+        if extra or (skip is not None and skip(name, module)):
+            kept.add(id(module))
+            why = f"it also holds {', '.join(extra)}, which an Fp8Linear would drop"
+            skipped.append(SkippedLayer(name, why if extra else "skip() kept it"))
+        else:
+            found.setdefault(id(module), (module, []))[1].append(name)
+    linears = [(module, tuple(paths)) for key, (module, paths) in found.items() if key not in kept]
+    return linears, skipped
+
+
+def _weight_owners(model: torch.nn.Module) -> dict[int, list[tuple[str, torch.nn.Module]]]:
+    """For each parameter, every module holding it and the path it is held by."""
+    owners: dict[int, list[tuple[str, torch.nn.Module]]] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        for key, param in module._parameters.items():
+            if param is not None:
+                path = f"{name}.{key}" if name else key
+                owners.setdefault(id(param), []).append((path, module))
+    return owners
+
+
+def _groups(
+    model: torch.nn.Module, linears: list[Found], untie: bool
+) -> tuple[list[list[Found]], list[SkippedLayer]]:
+    """The linears grouped by the weight they share (one group per weight), and the groups
+    left alone because a module that stays in high precision shares their weight."""
+    owners = _weight_owners(model)
+    by_weight: dict[int, list[Found]] = {}
+    for found in linears:
+        by_weight.setdefault(id(found[0].weight), []).append(found)
+    groups: list[list[Found]] = []
+    skipped: list[SkippedLayer] = []
+    for key, group in by_weight.items():
+        members = {id(module) for module, _ in group}
+        others = [(path, m) for path, m in owners[key] if id(m) not in members]
+        if others and not untie:
+            path, other = others[0]
+            reason = (
+                f"its weight is tied to {path} ({type(other).__name__}), which stays in high "
+                "precision; untie=True converts a separate FP8 copy"
+            )
+            skipped.extend(SkippedLayer(paths[0], reason) for _, paths in group)
+        else:
+            groups.append(group)
+    return groups, skipped
+
+
+def _plan(
+    method: Fp8LinearMethod, group: list[Found]
+) -> tuple[list[_Layer], list[tuple[str, KernelpickError]]]:
+    layers: list[_Layer] = []
+    failures: list[tuple[str, KernelpickError]] = []
+    for index, (linear, paths) in enumerate(group):
+        try:
+            config = method.config(
+                linear.out_features, linear.in_features, linear.weight.dtype,
+                bias=linear.bias is not None,
+            )  # fmt: skip
+            state = method.state(config, paths[0], (linear.out_features,))
+            if index == 0:  # one weight for the whole group: checked once
+                method.check_weight(state, linear.weight)
+            if linear.bias is not None:
+                check_finite(f"{paths[0]}.bias", linear.bias.view(1, -1), method.chunk_rows)
+            kernel = method.bind(state, linear.weight.device)
+            layers.append(_Layer(paths, linear, state, kernel))
+        except KernelpickError as error:
+            failures.append((paths[0], error))
+    return layers, failures
+
+
+def _plan_all(method: Fp8LinearMethod, groups: list[list[Found]]) -> list[list[_Layer]]:
+    """Every group planned, emptying ``groups``; or ``ModelConversionError`` naming every
+    layer that cannot be converted."""
+    plans: list[list[_Layer]] = []
+    failures: list[tuple[str, KernelpickError]] = []
+    while groups:
+        layers, failed = _plan(method, groups.pop(0))
+        plans.append(layers)
+        failures.extend(failed)
+    if failures:
+        raise ModelConversionError(failures)
+    return plans
+
+
+def quantize_model(
+    model: torch.nn.Module,
+    scheme: Scheme | str = Scheme.FP8_PER_CHANNEL,
+    caps: DeviceCaps | None = None,
+    policy: Policy | None = None,
+    skip: Skip | None = None,
+    *,
+    untie: bool = False,
+    catalog: Catalog | None = None,
+    chunk_rows: int = CHUNK_ROWS,
+) -> ConversionReport:
+    """Replace every ``nn.Linear`` of ``model`` (in place) with an ``Fp8Linear``.
+
+    ``skip(name, module)`` keeps a layer as it is. A linear whose weight is shared with a
+    module that stays in high precision (a ``lm_head`` tied to the input embedding) is kept
+    too, and the report says so; ``untie=True`` converts it into a separate FP8 copy.
+    ``caps`` defaults to a probe of the device the first layer lives on; ``catalog`` to
+    kernelpick's own (an engine's must name kernels kernelpick can run). Forward hooks and
+    pre-hooks on a replaced linear carry over to its ``Fp8Linear``.
+
+    Raises ``ModelConversionError``: naming every layer that cannot be converted, with the
+    model untouched; or, when an exception of any kind stops the swap phase, naming the
+    layers converted so far (each layer is whole; call again to finish).
+    """
+    if not isinstance(untie, bool):
+        raise InvalidValueError("untie", untie, "True or False")
+    linears, skipped = _linears(model, skip)
+    if any("" in paths for _, paths in linears):
+        raise InvalidValueError(
+            "model", type(model).__name__, "a module containing linears (the root is not replaced)"
+        )
+    groups, tied = _groups(model, linears, untie)
+    del linears  # from here on only the plans hold the linears, and they are popped
+    if caps is None:
+        from kernelpick import probe
+
+        caps = probe(groups[0][0][0].weight.device if groups else None)
+    method = Fp8LinearMethod(scheme, caps, policy, catalog=catalog, chunk_rows=chunk_rows)
+    plans = _plan_all(method, groups)
+    before = model_bytes(model)
+    reports: list[LayerReport] = []
+    while plans:  # popped, so each replaced nn.Linear is freed as soon as it is swapped out
+        layers = plans.pop(0)
+        swaps = Swaps(model)
+        try:
+            _convert(method, swaps, layers)
+        except BaseException as error:
+            swaps.undo()
+            converted = [report.name for report in reports]
+            raise ModelConversionError.stopped(layers[0].paths[0], converted, error) from error
+        reports.extend(LayerReport.of(layer.paths[0], layer.state) for layer in layers)
+        del layers, swaps
+    return ConversionReport(
+        method.scheme.value, caps.name, tuple(reports), (*skipped, *tied), before,
+        model_bytes(model),
+    )  # fmt: skip
+
+
+def _convert(method: Fp8LinearMethod, swaps: Swaps, layers: list[_Layer]) -> None:
+    """Quantize the weight ``layers`` share once, and put an ``Fp8Linear`` holding it at
+    every path of every one of them."""
+    first = layers[0]
+    fp8, scale = quantize_weight(
+        first.module.weight.detach(), first.state.config, chunk_rows=method.chunk_rows
+    )
+    weight, weight_scale = frozen(fp8), frozen(scale)
+    for layer in layers:
+        linear = layer.module
+        quantized = Fp8Linear(linear.in_features, linear.out_features, method, linear.bias)
+        method.install(quantized, layer.state, layer.kernel, weight, weight_scale)
+        for path in layer.paths:
+            swaps.replace(path, quantized)

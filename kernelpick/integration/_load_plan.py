@@ -1,0 +1,277 @@
+"""Reading a quantized checkpoint into a skeleton, in two steps that leave the model alone:
+``plan`` checks every name, dtype, shape and kernel choice from the file headers, and
+``build`` reads the tensors and makes the new modules. ``checkpoint.load_quantized`` then
+puts them in place."""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from kernelpick.core._errors import KernelpickError
+from kernelpick.integration._ct_config import matches
+from kernelpick.integration._errors import CheckpointError, ModelConversionError
+from kernelpick.integration._method import Fp8LinearMethod, frozen
+from kernelpick.integration._modules import Fp8Linear
+from kernelpick.integration._report import SkippedLayer
+from kernelpick.integration._safetensors_io import Checkpoint
+from kernelpick.integration._state import LayerState
+from kernelpick.integration._swap import dropped_by_swap
+from kernelpick.kernels._base import Kernel
+from kernelpick.kernels._canonical import (
+    SCALE_DTYPES,
+    canonical_scale,
+    check_finite,
+    check_fp8_finite,
+    positive_zero_,
+)
+
+__all__ = ["LoadPlan", "PlannedLayer", "build", "plan"]
+
+
+@attrs.frozen
+class PlannedLayer:
+    """A quantized layer of the checkpoint: the skeleton's linear at each of its paths, its
+    selected and bound kernel, and the stored key of each of its tensors."""
+
+    paths: tuple[str, ...]
+    module: torch.nn.Linear
+    state: LayerState
+    kernel: Kernel
+    keys: dict[str, str]
+
+
+@attrs.frozen
+class LoadPlan:
+    layers: list[PlannedLayer]
+    tensors: dict[int, tuple[str, torch.Tensor]]  # skeleton tensor id -> (stored key, tensor)
+    skipped: list[SkippedLayer]
+
+
+def _wanted(checkpoint: Checkpoint, key: str, ok: bool, expected: str) -> str:
+    if not ok:
+        dtype, shape = checkpoint.describe(key)
+        raise CheckpointError(checkpoint.where(key), "dtype/shape", f"{dtype} {list(shape)}",
+                              expected)  # fmt: skip
+    return key
+
+
+def _layer_keys(
+    checkpoint: Checkpoint, path: str, config_names: list[str], n: int, k: int
+) -> dict[str, str]:
+    keys: dict[str, str] = {}
+    for name in config_names:
+        key = checkpoint.source(f"{path}.{name}")
+        if key is None:
+            where = str(checkpoint.directory)
+            raise CheckpointError(where, f"{path}.{name}", "nothing", "a tensor of this layer")
+        dtype, shape = checkpoint.describe(key)
+        if name == "weight":
+            ok, expected = (
+                dtype == torch.float8_e4m3fn and shape == (n, k),
+                f"float8_e4m3fn [{n}, {k}]",
+            )
+        elif name == "bias":
+            ok, expected = dtype in SCALE_DTYPES and shape == (n,), f"fp32, bf16 or fp16 [{n}]"
+        else:  # scales: their shapes are checked with their values, in build
+            ok, expected = dtype in SCALE_DTYPES, "fp32, bf16 or fp16"
+        keys[name] = _wanted(checkpoint, key, ok, expected)
+    return keys
+
+
+def _plan_layer(
+    checkpoint: Checkpoint,
+    method: Fp8LinearMethod,
+    paths: list[str],
+    module: torch.nn.Module,
+    device: torch.device,
+) -> PlannedLayer:
+    name = paths[0]
+    if type(module) is not torch.nn.Linear or dropped_by_swap(module):
+        found = type(module).__name__
+        extra = dropped_by_swap(module) if isinstance(module, torch.nn.Linear) else []
+        found += f" holding {', '.join(extra)}" if extra else ""
+        expected = "an nn.Linear of weight and bias: kernelpick replaces exact nn.Linear modules"
+        raise CheckpointError(name, "module", found, expected)
+    bias = module.bias is not None
+    config = method.config(module.out_features, module.in_features, module.weight.dtype, bias=bias)
+    state = method.state(config, name, (module.out_features,))
+    kernel = method.bind(state, device)
+    names = ["weight", "weight_scale"]
+    if config.activation is not None and config.activation.scale.static:
+        names.append("input_scale")
+    if bias:
+        names.append("bias")
+    keys = _layer_keys(checkpoint, name, names, *config.weight_shape)
+    return PlannedLayer(tuple(paths), module, state, kernel, keys)
+
+
+def plan(
+    model: torch.nn.Module,
+    checkpoint: Checkpoint,
+    method: Fp8LinearMethod,
+    patterns: tuple[tuple[str, ...], tuple[str, ...]],
+    device: torch.device,
+) -> LoadPlan:
+    """Everything ``build`` will read, checked against the skeleton; raises
+    ``ModelConversionError`` naming every layer with no kernel, or ``CheckpointError``."""
+    targets, ignore = patterns
+    paths: dict[int, list[str]] = {}
+    modules: dict[int, torch.nn.Module] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        paths.setdefault(id(module), []).append(name)
+        modules[id(module)] = module
+    layers: list[PlannedLayer] = []
+    skipped: list[SkippedLayer] = []
+    failures: list[tuple[str, KernelpickError]] = []
+    for key, names in paths.items():
+        module = modules[key]
+        if not names[0] or not matches(names[0], module, targets):
+            continue
+        if matches(names[0], module, ignore):
+            skipped.append(SkippedLayer(names[0], "the checkpoint keeps it in high precision"))
+            continue
+        try:
+            layers.append(_plan_layer(checkpoint, method, names, module, device))
+        except KernelpickError as error:
+            failures.append((names[0], error))
+    if failures:
+        raise ModelConversionError(failures)
+    _check_ties(checkpoint, layers)
+    tensors = _plan_tensors(model, checkpoint, layers)
+    used = {key for layer in layers for key in layer.keys.values()}
+    unexpected = sorted(checkpoint.keys() - used - {key for key, _ in tensors.values()})
+    if unexpected:
+        raise CheckpointError(
+            checkpoint.where(unexpected[0]), "tensors", ", ".join(unexpected[:5]),
+            "only tensors of this model: the skeleton and the checkpoint disagree",
+        )  # fmt: skip
+    return LoadPlan(layers, tensors, skipped)
+
+
+def _check_ties(checkpoint: Checkpoint, layers: list[PlannedLayer]) -> None:
+    """Linears the skeleton ties load one weight: the checkpoint must store one for them."""
+    first: dict[int, PlannedLayer] = {}
+    for layer in layers:
+        tied = first.setdefault(id(layer.module.weight), layer)
+        if layer.keys["weight"] != tied.keys["weight"]:
+            raise CheckpointError(
+                checkpoint.where(layer.keys["weight"]), "weight",
+                f"a tensor apart from {tied.keys['weight']}",
+                f"the weight of {tied.paths[0]}, which the skeleton ties to {layer.paths[0]}",
+            )  # fmt: skip
+
+
+def _plan_tensors(
+    model: torch.nn.Module, checkpoint: Checkpoint, layers: list[PlannedLayer]
+) -> dict[int, tuple[str, torch.Tensor]]:
+    """Each other tensor of the skeleton, once, with the stored key it loads from."""
+    replaced = {f"{p}.{key}" for layer in layers for p in layer.paths for key in ("weight", "bias")}
+    gone = {id(layer.module) for layer in layers}
+    held = {
+        id(tensor)
+        for module in model.modules() if id(module) not in gone
+        for tensor in (*module._parameters.values(), *module._buffers.values())
+    }  # fmt: skip
+    tensors: dict[int, tuple[str, torch.Tensor]] = {}
+    missing: list[tuple[str, torch.Tensor]] = []
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if name in replaced:
+            continue
+        if id(tensor) not in held:  # made by a module's _save_to_state_dict: nowhere to put it
+            raise CheckpointError(
+                str(checkpoint.directory), name, "a tensor the model derives when saving",
+                "parameters and buffers of the skeleton, which is all kernelpick loads",
+            )  # fmt: skip
+        key = checkpoint.source(name)
+        if key is None:
+            missing.append((name, tensor))
+            continue
+        dtype, shape = checkpoint.describe(key)
+        # Floats load into the skeleton's float dtype (build refuses a value that overflows
+        # it); FP8 would drop its scale, and integers must match exactly.
+        if tensor.is_floating_point():
+            kind_ok = isinstance(dtype, torch.dtype) and dtype.is_floating_point
+            kind_ok = kind_ok and isinstance(dtype, torch.dtype) and dtype.itemsize > 1
+        else:
+            kind_ok = dtype == tensor.dtype
+        dtype_name = str(tensor.dtype).removeprefix("torch.")
+        ok = shape == tuple(tensor.shape) and kind_ok
+        _wanted(checkpoint, key, ok, f"{dtype_name} {list(tensor.shape)}, as the model's")
+        tensors.setdefault(id(tensor), (key, tensor))
+    # A tensor the skeleton ties to another (saved once) loads with that one.
+    absent = [name for name, tensor in missing if id(tensor) not in tensors]
+    absent += [n for n, b in model.named_buffers() if b.is_meta and id(b) not in tensors]
+    if absent:
+        raise CheckpointError(
+            str(checkpoint.directory), "tensors", "none for " + ", ".join(absent[:5]),
+            "a value for every parameter and buffer of the skeleton; only tensors a checkpoint "
+            "holds may be on the meta device",
+        )  # fmt: skip
+    return tensors
+
+
+def _read_layer(
+    checkpoint: Checkpoint,
+    method: Fp8LinearMethod,
+    layer: PlannedLayer,
+    weight: torch.nn.Parameter,
+    device: torch.device,
+) -> Fp8Linear:
+    name, keys, linear = layer.paths[0], layer.keys, layer.module
+    shapes = (("weight_scale", layer.state.config.weight_scale_shape), ("input_scale", (1,)))
+    scales = [
+        frozen(canonical_scale(f"{name}.{key}", checkpoint.read(keys[key]).to(device), shape))
+        for key, shape in shapes
+        if key in keys
+    ]
+    bias = None
+    if linear.bias is not None:
+        stored = _read_as(checkpoint, keys["bias"], linear.bias.dtype, device)
+        check_finite(f"{name}.bias", stored.view(1, -1))  # as quantize_model refuses one
+        bias = torch.nn.Parameter(stored, requires_grad=linear.bias.requires_grad)
+    module = Fp8Linear(linear.in_features, linear.out_features, method, bias)
+    method.install(module, layer.state, layer.kernel, weight, *scales)
+    return module
+
+
+def build(
+    checkpoint: Checkpoint, method: Fp8LinearMethod, plan: LoadPlan, device: torch.device
+) -> tuple[list[Fp8Linear], dict[int, torch.Tensor]]:
+    """Every new module and tensor, read and checked (NaN bytes, scales); the model is not
+    touched. A tensor that fails its checks raises ``ModelConversionError``."""
+    modules: list[Fp8Linear] = []
+    weights: dict[int, torch.nn.Parameter] = {}  # linears tied in the skeleton stay tied
+    for layer in plan.layers:
+        name, linear = layer.paths[0], layer.module
+        try:
+            weight = weights.get(id(linear.weight))
+            if weight is None:
+                stored = checkpoint.read(layer.keys["weight"])
+                check_fp8_finite(f"{name}.weight", stored)
+                weight = frozen(stored.to(device, copy=True).contiguous())
+                positive_zero_(weight.data)
+                weights[id(linear.weight)] = weight
+            modules.append(_read_layer(checkpoint, method, layer, weight, device))
+        except KernelpickError as error:
+            raise ModelConversionError([(name, error)]) from error
+    tensors: dict[int, torch.Tensor] = {}
+    for ident, (key, old) in plan.tensors.items():
+        new = _read_as(checkpoint, key, old.dtype, device)
+        is_param = isinstance(old, torch.nn.Parameter)
+        tensors[ident] = torch.nn.Parameter(new, old.requires_grad) if is_param else new
+    return modules, tensors
+
+
+def _read_as(
+    checkpoint: Checkpoint, key: str, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """A stored tensor in the skeleton's ``dtype``, refusing a value the cast cannot hold
+    (1e6 in fp16 would become inf)."""
+    stored = checkpoint.read(key)
+    new = stored.to(device, dtype)
+    if new.dtype != stored.dtype and bool((stored.isfinite() & ~new.isfinite().cpu()).any()):
+        name = str(dtype).removeprefix("torch.")
+        raise CheckpointError(checkpoint.where(key), "values", f"values out of range of {name}",
+                              f"values the model's {name} can hold")  # fmt: skip
+    return new

@@ -1,0 +1,161 @@
+"""``Fp8Linear``: the module ``quantize_model`` and ``load_quantized`` put where an
+``nn.Linear`` was."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from kernelpick.core._dtypes import HIGH_PRECISION
+from kernelpick.core._errors import InvalidValueError
+from kernelpick.integration._method import Fp8LinearMethod
+from kernelpick.integration._state import attach, layer_state
+from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
+from kernelpick.kernels._canonical import (
+    SCALE_DTYPES,
+    canonical_scale,
+    check_fp8_finite,
+    positive_zero_,
+)
+
+__all__ = ["Fp8Linear"]
+
+# Integer views of the same width: a cast that converts floats leaves these alone, while
+# a move to another device or into shared memory still carries them.
+_BITS = {torch.float8_e4m3fn: torch.uint8, torch.float32: torch.int32}
+_COMPUTE = {torch_dtype(dtype): dtype for dtype in HIGH_PRECISION}
+_CANONICAL = {
+    "weight": (torch.float8_e4m3fn,),
+    "weight_scale": SCALE_DTYPES,
+    "input_scale": SCALE_DTYPES,
+}
+
+
+def _carried(fn: Callable[[torch.Tensor], torch.Tensor], tensor: torch.Tensor) -> torch.Tensor:
+    """``fn`` applied to ``tensor``'s bits: moved, never cast."""
+    bits = tensor.view(_BITS[tensor.dtype])
+    out = fn(bits)
+    if out.dtype != bits.dtype:
+        raise InvalidValueError(
+            "cast of a quantized layer", str(out.dtype).removeprefix("torch."),
+            "a conversion that leaves integer tensors alone: FP8 weights and their scales "
+            "keep their dtypes (use .to(dtype), .half(), .float() or .bfloat16())",
+        )  # fmt: skip
+    return out.view(tensor.dtype)
+
+
+# torch stores a module's _version in its state dict metadata. Version 1 was kernelpick's
+# first Fp8Linear, whose stored weight was in the kernel's layout ([K, N] for _scaled_mm).
+_VERSION = 2
+
+
+class Fp8Linear(torch.nn.Module):
+    """A linear layer whose FP8 weight runs on the kernel kernelpick chose for it.
+
+    It holds the canonical ``weight`` (FP8 ``[N, K]``), ``weight_scale`` (fp32), for static
+    schemes ``input_scale``, and ``bias``; ``kernelpick_decision`` records the choice, and
+    forwards go through its method's ``apply``.
+
+    Casts keep the quantization: ``.half()``, ``.bfloat16()``, ``.float()`` and
+    ``.to(dtype)`` change the activation and output dtype (and the kernel, where the
+    choice for the new dtype differs), never the FP8 weight or its fp32 scales. A dtype no
+    kernel takes raises before the layer changes: ``InvalidValueError`` for a dtype outside
+    bf16/fp16/fp32, ``KernelSelectionError`` when no kernel fits. ``.to(device)`` moves
+    the tensors and, onto another device, selects again for that device.
+    ``load_state_dict`` takes only canonical tensors: FP8 e4m3fn weights without NaN.
+    """
+
+    _version = _VERSION
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        method: Fp8LinearMethod,
+        bias: torch.nn.Parameter | None = None,
+    ) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.method = method
+        self.bias = bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.method.apply(self, x, self.bias)
+
+    def extra_repr(self) -> str:
+        decision = layer_state(self).decision
+        flag = " (degraded)" if decision.degraded else ""
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}, kernel={decision.kernel}{flag}"
+        )
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Fp8Linear:
+        state = layer_state(self)
+        kernel = state.kernel
+        if kernel is None:  # never processed: nothing bound, nothing to keep
+            return super()._apply(fn, recurse)  # type: ignore[no-any-return,no-untyped-call]
+        with torch.no_grad():
+            now = torch.empty(0, dtype=torch_dtype(state.config.input_dtype), device=kernel.device)
+            target = fn(now)
+        dtype = _COMPUTE.get(target.dtype)
+        if dtype is None:
+            valid = ", ".join(sorted(d.value for d in HIGH_PRECISION))
+            raise InvalidValueError(
+                f"dtype for quantized layer {state.name!r}", str(target.dtype),
+                f"one of {valid}: the activations take it, the FP8 weight keeps its format",
+            )  # fmt: skip
+        retargeted = self.method.retarget(state, dtype, target.device)
+        with torch.no_grad():
+            moved = {
+                name: _carried(fn, param) for name, param in self._parameters.items()
+                if name != "bias" and param is not None
+            }  # fmt: skip
+            bias = None if self.bias is None else fn(self.bias)
+        for name, tensor in moved.items():
+            self.get_parameter(name).data = tensor
+        if self.bias is not None and bias is not None:
+            self.bias.data = bias
+        attach(self, retargeted)
+        return self
+
+    def _load_from_state_dict(
+        self,
+        state_dict: Mapping[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        # torch's copy_ would cast a float weight into FP8 without its scale, or copy a
+        # transposed weight into a square layer: refuse what is not canonical before a byte
+        # of this layer is written.
+        version = local_metadata.get("version", _VERSION)
+        if version < _VERSION:
+            raise InvalidValueError(
+                f"state dict version of {prefix or 'the layer'}", version,
+                f"{_VERSION}, kernelpick's canonical layout: an older Fp8Linear stored its "
+                "kernel's layout (a transposed weight), so quantize the model again",
+            )  # fmt: skip
+        for name, dtypes in _CANONICAL.items():
+            tensor = state_dict.get(prefix + name)
+            if tensor is None or name not in self._parameters:
+                continue
+            shape = tuple(self.get_parameter(name).shape)
+            if name == "weight":
+                check_tensor(prefix + name, tensor, dtypes=dtypes, shape=shape)
+                if not tensor.is_contiguous():
+                    raise reject(prefix + name, tensor, "a contiguous row-major [N, K] tensor")
+                check_fp8_finite(prefix + name, tensor)
+            else:  # exactly the parameter's shape: torch refuses others after copying the weight
+                check_tensor(prefix + name, tensor, dtypes=dtypes, shape=shape)
+                canonical_scale(prefix + name, tensor, shape)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+        positive_zero_(self.get_parameter("weight").data)

@@ -1,0 +1,171 @@
+"""The canonical form of a quantized linear layer: what is stored, saved and loaded.
+
+Whatever kernel runs a layer and whatever device it runs on, its persistent tensors are:
+
+- ``weight``: FP8 ``[N, K]``, contiguous and row-major, in the OCP ``float8_e4m3fn``
+  format. Zero is the byte 0x00, never negative zero (0x80), and no byte is NaN (0x7F,
+  0xFF), so the same bytes read as e4m3fnuz are the same values halved (see ``fnuz``);
+- ``weight_scale``: fp32, ``config.weight_scale_shape``: ``[N, 1]`` per channel, ``[1]``
+  per tensor;
+- ``input_scale``: fp32 ``[1]``, for schemes with a static activation scale.
+
+These are the names and shapes of compressed-tensors' "float-quantized" format, which
+FP8 checkpoints use. A kernel's own layout is derived from them when it runs
+(``Kernel.prepare_weights``) and never stored.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernelpick.core._dtypes import Dtype
+from kernelpick.core._quant import QuantConfig
+from kernelpick.kernels._torch import check_tensor, reject
+from kernelpick.kernels._quantize import (
+    CHUNK_ROWS,
+    dequantize,
+    quantize_in_chunks,
+    quantize_static,
+)
+
+__all__ = [
+    "CANONICAL_FP8",
+    "SCALE_DTYPES",
+    "canonical_scale",
+    "canonicalize_fp8_",
+    "check_finite",
+    "check_fp8_finite",
+    "dequantize_weight",
+    "one_tensor_scale",
+    "positive_zero_",
+    "quantize_weight",
+]
+
+CANONICAL_FP8 = Dtype.FLOAT8_E4M3FN
+# Checkpoints store scales in fp32, or in the model's dtype (llmcompressor writes bf16
+# scales for bf16 models); both widen to fp32 exactly.
+SCALE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+_NEGATIVE_ZERO = 0x80
+_MAGNITUDE = 0x7F  # an e4m3fn byte with every exponent and mantissa bit set is NaN
+
+
+def check_fp8_finite(name: str, weight: torch.Tensor, chunk_rows: int = CHUNK_ROWS) -> None:
+    """Refuse an e4m3fn tensor holding a NaN byte: a corrupt checkpoint, whose NaN bytes
+    would silently read as +-240 on an e4m3fnuz device."""
+    check_tensor(name, weight, dtypes=(torch.float8_e4m3fn,))
+    rows = _rows(weight.view(torch.uint8))
+    for start in range(0, rows.shape[0], chunk_rows):
+        nan = (rows[start : start + chunk_rows] & _MAGNITUDE) == _MAGNITUDE
+        if bool(nan.any()):
+            row = start + int(nan.any(dim=1).nonzero()[0])
+            raise reject(name, weight, f"finite FP8 values; row {row} holds a NaN byte")
+
+
+def positive_zero_(weight: torch.Tensor, chunk_rows: int = CHUNK_ROWS) -> None:
+    """-0 (byte 0x80) becomes +0 in an e4m3fn tensor, in place: the same value, and the
+    byte e4m3fnuz reads as NaN gone. A chunk of rows at a time, so the mask stays small."""
+    rows = _rows(weight.view(torch.uint8))
+    for start in range(0, rows.shape[0], chunk_rows):
+        chunk = rows[start : start + chunk_rows]
+        chunk.masked_fill_(chunk == _NEGATIVE_ZERO, 0)
+
+
+def canonicalize_fp8_(name: str, weight: torch.Tensor, chunk_rows: int = CHUNK_ROWS) -> None:
+    """Make an e4m3fn ``weight`` canonical in place, refusing NaN before changing a byte."""
+    check_fp8_finite(name, weight, chunk_rows)
+    positive_zero_(weight, chunk_rows)
+
+
+def _rows(bits: torch.Tensor) -> torch.Tensor:
+    return bits.reshape(-1, bits.shape[-1]) if bits.dim() > 1 else bits.view(1, -1)
+
+
+def _scale_layouts(shape: tuple[int, ...]) -> set[tuple[int, ...]]:
+    """The layouts a checkpoint may store a scale of ``shape`` in: itself, per channel also
+    ``[N]``, and one value as ``[]``, ``[1]`` or ``[1, 1]``. Nothing else: a ``[1, N]``
+    scale is one per input channel, which read per output channel would be wrong."""
+    layouts = {shape, shape[:-1] if shape[-1:] == (1,) else shape}
+    if all(extent == 1 for extent in shape):
+        layouts |= {(), (1,), (1, 1)}
+    return layouts
+
+
+def canonical_scale(name: str, scale: object, shape: tuple[int, ...]) -> torch.Tensor:
+    """``scale`` as canonical fp32 of ``shape``, from the layouts checkpoints use (``[N, 1]``
+    or ``[N]`` per channel; ``[]``, ``[1]`` or ``[1, 1]`` per tensor), refusing values that
+    are not positive and finite (a zero or NaN scale is a corrupt checkpoint)."""
+    tensor = check_tensor(name, scale, dtypes=SCALE_DTYPES)
+    if tuple(tensor.shape) not in _scale_layouts(shape):
+        raise reject(name, tensor, f"fp32 scales of shape {list(shape)}")
+    values = tensor.to(torch.float32).reshape(shape)
+    if not bool(torch.isfinite(values).all()) or not bool((values > 0).all()):
+        raise reject(name, tensor, "positive, finite scales")
+    return values.contiguous()
+
+
+def check_finite(name: str, weight: torch.Tensor, chunk_rows: int = CHUNK_ROWS) -> None:
+    """Refuse a high-precision weight holding NaN or Inf, before it is quantized. The scan is
+    a min/max reduction per chunk of rows, which allocates nothing the size of the weight
+    (NaN propagates through both, and an Inf is the max or the min); only a failure builds
+    masks, to say where."""
+    for start in range(0, weight.shape[0], chunk_rows):
+        chunk = weight[start : start + chunk_rows]
+        if chunk.numel() == 0:
+            continue
+        low, high = torch.aminmax(chunk)
+        if not bool(torch.isfinite(low) & torch.isfinite(high)):
+            nan = int(torch.isnan(chunk).sum())
+            inf = int(torch.isinf(chunk).sum())
+            row = start + int((~torch.isfinite(chunk)).any(dim=1).nonzero()[0])
+            expected = (
+                f"finite values; row {row} has NaN or Inf ({nan} NaN, {inf} Inf in its chunk)"
+            )
+            raise reject(name, weight, expected)
+
+
+def quantize_weight(
+    weight: torch.Tensor, config: QuantConfig, *, chunk_rows: int = CHUNK_ROWS
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A high-precision ``weight [N, K]`` in canonical form: (FP8 weight, fp32 scale).
+
+    Quantized a chunk of rows at a time, so the fp32 working copy is at most
+    ``chunk_rows`` rows.
+    """
+    fp8, scale = quantize_in_chunks(
+        weight, config.weight_block, CANONICAL_FP8, chunk_rows=chunk_rows
+    )
+    positive_zero_(fp8, chunk_rows)
+    return fp8, scale.reshape(config.weight_scale_shape)
+
+
+def one_tensor_scale(
+    weight: torch.Tensor,
+    shards: tuple[int, ...],
+    scales: torch.Tensor,
+    chunk_rows: int = CHUNK_ROWS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fused weight whose shards (of ``shards`` rows each) were saved with a scale each,
+    with one per-tensor scale ``[1]``: the largest. The other shards' FP8 values are
+    requantized to it (one more rounding, as engines do) in a new tensor, so ``weight`` is
+    unchanged if this stops halfway; shards already at the largest keep their bytes."""
+    largest = scales.amax()
+    merged = weight.clone()
+    start = 0
+    for rows, shard_scale in zip(shards, scales.tolist(), strict=True):
+        if shard_scale != float(largest):
+            for first in range(start, start + rows, chunk_rows):
+                chunk = merged[first : min(first + chunk_rows, start + rows)]
+                chunk.copy_(quantize_static(chunk.float() * shard_scale, largest, CANONICAL_FP8))
+            positive_zero_(merged[start : start + rows], chunk_rows)
+        start += rows
+    return merged, largest.reshape(1)
+
+
+def dequantize_weight(
+    weight: torch.Tensor, scale: torch.Tensor, config: QuantConfig
+) -> torch.Tensor:
+    """The fp32 ``[N, K]`` values a canonical (weight, scale) pair encodes."""
+    return dequantize(
+        weight, scale.reshape(()) if scale.numel() == 1 else scale, config.weight_block
+    )

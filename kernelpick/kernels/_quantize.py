@@ -1,0 +1,164 @@
+"""FP8 quantization with torch ops: activations per call, weights once after loading.
+
+One formula everywhere: per group, ``scale = amax / fp8_max`` clamped below at
+``1 / (fp8_max * 512)`` so an all-zero group does not divide by zero, then
+``clamp(x / scale, -fp8_max, fp8_max)`` cast to FP8. The clamp comes before the cast
+because out-of-range casts differ by format (e4m3fn saturates, e4m3fnuz gives NaN, e5m2
+gives inf), and reductions run in fp32 because CPU FP8 tensors cannot reduce (torch 2.13
+has no FP8 ``amax`` or ``sum`` on the CPU).
+
+Group shapes here are ``(rows, cols)`` over the tensor as given, ``-1`` for a whole
+dimension: per-token on an activation ``[M, K]`` is ``(1, -1)``; per-channel on a weight
+``[N, K]`` is also ``(1, -1)``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernelpick.core._dtypes import Dtype
+from kernelpick.kernels._torch import torch_dtype
+
+__all__ = [
+    "CHUNK_ROWS",
+    "SCALE_FLOOR_DIVISOR",
+    "dequantize",
+    "quantize",
+    "quantize_in_chunks",
+    "quantize_per_tensor",
+    "quantize_per_token",
+    "quantize_static",
+    "scale_floor",
+]
+
+# Rows of a weight quantized at a time: the fp32 working copy is at most this many rows.
+CHUNK_ROWS = 512
+
+# The clamp floor is 1 / (fp8_max * 512), as in vLLM's per-token FP8 quantizer.
+SCALE_FLOOR_DIVISOR = 512.0
+
+
+def scale_floor(fp8: Dtype) -> float:
+    return 1.0 / (fp8.quant_max * SCALE_FLOOR_DIVISOR)
+
+
+def _scaled(t: torch.Tensor, scale: torch.Tensor, fp8: Dtype) -> torch.Tensor:
+    """``t / scale`` in fp32, clamped to the FP8 range: one copy, then in place."""
+    limit = fp8.quant_max
+    return t.to(torch.float32, copy=True).div_(scale).clamp_(-limit, limit)
+
+
+def _cast(t: torch.Tensor, scale: torch.Tensor, fp8: Dtype) -> torch.Tensor:
+    """``t / scale``, clamped to the FP8 range, cast."""
+    return _scaled(t, scale, fp8).to(torch_dtype(fp8))
+
+
+def _row_scale(t: torch.Tensor, fp8: Dtype) -> torch.Tensor:
+    # The amax is exact in the input's own dtype, so it is taken there (fewer bytes read).
+    amax = t.abs().amax(dim=-1, keepdim=True).float()
+    return (amax / fp8.quant_max).clamp_(min=scale_floor(fp8))
+
+
+def quantize_per_token(x: torch.Tensor, fp8: Dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic per-token: ``x [M, K]`` -> (FP8 ``[M, K]``, fp32 scales ``[M, 1]``)."""
+    scale = _row_scale(x, fp8)
+    return _cast(x, scale, fp8), scale
+
+
+def quantize_per_tensor(x: torch.Tensor, fp8: Dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic per-tensor: ``x`` -> (FP8, fp32 0-dim scale)."""
+    scale = (x.abs().amax().float() / fp8.quant_max).clamp_(min=scale_floor(fp8))
+    return _cast(x, scale, fp8), scale
+
+
+def quantize_static(x: torch.Tensor, scale: torch.Tensor, fp8: Dtype) -> torch.Tensor:
+    """Static per-tensor with a stored fp32 ``scale``: values beyond range are clamped."""
+    return _cast(x, scale, fp8)
+
+
+def _extents(group: tuple[int, int], shape: tuple[int, int]) -> tuple[int, int]:
+    rows, cols = group
+    return (shape[0] if rows == -1 else rows, shape[1] if cols == -1 else cols)
+
+
+def _expand(scale: torch.Tensor, extents: tuple[int, int], shape: tuple[int, int]) -> torch.Tensor:
+    """Group scales ``[ceil(R/r), ceil(C/c)]`` broadcast (or repeated) to ``[R, C]``."""
+    rows, cols = extents
+    out = scale
+    if rows != 1 and out.shape[0] != 1:
+        out = out.repeat_interleave(rows, dim=0)[: shape[0]]
+    if cols != 1 and out.shape[1] != 1:
+        out = out.repeat_interleave(cols, dim=1)[:, : shape[1]]
+    return out
+
+
+def _group_amax(values: torch.Tensor, extents: tuple[int, int]) -> torch.Tensor:
+    rows, cols = extents
+    height, width = values.shape
+    grid = (-(-height // rows), -(-width // cols))
+    # Zero padding leaves every group's amax unchanged.
+    padded = torch.nn.functional.pad(
+        values.abs(), (0, grid[1] * cols - width, 0, grid[0] * rows - height)
+    )
+    return padded.view(grid[0], rows, grid[1], cols).amax(dim=(1, 3))
+
+
+def quantize(
+    t: torch.Tensor, group: tuple[int, int], fp8: Dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Any group shape over a 2-D ``t``: (FP8 ``t``, fp32 scales ``[ceil(R/r), ceil(C/c)]``)."""
+    shape = (t.shape[0], t.shape[1])
+    extents = _extents(group, shape)
+    values = t.float()
+    scale = (_group_amax(values, extents) / fp8.quant_max).clamp_(min=scale_floor(fp8))
+    return _cast(values, _expand(scale, extents, shape), fp8), scale
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor, group: tuple[int, int]) -> torch.Tensor:
+    """The fp32 values that ``quantize`` encoded: ``q * scale`` group by group."""
+    shape = (q.shape[0], q.shape[1])
+    expanded = scale if scale.dim() == 0 else _expand(scale, _extents(group, shape), shape)
+    return q.float() * expanded
+
+
+def quantize_in_chunks(
+    w: torch.Tensor, group: tuple[int, int], fp8: Dtype, *, chunk_rows: int = CHUNK_ROWS
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize a 2-D ``w`` a chunk of rows at a time, so the fp32 working copy is at most
+    ``chunk_rows`` rows. Same result as ``quantize(w, group, fp8)``.
+    """
+    shape = (w.shape[0], w.shape[1])
+    rows, cols = _extents(group, shape)
+    out = torch.empty(shape, dtype=torch_dtype(fp8), device=w.device)
+    if (rows, cols) == (1, shape[1]):  # per channel: the common case, kept lean
+        row_scales = torch.empty((shape[0], 1), dtype=torch.float32, device=w.device)
+        for start in range(0, shape[0], chunk_rows):
+            chunk = w[start : start + chunk_rows]
+            scale = row_scales[start : start + chunk_rows]
+            scale.copy_(_row_scale(chunk, fp8))
+            out[start : start + chunk_rows].copy_(_scaled(chunk, scale, fp8))  # casts on copy
+        return out, row_scales
+    if rows < shape[0]:
+        step = max(rows, chunk_rows // rows * rows)
+        scales = []
+        for start in range(0, shape[0], step):
+            q, scale = quantize(w[start : start + step], (rows, cols), fp8)
+            out[start : start + step] = q
+            scales.append(scale)
+        return out, torch.cat(scales)
+    # One group spans every row (per-tensor, or per column group): find each group's amax
+    # over all chunks first, then quantize the chunks with the final scales.
+    amax = torch.stack(
+        [
+            _group_amax(w[s : s + chunk_rows].float(), (min(chunk_rows, shape[0] - s), cols))[0]
+            for s in range(0, shape[0], chunk_rows)
+        ]
+    ).amax(dim=0, keepdim=True)
+    scale = (amax / fp8.quant_max).clamp_(min=scale_floor(fp8))
+    for start in range(0, shape[0], chunk_rows):
+        chunk = w[start : start + chunk_rows]
+        height = chunk.shape[0]
+        out[start : start + height] = _cast(
+            chunk.float(), _expand(scale, (height, cols), (height, shape[1])), fp8
+        )
+    return out, scale
