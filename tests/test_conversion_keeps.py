@@ -14,8 +14,8 @@ from kernelpick.integration import (
     SkippedLayer,
     quantize_model,
 )
-from kernelpick.integration import _swap as swap
 from kernelpick.integration import _convert as convert_module
+from kernelpick.integration import _swap as swap
 from kernelpick.kernels._canonical import quantize_weight
 from tests.snapshots import snapshot
 

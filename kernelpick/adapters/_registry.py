@@ -7,9 +7,9 @@ from types import MappingProxyType
 
 import torch
 
+from kernelpick.adapters._launcher import Launcher
 from kernelpick.adapters.cpu._launch import LAUNCHERS as CPU
 from kernelpick.adapters.cuda._launch import LAUNCHERS as CUDA
-from kernelpick.adapters._launcher import Launcher
 from kernelpick.adapters.rocm._launch import LAUNCHERS as ROCM
 from kernelpick.core._arch import Platform
 from kernelpick.core._builtin_catalog import DEFAULT_CATALOG

@@ -4,7 +4,6 @@ Imports only the standard library and attrs, never torch or cupy, so an engine c
 selection for any device on any machine.
 """
 
-from kernelpick.core._typing import assert_never
 from kernelpick.core._arch import Arch, CpuArch, CudaArch, Platform, RocmArch, Version
 from kernelpick.core._builtin_catalog import DEFAULT_CATALOG
 from kernelpick.core._decision import SCHEMA_VERSION, Decision, Rejected, Selected, Verdict
@@ -36,8 +35,16 @@ from kernelpick.core._requirements import (
     WeightScales,
 )
 from kernelpick.core._schemes import Scheme, scheme, scheme_of
-from kernelpick.core._select import CACHE_SIZE, KIND_RULES, cache_info, choose, clear_cache, evaluate
+from kernelpick.core._select import (
+    CACHE_SIZE,
+    KIND_RULES,
+    cache_info,
+    choose,
+    clear_cache,
+    evaluate,
+)
 from kernelpick.core._specs import Catalog, KernelKind, KernelSpec
+from kernelpick.core._typing import assert_never
 
 
 def default_catalog() -> Catalog:

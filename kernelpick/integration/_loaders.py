@@ -16,8 +16,8 @@ import torch
 
 from kernelpick.core._errors import InvalidValueError, KernelInputError
 from kernelpick.integration._state import ALL_SHARDS, LayerState
-from kernelpick.kernels._torch import check_tensor, reject
 from kernelpick.kernels._canonical import canonical_scale, check_fp8_finite
+from kernelpick.kernels._torch import check_tensor, reject
 
 __all__ = [
     "WeightLoader",

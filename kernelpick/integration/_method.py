@@ -41,7 +41,6 @@ from kernelpick.integration._state import (
     attach,
     layer_state,
 )
-from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
 from kernelpick.kernels._base import Kernel
 from kernelpick.kernels._canonical import (
     CANONICAL_FP8,
@@ -52,6 +51,7 @@ from kernelpick.kernels._canonical import (
     quantize_weight,
 )
 from kernelpick.kernels._quantize import CHUNK_ROWS
+from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
 
 __all__ = ["ONLINE_SCHEMES", "Fp8LinearMethod", "Fp8PtpcLinearMethod", "frozen"]
 

@@ -12,13 +12,13 @@ from kernelpick.core._dtypes import HIGH_PRECISION
 from kernelpick.core._errors import InvalidValueError
 from kernelpick.integration._method import Fp8LinearMethod
 from kernelpick.integration._state import attach, layer_state
-from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
 from kernelpick.kernels._canonical import (
     SCALE_DTYPES,
     canonical_scale,
     check_fp8_finite,
     positive_zero_,
 )
+from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
 
 __all__ = ["Fp8Linear"]
 

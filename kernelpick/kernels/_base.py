@@ -15,7 +15,6 @@ import torch
 from kernelpick.core._dtypes import HIGH_PRECISION, Dtype
 from kernelpick.core._errors import KernelInputError
 from kernelpick.core._quant import GroupShape, QuantConfig
-from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
 from kernelpick.kernels._canonical import CANONICAL_FP8
 from kernelpick.kernels._cupy_ops import quantize_per_token_cupy
 from kernelpick.kernels._fnuz import as_fnuz
@@ -24,6 +23,7 @@ from kernelpick.kernels._quantize import (
     quantize_per_token,
     quantize_static,
 )
+from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
 
 __all__ = ["Kernel", "KernelBase", "RowMajorKernel", "Traits", "WeightBundle"]
 

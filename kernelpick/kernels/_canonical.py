@@ -20,13 +20,13 @@ import torch
 
 from kernelpick.core._dtypes import Dtype
 from kernelpick.core._quant import QuantConfig
-from kernelpick.kernels._torch import check_tensor, reject
 from kernelpick.kernels._quantize import (
     CHUNK_ROWS,
     dequantize,
     quantize_in_chunks,
     quantize_static,
 )
+from kernelpick.kernels._torch import check_tensor, reject
 
 __all__ = [
     "CANONICAL_FP8",

@@ -15,7 +15,6 @@ import numpy as np
 import torch
 
 from kernelpick.core._dtypes import Dtype
-from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
 from kernelpick.kernels._cupy_runtime import Launch, launch
 from kernelpick.kernels._cupy_source import (
     GemvSpec,
@@ -23,6 +22,7 @@ from kernelpick.kernels._cupy_source import (
     render_gemv,
     render_quant_per_token,
 )
+from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
 
 __all__ = [
     "GEMV_MAX_M",
