@@ -86,7 +86,7 @@ def _run_case(case: Case, caps: Any, median_ms: Timer) -> dict[str, Any]:
     import torch
 
     import kernelpick as kp
-    from kernelpick.adapters._registry import LAUNCHERS
+    from kernelpick.adapters import bind
     from kernelpick.kernels._canonical import dequantize_weight, quantize_weight
     from kernelpick.kernels._quantize import quantize_per_tensor, quantize_per_token
 
@@ -101,7 +101,7 @@ def _run_case(case: Case, caps: Any, median_ms: Timer) -> dict[str, Any]:
     generator = torch.Generator(device=device).manual_seed(case.m)
     x = torch.randn(case.m, case.k, device=device, generator=generator).to(torch.bfloat16)
     w = torch.randn(case.n, case.k, device=device, generator=generator) / case.k**0.5
-    kernel = LAUNCHERS[case.kernel].bind(case.kernel, config, caps, device)
+    kernel = bind(case.kernel, config, caps, device)
     fp8_weight, scale = quantize_weight(w, config)
     bundle = kernel.prepare_weights(fp8_weight, scale)
     out = kernel.apply(x, bundle).float()

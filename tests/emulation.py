@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 
 import kernelpick as kp
+from kernelpick.adapters import LAUNCHES
+from kernelpick.kernels import KernelBase
 
 # Relative Frobenius error allowed against the emulation, by output dtype: fp32 paths differ
 # only in summation order; a half-precision output adds one rounding of at most 2^-8 (bf16)
@@ -70,3 +72,10 @@ def emulate(
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     got, want = got.detach().to(torch.float32), want.detach()
     return float(torch.linalg.norm(got - want) / torch.linalg.norm(want).clamp(min=1e-30))
+
+
+def on_cpu(kernel_id: str, config: kp.QuantConfig, caps: kp.DeviceCaps) -> KernelBase:
+    """Any catalog id's family bound to CPU tensors, with ``caps``' traits (e4m3fnuz on
+    gfx942): ``bind`` refuses a GPU kernel on the CPU, and these tests want exactly that."""
+    spec = kp.default_catalog().kernel(kernel_id)
+    return LAUNCHES[kernel_id].kernel(spec, config, caps, torch.device("cpu"))

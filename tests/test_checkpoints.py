@@ -13,7 +13,6 @@ import safetensors.torch
 import torch
 
 import kernelpick as kp
-from kernelpick.adapters._registry import LAUNCHERS
 from kernelpick.integration import (
     CheckpointError,
     Fp8Linear,
@@ -25,7 +24,7 @@ from kernelpick.integration import (
     save_quantized,
 )
 from kernelpick.kernels._canonical import quantize_weight
-from tests.emulation import BOUND, emulate, relative_error
+from tests.emulation import BOUND, emulate, on_cpu, relative_error
 from tests.snapshots import snapshot
 
 CPU = kp.device_profile("cpu")
@@ -51,9 +50,7 @@ def _as_if_on(model: torch.nn.Module, scheme: str, caps: kp.DeviceCaps) -> list[
             continue
         config = method.config(linear.out_features, linear.in_features, torch.float32, bias=True)
         state = method.state(config, name, (linear.out_features,))
-        kernel = LAUNCHERS[state.decision.kernel].bind(
-            state.decision.kernel, config, caps, torch.device("cpu")
-        )
+        kernel = on_cpu(state.decision.kernel, config, caps)  # a GPU family on CPU tensors
         fp8, scale = quantize_weight(linear.weight.detach(), config)
         layer = Fp8Linear(linear.in_features, linear.out_features, method, linear.bias)
         frozen = [torch.nn.Parameter(t, requires_grad=False) for t in (fp8, scale)]

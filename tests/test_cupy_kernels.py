@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import kernelpick as kp
-from kernelpick.adapters._registry import LAUNCHERS
+from kernelpick.adapters import LAUNCHES
 from kernelpick.kernels._cupy_ops import (
     gemv_launch,
     gemv_vec,
@@ -200,21 +200,18 @@ def test_inputs_are_checked_before_any_launch() -> None:
 def test_without_cupy_the_cuda_kernels_quantize_with_torch_ops() -> None:
     config = kp.scheme("fp8_per_channel", weight_shape=(64, 64))
     h100 = kp.device_profile("h100")
-    launcher = LAUNCHERS["cuda_rowwise_scaled_mm"]
-    with_cupy = launcher.bind("cuda_rowwise_scaled_mm", config, h100, torch.device("cpu"))
-    without = launcher.bind(
-        "cuda_rowwise_scaled_mm",
-        config,
-        attrs.evolve(h100, libraries=frozenset()),
-        torch.device("cpu"),
-    )
-    assert with_cupy.traits.fused_quant
-    assert not without.traits.fused_quant
+    launch = LAUNCHES["cuda_rowwise_scaled_mm"]
+    spec = kp.default_catalog().kernel("cuda_rowwise_scaled_mm")
+    cpu = torch.device("cpu")
+    with_cupy = launch.kernel(spec, config, h100, cpu)
+    without = launch.kernel(spec, config, attrs.evolve(h100, libraries=frozenset()), cpu)
+    assert with_cupy.fused_quant
+    assert not without.fused_quant
     x = torch.randn(3, 64, dtype=torch.bfloat16)
     q, scale = without.quantize_input(x, without.prepare_weights(*_weights(config)))
     assert (q.dtype, scale.shape) == (torch.float8_e4m3fn, (3, 1))
     # The tensor-wise kernel has no per-token activations, so it never asks for cupy.
-    assert not LAUNCHERS["cuda_tensorwise_scaled_mm"].fused_quant
+    assert not LAUNCHES["cuda_tensorwise_scaled_mm"].fused_quant
 
 
 def _weights(config: kp.QuantConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -269,7 +266,9 @@ def test_each_layout_is_a_view_of_the_canonical_weight_with_the_same_values() ->
     ):
         config = kp.scheme(scheme, weight_shape=(48, 32))
         caps = attrs.evolve(kp.device_profile(device), libraries=frozenset())
-        bound = LAUNCHERS[kernel].bind(kernel, config, caps, torch.device("cpu"))
+        bound = LAUNCHES[kernel].kernel(
+            kp.default_catalog().kernel(kernel), config, caps, torch.device("cpu")
+        )
         weight, scale = _weights(config)
         bundle = bound.prepare_weights(weight, scale)
         assert bundle.weight.data_ptr() == weight.data_ptr(), kernel

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kernelpick as kp
-from kernelpick.adapters._registry import LAUNCHERS
+from kernelpick.adapters import LAUNCHES
 from kernelpick.kernels._base import KernelBase
 from kernelpick.kernels._canonical import quantize_weight
 from tests.emulation import BOUND, emulate, relative_error
@@ -70,7 +70,9 @@ def _w8a16(kernel: str) -> bool:
 
 
 def _kernel(kernel: str, config: kp.QuantConfig) -> KernelBase:
-    return LAUNCHERS[kernel].bind(kernel, config, _caps(kernel), torch.device("cpu"))
+    return LAUNCHES[kernel].kernel(
+        kp.default_catalog().kernel(kernel), config, _caps(kernel), torch.device("cpu")
+    )
 
 
 def _run_case(
@@ -104,7 +106,7 @@ def test_the_table_matches_what_the_catalog_accepts() -> None:
         config = kp.scheme(scheme, weight_shape=(256, 256))
         verdict = next(v for v in kp.evaluate(_caps(kernel), config) if v.kernel == kernel)
         assert verdict.ok, (kernel, scheme, verdict.reasons)
-    assert {k for k in LAUNCHERS if k.startswith("cpu")} <= set(IMPLEMENTS)
+    assert {k for k in LAUNCHES if k.startswith("cpu")} <= set(IMPLEMENTS)
 
 
 @pytest.mark.parametrize(("kernel", "scheme"), CASES)

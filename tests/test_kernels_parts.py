@@ -10,12 +10,12 @@ import pytest
 import torch
 
 import kernelpick as kp
-from kernelpick.adapters._registry import LAUNCHERS, bind
+from kernelpick.adapters import LAUNCHES, bind
 from kernelpick.kernels._base import KernelBase
 from kernelpick.kernels._canonical import quantize_weight
-from kernelpick.kernels._fnuz import as_fnuz, normalize_e4m3fn_to_fnuz
+from kernelpick.kernels._fnuz import as_fnuz
 from kernelpick.kernels._quantize import quantize, quantize_in_chunks, quantize_per_token
-from tests.emulation import BOUND, emulate, relative_error
+from tests.emulation import BOUND, emulate, on_cpu, relative_error
 
 CPU = torch.device("cpu")
 
@@ -24,31 +24,13 @@ def _bound(kernel: str, scheme: str, n: int = 32, k: int = 64, **kwargs: Any) ->
     device = {"cpu": "cpu", "cuda": "h100", "rocm": "mi300x"}[kernel.split("_")[0]]
     config = kp.scheme(scheme, weight_shape=(n, k), **kwargs)
     caps = attrs.evolve(kp.device_profile(device), libraries=frozenset())  # torch-op quantizer
-    return LAUNCHERS[kernel].bind(kernel, config, caps, CPU)
+    return on_cpu(kernel, config, caps)
 
 
 def _weights(impl: KernelBase) -> tuple[torch.Tensor, torch.Tensor]:
     n, k = impl.config.weight_shape
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(0))
     return quantize_weight(w, impl.config)
-
-
-def test_fnuz_normalization_is_exact_on_all_256_bytes() -> None:
-    every = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn)
-    scale = torch.tensor(0.75)
-    fnuz, doubled, input_scale = normalize_e4m3fn_to_fnuz(every, scale, torch.tensor(0.5))
-    assert fnuz.dtype == torch.float8_e4m3fnuz
-    assert float(doubled) == 1.5
-    assert input_scale is not None
-    assert float(input_scale) == 1.0
-    before = every.float() * scale
-    after = fnuz.float() * doubled
-    nan = torch.isnan(before)
-    assert int(nan.sum()) == 2  # e4m3fn's NaN bytes, 0x7F and 0xFF
-    assert bool(torch.isnan(after[nan]).all())
-    assert torch.equal(before[~nan], after[~nan])
-    # -0 (0x80) is NaN in e4m3fnuz, so it must have become +0.
-    assert float(after[0x80]) == 0.0
 
 
 def test_as_fnuz_reads_every_canonical_byte_as_the_same_value_without_a_copy() -> None:
@@ -80,7 +62,9 @@ def test_rocm_gfx942_reads_the_canonical_weight_as_fnuz_with_range_224() -> None
 def test_mi355x_quantizes_into_ocp_e4m3fn() -> None:
     config = kp.scheme("fp8_per_channel", weight_shape=(32, 64))
     caps = kp.device_profile("mi355x")
-    impl = LAUNCHERS["rocm_rowwise_scaled_mm"].bind("rocm_rowwise_scaled_mm", config, caps, CPU)
+    impl = LAUNCHES["rocm_rowwise_scaled_mm"].kernel(
+        kp.default_catalog().kernel("rocm_rowwise_scaled_mm"), config, caps, CPU
+    )
     assert impl.prepare_weights(*_weights(impl)).weight.dtype == torch.float8_e4m3fn
 
 
@@ -143,7 +127,7 @@ def test_cuda_adds_the_bias_after_the_op_where_cublaslt_refuses_it(
     fp8_weight, scale = quantize_weight(w, impl.config)
     got = impl.apply(x, impl.prepare_weights(fp8_weight, scale), bias)
     assert (seen[0] is not None) is fused
-    want = emulate(x, w, impl.config, impl.traits.fp8, bias=bias)
+    want = emulate(x, w, impl.config, impl.fp8_format, bias=bias)
     assert relative_error(got, want) <= BOUND[out]
 
 

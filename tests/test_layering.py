@@ -118,9 +118,9 @@ def test_importing_kernelpick_and_choosing_does_not_import_torch() -> None:
 
 def test_every_catalog_id_has_a_launcher_and_every_launcher_a_catalog_id() -> None:
     import kernelpick as kp
-    from kernelpick.adapters._registry import LAUNCHERS
+    from kernelpick.adapters import LAUNCHES
 
-    assert set(kp.default_catalog().ids) == set(LAUNCHERS)
-    for kernel_id in LAUNCHERS:
+    assert set(kp.default_catalog().ids) == set(LAUNCHES)
+    for kernel_id in LAUNCHES:
         spec = kp.default_catalog().kernel(kernel_id)
         assert kernel_id.startswith(str(spec.platform))

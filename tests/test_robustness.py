@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import kernelpick as kp
-from kernelpick.adapters._registry import LAUNCHERS
+from kernelpick.adapters import LAUNCHES
 from kernelpick.integration import ModelConversionError, quantize_model
-from kernelpick.kernels._base import KernelBase, Traits
+from kernelpick.kernels import KernelBase
 from kernelpick.kernels._canonical import quantize_weight
 from tests.snapshots import snapshot
 
@@ -149,7 +149,7 @@ def _finite_fp8(tensor: torch.Tensor) -> bool:
 
 
 @pytest.mark.parametrize("fp8", FP8, ids=lambda d: d.value)
-@pytest.mark.parametrize("kernel", sorted(k for k in LAUNCHERS if k.startswith("cpu")))
+@pytest.mark.parametrize("kernel", sorted(k for k in LAUNCHES if k.startswith("cpu")))
 def test_no_input_gives_nan_or_inf_in_a_quantized_weight_or_activation(
     kernel: str, fp8: kp.Dtype
 ) -> None:
@@ -158,8 +158,8 @@ def test_no_input_gives_nan_or_inf_in_a_quantized_weight_or_activation(
         "fp8_per_tensor" if "tensorwise" in kernel else "fp8_per_channel"
     )  # fmt: skip
     config = kp.scheme(scheme, weight_shape=(16, width), out_dtype="float32")
-    family = LAUNCHERS[kernel].family
-    impl: KernelBase = family(kernel, config, Traits(fp8, alignment=16), torch.device("cpu"))
+    spec = kp.default_catalog().kernel(kernel)
+    impl: KernelBase = LAUNCHES[kernel].family(spec, config, torch.device("cpu"), fp8)
     extreme = _extreme_rows(width, fp8).repeat(2, 1)  # 16 rows: the scaled_mm alignment
     weight, scale = quantize_weight(extreme, config)
     bundle = impl.prepare_weights(weight, scale)  # the device's flavour: e4m3fnuz reads 224

@@ -1,11 +1,12 @@
 """Per-platform adapters: probe a device into ``DeviceCaps`` and launch the chosen kernel.
 
-``probe_device`` turns a live device into facts; ``bind`` turns a selected kernel id into a
-runnable kernel on a device. Each platform package (cpu, cuda, rocm) has a pure
-``translate`` from device properties, a one-line ``probe(device_index)`` and its launchers.
+``probe_device`` turns a live device into facts; ``bind`` turns a choice into a runnable
+kernel through the launch table ``LAUNCHES`` (one ``Launch`` row per catalog id). Each
+platform package (cpu, cuda, rocm) has a pure ``translate`` from device properties and a
+one-line ``probe(device_index)``.
 """
 
+from kernelpick.adapters._launch import LAUNCHES, Launch, bind
 from kernelpick.adapters._probe import probe_device
-from kernelpick.adapters._registry import LAUNCHERS, bind
 
-__all__ = ["LAUNCHERS", "bind", "probe_device"]
+__all__ = ["LAUNCHES", "Launch", "bind", "probe_device"]

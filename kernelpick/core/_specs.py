@@ -10,7 +10,12 @@ import attrs
 
 from kernelpick.core._arch import Platform, as_platform
 from kernelpick.core._errors import InvalidValueError, UnknownNameError
-from kernelpick.core._requirements import ActivationQuantized, Requirement, WeightOnlyActivation
+from kernelpick.core._requirements import (
+    ActivationQuantized,
+    Alignment,
+    Requirement,
+    WeightOnlyActivation,
+)
 
 __all__ = ["KIND_RULES", "Catalog", "KernelKind", "KernelSpec"]
 
@@ -67,6 +72,12 @@ class KernelSpec:
     kind: KernelKind = attrs.field(validator=attrs.validators.instance_of(KernelKind))
     requires: tuple[Requirement, ...] = attrs.field(default=(), converter=_requirements)
     summary: str = ""
+
+    @property
+    def alignment(self) -> int | None:
+        """The multiple K and N must be, as the spec's ``Alignment`` rule states (None: any)."""
+        multiples = [rule.multiple for rule in self.requires if isinstance(rule, Alignment)]
+        return max(multiples, default=None)
 
     @property
     def rules(self) -> tuple[Requirement, ...]:

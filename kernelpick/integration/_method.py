@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import attrs
 import torch
 
-from kernelpick.adapters._registry import bind
+from kernelpick.adapters import bind
 from kernelpick.core._decision import Rejected, Selected
 from kernelpick.core._device import DeviceCaps
 from kernelpick.core._dtypes import Dtype

@@ -1,6 +1,29 @@
-"""Kernel implementations (torch ops, cupy raw kernels), one family a module.
+"""Kernel families (torch ops, cupy raw kernels) and the canonical weight layout.
 
-Depends on ``kernelpick.core`` only; adapters bind these launchers to a device.
+A family is the math of a kernel, the same on every device; ``kernelpick.adapters`` binds
+a family to a catalog id, a layer's config and a device. Depends on ``kernelpick.core``
+only. A new family subclasses ``KernelBase`` (or ``RowMajorKernel``) and defines
+``_matmul``; see docs/adding-a-kernel.md.
 """
 
-__all__: list[str] = []
+from kernelpick.kernels._base import Kernel, KernelBase, RowMajorKernel, WeightBundle
+from kernelpick.kernels._canonical import dequantize_weight, quantize_weight
+from kernelpick.kernels._reference import ReferenceW8A8, ReferenceW8A16
+from kernelpick.kernels._scaled_mm import ChannelwiseUnfused, RowwiseScaledMM, TensorwiseScaledMM
+from kernelpick.kernels._w8a16 import CupyGemvW8A16, DequantMatmul
+
+__all__ = [
+    "ChannelwiseUnfused",
+    "CupyGemvW8A16",
+    "DequantMatmul",
+    "Kernel",
+    "KernelBase",
+    "ReferenceW8A8",
+    "ReferenceW8A16",
+    "RowMajorKernel",
+    "RowwiseScaledMM",
+    "TensorwiseScaledMM",
+    "WeightBundle",
+    "dequantize_weight",
+    "quantize_weight",
+]

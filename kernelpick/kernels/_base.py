@@ -1,8 +1,8 @@
 """What every kernel shares: the weight bundle, device traits and input checks.
 
-A kernel is bound to one layer's QuantConfig and one device's traits, and works through
-two calls: ``prepare_weights`` derives its bundle from the layer's canonical tensors, and
-``apply`` runs a forward with that bundle.
+A kernel is bound to one catalog row, one layer's QuantConfig and one device, and works
+through two calls: ``prepare_weights`` derives its bundle from the layer's canonical tensors
+(``quantize_weights`` from a high-precision weight), and ``apply`` runs a forward with it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import torch
 from kernelpick.core._dtypes import HIGH_PRECISION, Dtype
 from kernelpick.core._errors import KernelInputError
 from kernelpick.core._quant import GroupShape, QuantConfig
-from kernelpick.kernels._canonical import CANONICAL_FP8
+from kernelpick.core._specs import KernelSpec
+from kernelpick.kernels._canonical import CANONICAL_FP8, quantize_weight
 from kernelpick.kernels._cupy_ops import quantize_per_token_cupy
 from kernelpick.kernels._fnuz import as_fnuz
 from kernelpick.kernels._quantize import (
@@ -25,29 +26,11 @@ from kernelpick.kernels._quantize import (
 )
 from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
 
-__all__ = ["Kernel", "KernelBase", "RowMajorKernel", "Traits", "WeightBundle"]
+__all__ = ["Kernel", "KernelBase", "RowMajorKernel", "WeightBundle"]
 
 _FLOATS = tuple(torch_dtype(d) for d in sorted(HIGH_PRECISION, key=lambda d: d.value))
 _F32 = (torch.float32,)
 _CANONICAL = (torch_dtype(CANONICAL_FP8),)
-
-
-@attrs.frozen
-class Traits:
-    """The device-specific part of a kernel; the math is the same everywhere.
-
-    ``fp8`` is the device's e4m3 flavour (e4m3fnuz on gfx94x). ``alignment`` is the multiple
-    that K and N must be for the GEMM library (None: any shape). ``fused_bias`` lists the
-    output dtypes for which ``torch._scaled_mm`` takes the bias itself; for the others the
-    bias is added after the op (cuBLASLt refuses a bias with an fp32 output).
-    ``fused_quant`` quantizes per-token activations with the cupy kernel (one pass per row)
-    instead of torch ops; the CUDA launchers set it when the device's cupy is usable.
-    """
-
-    fp8: Dtype
-    alignment: int | None = None
-    fused_bias: frozenset[Dtype] = HIGH_PRECISION
-    fused_quant: bool = False
 
 
 class WeightBundle(NamedTuple):
@@ -81,6 +64,10 @@ class Kernel(Protocol):
         input_scale: torch.Tensor | None = None,
     ) -> WeightBundle: ...
 
+    def quantize_weights(
+        self, weight: torch.Tensor, input_scale: torch.Tensor | None = None
+    ) -> WeightBundle: ...
+
     def apply(
         self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None = None
     ) -> torch.Tensor: ...
@@ -95,16 +82,30 @@ def _one_value(name: str, scale: torch.Tensor) -> torch.Tensor:
 @attrs.frozen
 class KernelBase:
     """Shared checks, layout and activation quantization; subclasses supply ``_matmul`` (and
-    ``_arrange`` where the weight is not read as a ``[K, N]`` column-major view)."""
+    ``_arrange`` where the weight is not read as a ``[K, N]`` column-major view).
 
-    kernel_id: str
+    The math is the same on every device; what differs comes in as fields. ``spec`` is the
+    catalog row (its id, and the alignment its requirements state). ``fp8_format`` is the
+    device's e4m3 flavour (e4m3fnuz on gfx94x). ``fused_bias`` lists the output dtypes for
+    which ``torch._scaled_mm`` takes the bias itself; for the others the bias is added after
+    the op. ``fused_quant`` quantizes per-token activations with the cupy kernel (one pass
+    per row) instead of torch ops.
+    """
+
+    spec: KernelSpec
     config: QuantConfig
-    traits: Traits
     device: torch.device
+    fp8_format: Dtype
+    fused_bias: frozenset[Dtype] = HIGH_PRECISION
+    fused_quant: bool = False
+
+    @property
+    def kernel_id(self) -> str:
+        return self.spec.id
 
     @property
     def fp8(self) -> torch.dtype:
-        return torch_dtype(self.traits.fp8)
+        return torch_dtype(self.fp8_format)
 
     @property
     def out_dtype(self) -> torch.dtype:
@@ -113,7 +114,7 @@ class KernelBase:
     @property
     def fuse_bias(self) -> bool:
         """Whether the device's GEMM takes the bias in-op for this layer's output dtype."""
-        return self.config.out_dtype in self.traits.fused_bias
+        return self.config.out_dtype in self.fused_bias
 
     def _arrange(self, weight: torch.Tensor) -> torch.Tensor:
         return weight.t()
@@ -136,14 +137,25 @@ class KernelBase:
         check_tensor("weight", weight, dtypes=_CANONICAL, shape=(n, k), device=self.device)
         if not weight.is_contiguous():
             raise reject("weight", weight, "a contiguous row-major [N, K] tensor")
-        align = self.traits.alignment
+        align = self.spec.alignment
         if align is not None and (n % align or k % align):
             raise reject("weight", weight, f"N and K multiples of {align} for {self.kernel_id}")
         scale = self._weight_scale(weight_scale)
         static = self._input_scale(input_scale)
-        if self.traits.fp8 is Dtype.FLOAT8_E4M3FNUZ:
+        if self.fp8_format is Dtype.FLOAT8_E4M3FNUZ:
             weight, scale, static = as_fnuz(weight, scale, static)
         return WeightBundle(self._arrange(weight), scale, static)
+
+    def quantize_weights(
+        self, weight: torch.Tensor, input_scale: torch.Tensor | None = None
+    ) -> WeightBundle:
+        """A high-precision ``weight [N, K]`` quantized to the canonical layout for this
+        layer's config, then prepared as ``prepare_weights`` does. The bundle holds the only
+        reference to the FP8 weight: keep the bundle, not ``weight``."""
+        shape = self.config.weight_shape
+        check_tensor("weight", weight, dtypes=_FLOATS, shape=shape, device=self.device)
+        fp8, scale = quantize_weight(weight, self.config)
+        return self.prepare_weights(fp8, scale, input_scale)
 
     def _weight_scale(self, scale: torch.Tensor) -> torch.Tensor:
         shape = self.config.weight_scale_shape
@@ -173,7 +185,7 @@ class KernelBase:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The activation in FP8 and its fp32 scale: ``[M, 1]`` per token, 0-dim per tensor."""
         act = self.config.activation
-        fp8 = self.traits.fp8
+        fp8 = self.fp8_format
         if act is None:
             raise NotImplementedError(f"{self.kernel_id} quantizes no activations")
         if act.scale.static:
@@ -182,7 +194,7 @@ class KernelBase:
                 raise KernelInputError("bundle.input_scale", (), "None", "-", expected)
             return quantize_static(x, bundle.input_scale, fp8), bundle.input_scale
         if act.scale.group == GroupShape.PER_TOKEN:
-            if self.traits.fused_quant:
+            if self.fused_quant:
                 return quantize_per_token_cupy(x if x.stride(-1) == 1 else x.contiguous(), fp8)
             return quantize_per_token(x, fp8)
         return quantize_per_tensor(x, fp8)

@@ -3,20 +3,15 @@
 The two formats share a bit layout but e4m3fnuz's exponent bias is one higher, so the same
 byte means half the value: reinterpreting and doubling the scale keeps every product
 exact. Byte 0x80 is -0 in e4m3fn but NaN in e4m3fnuz, and e4m3fn's NaN bytes (0x7F, 0xFF)
-read as +-240 in e4m3fnuz. A canonical weight has neither, so it is reinterpreted without
-a copy (``as_fnuz``); ``normalize_e4m3fn_to_fnuz`` converts any e4m3fn tensor.
+read as +-240 in e4m3fnuz. A canonical weight has neither (loading refuses them), so it
+is reinterpreted without a copy.
 """
 
 from __future__ import annotations
 
 import torch
 
-from kernelpick.kernels._torch import check_tensor
-
-__all__ = ["as_fnuz", "normalize_e4m3fn_to_fnuz"]
-
-_FNUZ_NAN = -128  # 0x80 as int8
-_MAGNITUDE = 0x7F
+__all__ = ["as_fnuz"]
 
 
 def as_fnuz(
@@ -26,16 +21,3 @@ def as_fnuz(
     with doubled scales. No copy of the weight is made."""
     doubled = None if input_scale is None else input_scale * 2.0
     return weight.view(torch.float8_e4m3fnuz), scale * 2.0, doubled
-
-
-def normalize_e4m3fn_to_fnuz(
-    weight: torch.Tensor, scale: torch.Tensor, input_scale: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """The same values in e4m3fnuz: (weight, 2 x scale, 2 x input_scale), for any e4m3fn
-    tensor: -0 becomes +0, and NaN stays NaN (e4m3fnuz's 0x80)."""
-    check_tensor("weight", weight, dtypes=(torch.float8_e4m3fn,))
-    bits = weight.view(torch.int8)
-    nan = (bits & _MAGNITUDE) == _MAGNITUDE
-    bits = torch.where(bits == _FNUZ_NAN, torch.zeros_like(bits), bits)
-    bits = torch.where(nan, torch.full_like(bits, _FNUZ_NAN), bits)
-    return as_fnuz(bits.view(torch.float8_e4m3fn), scale, input_scale)

@@ -35,7 +35,7 @@ class ReferenceW8A8(RowMajorKernel):
         act = self.config.activation
         if act is not None and not act.scale.static:
             group = (act.scale.group.rows, act.scale.group.cols)
-            xq, x_scale = quantize(x, group, self.traits.fp8)
+            xq, x_scale = quantize(x, group, self.fp8_format)
             values = dequantize(xq, x_scale, group)
         else:
             xq, x_scale = self.quantize_input(x, bundle)

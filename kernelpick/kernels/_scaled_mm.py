@@ -1,7 +1,7 @@
 """The ``torch._scaled_mm`` family: row-wise, tensor-wise and channel-wise unfused.
 
 The math is shared by CPU, CUDA and ROCm; what differs (FP8 flavour, alignment, whether
-the op takes the bias) comes in through ``Traits``.
+the op takes the bias) comes in through the kernel's fields, set by its launch row.
 """
 
 from __future__ import annotations

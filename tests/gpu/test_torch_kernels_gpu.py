@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import kernelpick as kp
-from kernelpick.adapters._registry import LAUNCHERS, bind
+from kernelpick.adapters import LAUNCHES, bind
 from kernelpick.kernels._canonical import quantize_weight
 from tests.emulation import BOUND, emulate, relative_error
 
@@ -34,7 +34,7 @@ def test_gpu_kernel_matches_the_fp32_emulation(
 ) -> None:
     caps = kp.probe("cuda")
     kernel = f"{caps.platform}_{family}"
-    assert kernel in LAUNCHERS
+    assert kernel in LAUNCHES
     n, k = 1024, 2048
     config = kp.scheme(scheme, weight_shape=(n, k), bias=bias)
     verdict = next(v for v in kp.evaluate(caps, config) if v.kernel == kernel)

@@ -1,7 +1,6 @@
 """The CUDA adapter: a pure ``translate`` of device properties, a one-line ``probe``
-cached per device index, and the launchers that run this platform's catalog ids."""
+cached per device index."""
 
 from kernelpick.adapters.cuda._device import probe, read_properties, translate
-from kernelpick.adapters.cuda._launch import LAUNCHERS
 
-__all__ = ["LAUNCHERS", "probe", "read_properties", "translate"]
+__all__ = ["probe", "read_properties", "translate"]
