@@ -87,14 +87,15 @@ def _run_case(case: Case, caps: Any, median_ms: Timer) -> dict[str, Any]:
 
     import kernelpick as kp
     from kernelpick.adapters import bind
+    from kernelpick.core import GroupShape
     from kernelpick.kernels._canonical import dequantize_weight, quantize_weight
     from kernelpick.kernels._quantize import quantize_per_tensor, quantize_per_token
 
     record: dict[str, Any] = asdict(case)
-    config = kp.scheme(case.scheme, weight_shape=(case.n, case.k))
+    config = kp.quant_config(case.scheme, weight_shape=(case.n, case.k))
     decision = kp.choose(caps, config, kp.Policy(force=case.kernel))
     if isinstance(decision, kp.Rejected):
-        why = [r.message for r in decision.reasons if r.kernel == case.kernel]
+        why = [r.render() for r in decision.reasons if r.kernel == case.kernel]
         record["status"] = "rejected: " + "; ".join(why)
         return record
     device = torch.device("cuda", torch.cuda.current_device())
@@ -110,7 +111,7 @@ def _run_case(case: Case, caps: Any, median_ms: Timer) -> dict[str, Any]:
     if config.activation is None:
         x_deq = x.float()
     else:  # torch ops, so the fused cupy quantizer is checked too
-        per_token = config.activation.scale.group == kp.GroupShape.PER_TOKEN
+        per_token = config.activation.scale.group == GroupShape.PER_TOKEN
         xq, x_scale = (quantize_per_token if per_token else quantize_per_tensor)(x, caps.fp8_format)
         x_deq = xq.float() * x_scale
     reference = x_deq @ w_deq.t()
@@ -132,7 +133,7 @@ def _run_case(case: Case, caps: Any, median_ms: Timer) -> dict[str, Any]:
 def _figures(caps: Any, median_ms: Timer) -> dict[str, Any]:
     import torch
 
-    import kernelpick as kp
+    from kernelpick.core import Dtype
     from kernelpick.kernels._cupy_ops import quantize_per_token_cupy
     from kernelpick.kernels._cupy_runtime import cupy_usable
 
@@ -144,7 +145,7 @@ def _figures(caps: Any, median_ms: Timer) -> dict[str, Any]:
     if ptpc["status"] == "ok":
         figures["gpu_ptpc_vs_bf16_8192"] = ptpc["vs_bf16"]
     if cupy_usable():
-        fp8 = kp.Dtype.FLOAT8_E4M3FN
+        fp8 = Dtype.FLOAT8_E4M3FN
         quant_ms = median_ms(lambda: quantize_per_token_cupy(x, fp8))
         moved = x.numel() * (2 + 1) + SIZE * 4  # read bf16, write FP8 and the scales
         copy_dst = torch.empty_like(x)
@@ -190,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu_check: needs an NVIDIA GPU; torch.cuda.is_available() is False", file=sys.stderr)
         return 1
     caps = kp.probe("cuda")
-    print(f"device: {caps.describe()}")
+    print(f"device: {caps.render()}")
     median_ms = _timer(args.repeats)
     records = [_run_case(case, caps, median_ms) for case in cases]
     print(_table(records))
@@ -198,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, value in figures.items():
         print(f"{name}: {value:.3f}")
     machine = {
-        "device": caps.describe(),
+        "device": caps.render(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "libraries": sorted(caps.libraries),

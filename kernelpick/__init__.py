@@ -1,14 +1,55 @@
 """kernelpick: choose, explain and run the GEMM kernel for a quantized (FP8) linear layer.
 
-``import kernelpick as kp`` gives the pure decision API of ``kernelpick.core``; importing it
-does not import torch or cupy. ``kp.probe`` imports torch when called.
+``import kernelpick as kp`` gives what the README uses: the pure decision (``kp.choose``),
+the values it reads and returns, and two calls that touch a device, ``kp.probe`` and
+``kp.bind``, which import torch only when called. The rule classes a kernel declares are in
+``kp.rules``; every value type of the pure core is in ``kernelpick.core``.
 """
 
-from kernelpick.core import *  # noqa: F403  (the public API is the core's, re-exported whole)
-from kernelpick.core import DeviceCaps
-from kernelpick.core import __all__ as _core_all
+from __future__ import annotations
 
-__version__ = "0.1.0"
+import warnings
+from typing import TYPE_CHECKING, Any
+
+from kernelpick import rules
+from kernelpick.core import (
+    Catalog,
+    Decision,
+    DeviceCaps,
+    InvalidValueError,
+    KernelInputError,
+    KernelKind,
+    KernelpickError,
+    KernelSpec,
+    Platform,
+    Policy,
+    QuantConfig,
+    Reason,
+    RejectCode,
+    Rejected,
+    Scheme,
+    Selected,
+    UnknownNameError,
+    assert_never,
+    cache_info,
+    choose,
+    clear_cache,
+    default_catalog,
+    device_profile,
+    device_profiles,
+    quant_config,
+)
+from kernelpick.core._select import CACHE_SIZE as _CACHE_SIZE
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    import torch
+
+    from kernelpick.adapters import Launch
+    from kernelpick.kernels import KernelBase
+
+__version__ = "0.2.0"
 
 
 def probe(device: object = None) -> DeviceCaps:
@@ -18,9 +59,77 @@ def probe(device: object = None) -> DeviceCaps:
     else the CPU), ``"cpu"``, ``"cuda"``, ``"cuda:N"``, a GPU index or a ``torch.device``.
     """
     # Imported here, not at the top, so that `import kernelpick` stays free of torch.
-    from kernelpick.adapters._probe import probe_device
+    from kernelpick.adapters import probe_device
 
     return probe_device(device)
 
 
-__all__ = [*_core_all, "__version__", "probe"]
+def bind(
+    choice: Selected | Rejected | str,
+    config: QuantConfig,
+    caps: DeviceCaps,
+    device: torch.device | str | int | None = None,
+    *,
+    catalog: Catalog | None = None,
+    launches: Mapping[str, Launch] | None = None,
+) -> KernelBase:
+    """The runnable kernel for ``choice`` (a ``Selected``, or a kernel id) on ``device``.
+
+    The kernel takes a high-precision weight (``quantize_weights``) or the canonical FP8
+    one (``prepare_weights``), and runs with ``apply``. See ``kernelpick.adapters.bind``.
+    """
+    from kernelpick.adapters import bind as bind_kernel
+
+    return bind_kernel(choice, config, caps, device, catalog=catalog, launches=launches)
+
+
+__all__ = [
+    "Catalog",
+    "Decision",
+    "DeviceCaps",
+    "InvalidValueError",
+    "KernelInputError",
+    "KernelKind",
+    "KernelSpec",
+    "KernelpickError",
+    "Platform",
+    "Policy",
+    "QuantConfig",
+    "Reason",
+    "RejectCode",
+    "Rejected",
+    "Scheme",
+    "Selected",
+    "UnknownNameError",
+    "__version__",
+    "assert_never",
+    "bind",
+    "cache_info",
+    "choose",
+    "clear_cache",
+    "default_catalog",
+    "device_profile",
+    "device_profiles",
+    "probe",
+    "quant_config",
+    "rules",
+]
+
+# Names the README once showed, kept working with a warning that says what replaced them.
+_DEPRECATED = {
+    "scheme": ("kp.quant_config", quant_config),
+    "CACHE_SIZE": ("kp.cache_info().maxsize", _CACHE_SIZE),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _DEPRECATED:
+        replacement, value = _DEPRECATED[name]
+        message = f"kp.{name} is deprecated; use {replacement}"
+        warnings.warn(message, DeprecationWarning, stacklevel=2)
+        return value
+    raise AttributeError(f"module 'kernelpick' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -11,6 +11,7 @@ import torch
 
 import kernelpick as kp
 from kernelpick.adapters import LAUNCHES
+from kernelpick.core import Dtype, GroupShape
 from kernelpick.kernels import KernelBase
 
 # Relative Frobenius error allowed against the emulation, by output dtype: fp32 paths differ
@@ -19,18 +20,18 @@ from kernelpick.kernels import KernelBase
 BOUND = {"float32": 1e-5, "bfloat16": 2.0**-8 + 1e-5, "float16": 2.0**-11 + 1e-5}
 
 _FP8 = {
-    kp.Dtype.FLOAT8_E4M3FN: (torch.float8_e4m3fn, 448.0),
-    kp.Dtype.FLOAT8_E4M3FNUZ: (torch.float8_e4m3fnuz, 224.0),
+    Dtype.FLOAT8_E4M3FN: (torch.float8_e4m3fn, 448.0),
+    Dtype.FLOAT8_E4M3FNUZ: (torch.float8_e4m3fnuz, 224.0),
 }
 
 
-def fake_quant(t: torch.Tensor, scale: torch.Tensor, fp8: kp.Dtype) -> torch.Tensor:
+def fake_quant(t: torch.Tensor, scale: torch.Tensor, fp8: Dtype) -> torch.Tensor:
     """What an FP8 round trip leaves of ``t`` (fp32) under ``scale``."""
     dtype, limit = _FP8[fp8]
     return torch.clamp(t / scale, min=-limit, max=limit).to(dtype).to(torch.float32) * scale
 
 
-def dynamic_scale(t: torch.Tensor, per_row: bool, fp8: kp.Dtype) -> torch.Tensor:
+def dynamic_scale(t: torch.Tensor, per_row: bool, fp8: Dtype) -> torch.Tensor:
     _, limit = _FP8[fp8]
     amax = t.abs().amax(dim=-1, keepdim=True) if per_row else t.abs().max()
     return torch.clamp(amax / limit, min=1.0 / (limit * 512.0))
@@ -40,7 +41,7 @@ def emulate(
     x: torch.Tensor,
     weight: torch.Tensor,
     config: kp.QuantConfig,
-    fp8: kp.Dtype,
+    fp8: Dtype,
     *,
     bias: torch.Tensor | None = None,
     input_scale: torch.Tensor | None = None,
@@ -53,17 +54,17 @@ def emulate(
     e4m3fn (range 448): on an e4m3fnuz device (range 224) it applies doubled.
     """
     xf, wf = x.to(torch.float32), weight.to(torch.float32)
-    per_channel = config.weight.scale.group == kp.GroupShape.PER_CHANNEL
+    per_channel = config.weight.scale.group == GroupShape.PER_CHANNEL
     w_deq = fake_quant(wf, dynamic_scale(wf, per_channel, fp8), fp8)
     act = config.activation
     if act is None or weight_only:
         x_deq = xf
     elif act.scale.static:
         assert input_scale is not None
-        doubled = fp8 is kp.Dtype.FLOAT8_E4M3FNUZ
+        doubled = fp8 is Dtype.FLOAT8_E4M3FNUZ
         x_deq = fake_quant(xf, input_scale * 2 if doubled else input_scale, fp8)
     else:
-        per_token = act.scale.group == kp.GroupShape.PER_TOKEN
+        per_token = act.scale.group == GroupShape.PER_TOKEN
         x_deq = fake_quant(xf, dynamic_scale(xf, per_token, fp8), fp8)
     out = x_deq @ w_deq.t()
     return out if bias is None else out + bias.to(torch.float32)

@@ -12,7 +12,7 @@ from kernelpick.adapters import LAUNCHES, Launch, bind
 from kernelpick.kernels import RowMajorKernel, WeightBundle, dequantize_weight, quantize_weight
 
 CPU = kp.device_profile("cpu")
-CONFIG = kp.scheme("fp8_per_channel", weight_shape=(32, 64), out_dtype="float32")
+CONFIG = kp.quant_config("fp8_per_channel", weight_shape=(32, 64), out_dtype="float32")
 
 
 def test_a_selected_decision_binds_to_its_kernel() -> None:
@@ -25,7 +25,7 @@ def test_a_selected_decision_binds_to_its_kernel() -> None:
 
 def test_a_rejection_is_refused_with_its_reasons() -> None:
     decision = kp.choose(
-        kp.device_profile("a100"), kp.scheme("fp8_per_channel", weight_shape=(32, 64))
+        kp.device_profile("a100"), kp.quant_config("fp8_per_channel", weight_shape=(32, 64))
     )
     assert isinstance(decision, kp.Rejected)
     with pytest.raises(kp.InvalidValueError, match=r"compute capability 8\.9"):
@@ -73,7 +73,7 @@ def test_a_kernel_of_ones_own_is_three_declarations() -> None:
     catalog = kp.Catalog((spec, *kp.default_catalog()))
     # 2. the family: the math (_HalfThenFloat above). 3. the launch row.
     launches = {**LAUNCHES, spec.id: Launch(_HalfThenFloat)}
-    config = kp.scheme("fp8_weight_only", weight_shape=(32, 64), out_dtype="float32")
+    config = kp.quant_config("fp8_weight_only", weight_shape=(32, 64), out_dtype="float32")
     decision = kp.choose(CPU, config, catalog=catalog)
     assert isinstance(decision, kp.Selected)
     assert decision.kernel == "cpu_my_w8a16"

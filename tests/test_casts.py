@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import kernelpick as kp
+from kernelpick.core import Dtype
 from kernelpick.integration import Fp8Linear, KernelSelectionError, layer_state, quantize_model
 from tests.emulation import BOUND, emulate, relative_error
 
@@ -69,7 +70,7 @@ def test_a_cast_keeps_the_fp8_weight_and_scales_and_changes_the_activation_dtype
     assert got.dtype == dtype
     bias = model[0].get_parameter("bias").detach()  # cast by torch, as any bias
     weight = original[0].get_parameter("weight")
-    want = emulate(x.to(dtype), weight, config, kp.Dtype.FLOAT8_E4M3FN, bias=bias)
+    want = emulate(x.to(dtype), weight, config, Dtype.FLOAT8_E4M3FN, bias=bias)
     assert relative_error(got, want) <= BOUND[str(dtype).removeprefix("torch.")]
 
 
@@ -89,7 +90,7 @@ def test_a_cast_chooses_the_kernel_again_when_the_dtype_changes_the_choice() -> 
 
 def _fp32_only(kernel: str) -> kp.KernelSpec:
     spec = kp.default_catalog().kernel(kernel)
-    only = kp.OutDtypes(frozenset({kp.Dtype.FLOAT32}))
+    only = kp.rules.OutDtypes(frozenset({Dtype.FLOAT32}))
     return attrs.evolve(spec, requires=(*spec.requires, only))
 
 

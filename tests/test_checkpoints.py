@@ -13,6 +13,7 @@ import safetensors.torch
 import torch
 
 import kernelpick as kp
+from kernelpick.core import Dtype, evaluate
 from kernelpick.integration import (
     CheckpointError,
     Fp8Linear,
@@ -70,14 +71,14 @@ def _expected(x: torch.Tensor, source: torch.nn.Module, model: torch.nn.Module) 
         state = layer_state(layer)
         weight_only = "w8a16" in state.decision.kernel
         weight, bias = original.get_parameter("weight"), original.get_parameter("bias")
-        out = emulate(out, weight.detach(), state.config, kp.Dtype.FLOAT8_E4M3FN, bias=bias,
+        out = emulate(out, weight.detach(), state.config, Dtype.FLOAT8_E4M3FN, bias=bias,
                       weight_only=weight_only)  # fmt: skip
     return out
 
 
 def _cpu_kernels(scheme: str) -> list[str]:
-    config = kp.scheme(scheme, weight_shape=(64, 64))
-    return [v.kernel for v in kp.evaluate(CPU, config) if v.ok]
+    config = kp.quant_config(scheme, weight_shape=(64, 64))
+    return [v.kernel for v in evaluate(CPU, config) if v.ok]
 
 
 PAIRS = [

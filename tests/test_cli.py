@@ -12,6 +12,7 @@ import pytest
 
 import kernelpick as kp
 from kernelpick.cli import EXIT_BAD_INPUT, EXIT_REJECTED, EXIT_SELECTED, main
+from kernelpick.core import ENV_DISABLED, SCHEMA_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,7 +33,7 @@ def test_a100_ptpc_is_rejected_and_names_every_cuda_kernel() -> None:
     status, out, _ = _run("explain", "--device", "a100", "--scheme", "fp8_per_channel")
     assert status == EXIT_REJECTED
     lines = out.splitlines()
-    for kernel in kp.catalog("cuda"):
+    for kernel in kp.default_catalog().ids_for("cuda"):
         assert any(f"  {kernel}  " in line for line in lines), kernel
     per_token = "weight-only (W8A16) kernel cannot honour per-token activation quantization"
     for kernel in ("cuda_w8a16_cupy", "cuda_w8a16_torch"):
@@ -60,16 +61,16 @@ def test_json_parses_and_its_decision_matches_choose() -> None:
     record = json.loads(out)
     expected = kp.choose(
         kp.device_profile("mi300x"),
-        kp.scheme("fp8_per_channel", weight_shape=(1024, 512), out_dtype="float16"),
+        kp.quant_config("fp8_per_channel", weight_shape=(1024, 512), out_dtype="float16"),
     )
     assert status == EXIT_SELECTED
-    assert record["schema_version"] == kp.SCHEMA_VERSION
+    assert record["schema_version"] == SCHEMA_VERSION
     assert {key: record[key] for key in expected.to_dict()} == expected.to_dict()
     assert record["device"]["profile"] == "mi300x"
 
 
 def test_environment_policy_applies_and_a_flag_wins() -> None:
-    env = {kp.ENV_DISABLED: "cuda_rowwise_scaled_mm"}
+    env = {ENV_DISABLED: "cuda_rowwise_scaled_mm"}
     _, out, _ = _run("explain", "--device", "h100", env=env)
     assert "=> selected cuda_channelwise_unfused" in out
     assert "policy: disabled cuda_rowwise_scaled_mm" in out
@@ -122,7 +123,7 @@ def test_matrix_json_covers_every_profile_and_scheme() -> None:
     assert a100["outcome"] == "rejected"
     assert a100["reason"]["kernel"] == "cuda_rowwise_scaled_mm"  # the first W8A8 reason
     for entry in record["entries"]:
-        config = kp.scheme(entry["scheme"], weight_shape=(4096, 4096))
+        config = kp.quant_config(entry["scheme"], weight_shape=(4096, 4096))
         decision = kp.choose(kp.device_profile(entry["device"]), config)
         assert entry["kernel"] == (decision.kernel if isinstance(decision, kp.Selected) else None)
 
@@ -170,7 +171,7 @@ def test_bench_runs_on_this_machine() -> None:
     status, out, _ = _run("bench", "--shape", "64,64", "--tokens", "8", "--repeats", "1", "--json")
     record = json.loads(out)
     assert status == EXIT_SELECTED
-    decision = kp.choose(kp.probe(), kp.scheme("fp8_per_channel", weight_shape=(64, 64)))
+    decision = kp.choose(kp.probe(), kp.quant_config("fp8_per_channel", weight_shape=(64, 64)))
     assert isinstance(decision, kp.Selected)
     assert record["kernel"] == decision.kernel
     assert record["relative_error"] < 0.1

@@ -21,6 +21,7 @@ import torch
 
 import kernelpick as kp
 from kernelpick.adapters import LAUNCHES
+from kernelpick.core import Dtype
 from kernelpick.kernels._cupy_ops import (
     gemv_launch,
     gemv_vec,
@@ -38,8 +39,8 @@ from kernelpick.kernels._cupy_source import (
     render_quant_per_token,
 )
 
-BF16, FP16, FP32 = kp.Dtype.BFLOAT16, kp.Dtype.FLOAT16, kp.Dtype.FLOAT32
-FN, FNUZ = kp.Dtype.FLOAT8_E4M3FN, kp.Dtype.FLOAT8_E4M3FNUZ
+BF16, FP16, FP32 = Dtype.BFLOAT16, Dtype.FLOAT16, Dtype.FLOAT32
+FN, FNUZ = Dtype.FLOAT8_E4M3FN, Dtype.FLOAT8_E4M3FNUZ
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -109,7 +110,7 @@ def _probe_values() -> torch.Tensor:
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs a host C++ compiler")
 @pytest.mark.parametrize("fp8", [FN, FNUZ])
-def test_the_kernel_codecs_match_torch_on_every_byte_and_tie(fp8: kp.Dtype, tmp_path: Path) -> None:
+def test_the_kernel_codecs_match_torch_on_every_byte_and_tie(fp8: Dtype, tmp_path: Path) -> None:
     source = tmp_path / "codecs.cpp"
     source.write_text(render_codecs(fp8, device=False) + HARNESS)
     binary = tmp_path / "codecs"
@@ -198,7 +199,7 @@ def test_inputs_are_checked_before_any_launch() -> None:
 
 
 def test_without_cupy_the_cuda_kernels_quantize_with_torch_ops() -> None:
-    config = kp.scheme("fp8_per_channel", weight_shape=(64, 64))
+    config = kp.quant_config("fp8_per_channel", weight_shape=(64, 64))
     h100 = kp.device_profile("h100")
     launch = LAUNCHES["cuda_rowwise_scaled_mm"]
     spec = kp.default_catalog().kernel("cuda_rowwise_scaled_mm")
@@ -250,7 +251,7 @@ def test_gpu_check_prints_its_plan_without_a_gpu() -> None:
         capture_output=True, text=True, check=False, cwd=ROOT,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    for kernel in kp.catalog("cuda"):
+    for kernel in kp.default_catalog().ids_for("cuda"):
         for m in (1, 16, 2048):
             assert any(kernel in line and f"M={m} " in line for line in result.stdout.splitlines())
     assert "gpu_w8a16_gemv_vs_bf16" in result.stdout
@@ -264,7 +265,7 @@ def test_each_layout_is_a_view_of_the_canonical_weight_with_the_same_values() ->
         ("cuda_w8a16_cupy", "fp8_weight_only", "h100"),
         ("rocm_rowwise_scaled_mm", "fp8_per_channel", "mi300x"),
     ):
-        config = kp.scheme(scheme, weight_shape=(48, 32))
+        config = kp.quant_config(scheme, weight_shape=(48, 32))
         caps = attrs.evolve(kp.device_profile(device), libraries=frozenset())
         bound = LAUNCHES[kernel].kernel(
             kp.default_catalog().kernel(kernel), config, caps, torch.device("cpu")

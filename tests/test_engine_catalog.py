@@ -12,27 +12,28 @@ import attrs
 import pytest
 
 import kernelpick as kp
+from kernelpick.core import CudaArch, Dtype, GroupShape
 
 CUDA, W8A8, W8A16 = kp.Platform.CUDA, kp.KernelKind.W8A8, kp.KernelKind.W8A16
 SM75, SM89, SM90, SM100 = (
-    kp.MinComputeCapability(kp.CudaArch(*cc)) for cc in ((7, 5), (8, 9), (9, 0), (10, 0))
+    kp.rules.MinComputeCapability(CudaArch(*cc)) for cc in ((7, 5), (8, 9), (9, 0), (10, 0))
 )
-E4M3 = kp.Fp8Dtypes(frozenset({kp.Dtype.FLOAT8_E4M3FN, kp.Dtype.FLOAT8_E4M3FNUZ}))
-PER_TENSOR = frozenset({kp.GroupShape.PER_TENSOR})
-ACT_ANY = frozenset({kp.GroupShape.PER_TENSOR, kp.GroupShape.PER_TOKEN})
-WEIGHT_ANY = frozenset({kp.GroupShape.PER_TENSOR, kp.GroupShape.PER_CHANNEL})
+E4M3 = kp.rules.Fp8Dtypes(frozenset({Dtype.FLOAT8_E4M3FN, Dtype.FLOAT8_E4M3FNUZ}))
+PER_TENSOR = frozenset({GroupShape.PER_TENSOR})
+ACT_ANY = frozenset({GroupShape.PER_TENSOR, GroupShape.PER_TOKEN})
+WEIGHT_ANY = frozenset({GroupShape.PER_TENSOR, GroupShape.PER_CHANNEL})
 
 
 @attrs.frozen
 class NeedsFlashInfer:
     """An engine-defined requirement: the protocol is two methods, nothing to subclass."""
 
-    def check(self, caps: kp.DeviceCaps, config: kp.QuantConfig) -> kp.Unmet | None:
+    def check(self, caps: kp.DeviceCaps, config: kp.QuantConfig) -> kp.Reason | None:
         if "flashinfer" in caps.libraries:
             return None
-        return kp.Unmet(kp.RejectCode.UNSUPPORTED, "flashinfer installed", "not installed")
+        return kp.Reason(kp.RejectCode.UNSUPPORTED, "flashinfer installed", "not installed")
 
-    def describe(self) -> str:
+    def render(self) -> str:
         return "flashinfer"
 
 
@@ -46,8 +47,8 @@ ENGINE = kp.Catalog(
                 SM100,
                 NeedsFlashInfer(),
                 E4M3,
-                kp.ActivationScales(PER_TENSOR),
-                kp.WeightScales(PER_TENSOR),
+                kp.rules.ActivationScales(PER_TENSOR),
+                kp.rules.WeightScales(PER_TENSOR),
             ),
         ),
         kp.KernelSpec(
@@ -57,16 +58,16 @@ ENGINE = kp.Catalog(
             (
                 SM89,
                 E4M3,
-                kp.ActivationScales(ACT_ANY),
-                kp.WeightScales(WEIGHT_ANY),
-                kp.Alignment(16),
+                kp.rules.ActivationScales(ACT_ANY),
+                kp.rules.WeightScales(WEIGHT_ANY),
+                kp.rules.Alignment(16),
             ),
         ),
         kp.KernelSpec(
             "torch_per_tensor",
             CUDA,
             W8A8,
-            (SM89, E4M3, kp.ActivationScales(PER_TENSOR), kp.WeightScales(PER_TENSOR)),
+            (SM89, E4M3, kp.rules.ActivationScales(PER_TENSOR), kp.rules.WeightScales(PER_TENSOR)),
         ),
         kp.KernelSpec(
             "torch_row_wise",
@@ -75,9 +76,9 @@ ENGINE = kp.Catalog(
             (
                 SM90,
                 E4M3,
-                kp.ActivationScales(ACT_ANY),
-                kp.WeightScales(WEIGHT_ANY),
-                kp.NotBothPerTensor(),
+                kp.rules.ActivationScales(ACT_ANY),
+                kp.rules.WeightScales(WEIGHT_ANY),
+                kp.rules.NotBothPerTensor(),
             ),
         ),
         kp.KernelSpec(
@@ -87,12 +88,12 @@ ENGINE = kp.Catalog(
             (
                 SM89,
                 E4M3,
-                kp.ActivationScales(ACT_ANY),
-                kp.WeightScales(WEIGHT_ANY),
-                kp.NotBothPerTensor(),
+                kp.rules.ActivationScales(ACT_ANY),
+                kp.rules.WeightScales(WEIGHT_ANY),
+                kp.rules.NotBothPerTensor(),
             ),
         ),
-        kp.KernelSpec("marlin", CUDA, W8A16, (SM75, E4M3, kp.WeightScales(WEIGHT_ANY))),
+        kp.KernelSpec("marlin", CUDA, W8A16, (SM75, E4M3, kp.rules.WeightScales(WEIGHT_ANY))),
         kp.KernelSpec("humming", CUDA, W8A16, (SM75, E4M3)),
     )
 )
@@ -101,7 +102,9 @@ SHAPE = (4096, 4096)
 
 
 def test_ptpc_on_sm80_is_rejected_with_both_weight_only_reasons() -> None:
-    decision = kp.choose(A100, kp.scheme("fp8_per_channel", weight_shape=SHAPE), catalog=ENGINE)
+    decision = kp.choose(
+        A100, kp.quant_config("fp8_per_channel", weight_shape=SHAPE), catalog=ENGINE
+    )
     assert isinstance(decision, kp.Rejected)
     assert [v.kernel for v in decision.trace] == list(ENGINE.ids)
     text = decision.render()
@@ -113,7 +116,9 @@ def test_ptpc_on_sm80_is_rejected_with_both_weight_only_reasons() -> None:
 
 
 def test_per_tensor_on_sm80_falls_back_to_marlin_degraded() -> None:
-    decision = kp.choose(A100, kp.scheme("fp8_per_tensor", weight_shape=SHAPE), catalog=ENGINE)
+    decision = kp.choose(
+        A100, kp.quant_config("fp8_per_tensor", weight_shape=SHAPE), catalog=ENGINE
+    )
     assert isinstance(decision, kp.Selected)
     assert (decision.kernel, decision.degraded) == ("marlin", True)
     assert decision.alternatives == ("humming",)
@@ -121,7 +126,9 @@ def test_per_tensor_on_sm80_falls_back_to_marlin_degraded() -> None:
 
 def test_ptpc_on_h100_selects_the_engines_cutlass_kernel() -> None:
     decision = kp.choose(
-        kp.device_profile("h100"), kp.scheme("fp8_per_channel", weight_shape=SHAPE), catalog=ENGINE
+        kp.device_profile("h100"),
+        kp.quant_config("fp8_per_channel", weight_shape=SHAPE),
+        catalog=ENGINE,
     )
     assert isinstance(decision, kp.Selected)
     assert decision.kernel == "cutlass_fp8"
@@ -131,17 +138,17 @@ def test_the_builtin_catalog_is_not_consulted_for_an_engine_catalog() -> None:
     with pytest.raises(kp.UnknownNameError, match="marlin"):
         kp.choose(
             A100,
-            kp.scheme("fp8_per_tensor", weight_shape=SHAPE),
+            kp.quant_config("fp8_per_tensor", weight_shape=SHAPE),
             kp.Policy(force="cuda_w8a16_torch"),
             catalog=ENGINE,
         )
-    assert kp.catalog("cuda", ENGINE) == ENGINE.ids
-    assert kp.catalog("rocm", ENGINE) == ()
+    assert ENGINE.ids_for("cuda") == ENGINE.ids
+    assert ENGINE.ids_for("rocm") == ()
 
 
 def test_a_platform_with_no_kernels_is_rejected_and_says_so() -> None:
     cpu = kp.device_profile("cpu")
-    decision = kp.choose(cpu, kp.scheme("fp8_per_tensor", weight_shape=SHAPE), catalog=ENGINE)
+    decision = kp.choose(cpu, kp.quant_config("fp8_per_tensor", weight_shape=SHAPE), catalog=ENGINE)
     assert isinstance(decision, kp.Rejected)
     assert decision.trace == ()
     assert "no kernel for this device's platform" in decision.render()
@@ -160,7 +167,9 @@ def test_a_catalog_refuses_duplicate_ids_and_non_requirements() -> None:
 def test_extending_the_default_catalog_keeps_the_kind_rule() -> None:
     extra = kp.KernelSpec("my_w8a16", CUDA, W8A16, (E4M3,))
     catalog = kp.Catalog((*kp.default_catalog().kernels, extra))
-    decision = kp.choose(A100, kp.scheme("fp8_per_channel", weight_shape=SHAPE), catalog=catalog)
+    decision = kp.choose(
+        A100, kp.quant_config("fp8_per_channel", weight_shape=SHAPE), catalog=catalog
+    )
     assert isinstance(decision, kp.Rejected)
     mine = [r.code for r in decision.reasons if r.kernel == "my_w8a16"]
     assert mine == [kp.RejectCode.WEIGHT_ONLY_ACTIVATION]

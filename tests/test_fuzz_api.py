@@ -27,6 +27,19 @@ from kernelpick.adapters.cpu import _device as cpu_device
 from kernelpick.adapters.cuda import _device as cuda_device
 from kernelpick.adapters.rocm import _device as rocm_device
 from kernelpick.cli import main
+from kernelpick.core import (
+    ENV_DISABLED,
+    ENV_FORCE,
+    ENV_STRICT,
+    FEATURE_SCALED_MM,
+    FEATURE_SCALED_MM_ROWWISE,
+    CpuArch,
+    CudaArch,
+    Dtype,
+    RocmArch,
+    Version,
+    scheme_of,
+)
 from kernelpick.integration import Fp8PtpcLinearMethod, layer_state, weight_loader_of
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "devices"
@@ -92,7 +105,7 @@ def near_miss(draw: st.DrawFn, words: Sequence[str]) -> str:
     return f"  {word}\t"
 
 
-# -- 1. kp.scheme -------------------------------------------------------------------------
+# -- 1. kp.quant_config----------------------------------------------------------------------
 
 SCHEME_ARG: st.SearchStrategy[object] = st.one_of(
     st.sampled_from(SCHEME_NAMES),
@@ -130,7 +143,7 @@ SHAPE: st.SearchStrategy[object] = st.one_of(
 )
 DTYPE_ARG: st.SearchStrategy[object] = st.one_of(
     st.sampled_from(sorted(DTYPE_NAMES)),
-    st.sampled_from(list(kp.Dtype)),
+    st.sampled_from(list(Dtype)),
     st.sampled_from([torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn]),
     st.sampled_from([torch.int8, torch.float64, torch.complex64, torch.bool]),
     st.sampled_from(["bf16", "bfloat", "float8_e4m3fn", "int8", "", " BFloat16 ", "torch.half"]),
@@ -151,7 +164,7 @@ BIAS_ARG: st.SearchStrategy[object] = st.one_of(
 
 def _dtype_name(value: object) -> str | None:
     """The canonical dtype name of ``value`` (design §3), or None for an unknown one."""
-    if isinstance(value, kp.Dtype):
+    if isinstance(value, Dtype):
         return value.value
     text = str(value).strip().lower().removeprefix("torch.")
     return DTYPE_NAMES.get(text)
@@ -187,7 +200,7 @@ def _check_scheme(
     name: object, shape: object, out_dtype: object, input_dtype: object, bias: object
 ) -> None:
     problems = _scheme_problems(name, shape, out_dtype, input_dtype, bias)
-    call: Any = kp.scheme  # the point is to pass what the annotations forbid
+    call: Any = kp.quant_config  # the point is to pass what the annotations forbid
     if problems:
         with pytest.raises(kp.KernelpickError) as caught:
             call(name, weight_shape=shape, out_dtype=out_dtype, input_dtype=input_dtype, bias=bias)
@@ -198,7 +211,7 @@ def _check_scheme(
     assert isinstance(shape, (tuple, list))
     assert config.weight_shape == tuple(shape)
     assert config.bias is bias
-    assert kp.scheme_of(config) is kp.Scheme.parse(name)
+    assert scheme_of(config) is kp.Scheme.parse(name)
     assert config.out_dtype.value == _dtype_name(out_dtype)
     assert config.input_dtype.value == _dtype_name(
         out_dtype if input_dtype is None else input_dtype
@@ -251,7 +264,7 @@ def test_scheme_outcome_does_not_depend_on_the_cache(
     cached valid config."""
     kp.clear_cache()
     with contextlib.suppress(kp.KernelpickError):
-        kp.scheme(
+        kp.quant_config(
             name,
             weight_shape=_look_alike_shape(shape),  # type: ignore[arg-type]
             out_dtype=out_dtype,
@@ -263,7 +276,7 @@ def test_scheme_outcome_does_not_depend_on_the_cache(
 # -- 2. kp.choose ------------------------------------------------------------------------
 
 VALID_CONFIG: st.SearchStrategy[kp.QuantConfig] = st.builds(
-    lambda name, n, k, out, inp, bias: kp.scheme(
+    lambda name, n, k, out, inp, bias: kp.quant_config(
         name, weight_shape=(n, k), out_dtype=out, input_dtype=inp, bias=bias
     ),
     st.sampled_from(list(kp.Scheme)),
@@ -287,7 +300,7 @@ CATALOG_ARG: st.SearchStrategy[kp.Catalog | None] = st.sampled_from(
 def _check_decision(
     decision: kp.Decision, caps: kp.DeviceCaps, policy: kp.Policy, catalog: kp.Catalog | None
 ) -> None:
-    platform_ids = kp.catalog(caps.platform, catalog)
+    platform_ids = (catalog or kp.default_catalog()).ids_for(caps.platform)
     kernels = [verdict.kernel for verdict in decision.trace]
     assert kernels[: len(platform_ids)] == list(platform_ids)
     match decision:
@@ -317,8 +330,8 @@ MALFORMED_ARG: st.SearchStrategy[object] = st.one_of(
     st.sampled_from(["h100", "fp8_per_channel", "cpu_dequant_reference", ""]),
     st.integers(),
     st.lists(st.integers(), max_size=3),
-    st.sampled_from([kp.device_profile("h100"), kp.Policy(), kp.Dtype.BFLOAT16, 1.5]),
-    st.just(kp.scheme("fp8_per_channel", weight_shape=(16, 16))),
+    st.sampled_from([kp.device_profile("h100"), kp.Policy(), Dtype.BFLOAT16, 1.5]),
+    st.just(kp.quant_config("fp8_per_channel", weight_shape=(16, 16))),
 )
 POSITIONS = ("caps", "config", "policy", "catalog")
 
@@ -458,9 +471,9 @@ STRICT_TEXT: st.SearchStrategy[str] = st.one_of(
 ENV: st.SearchStrategy[dict[str, str]] = st.fixed_dictionaries(
     {},
     optional={
-        kp.ENV_DISABLED: ENV_LIST,
-        kp.ENV_FORCE: st.one_of(ENV_LIST, st.sampled_from(IDS)),
-        kp.ENV_STRICT: STRICT_TEXT,
+        ENV_DISABLED: ENV_LIST,
+        ENV_FORCE: st.one_of(ENV_LIST, st.sampled_from(IDS)),
+        ENV_STRICT: STRICT_TEXT,
         "KERNELPICK_OTHER": st.text(max_size=5),
     },
 )
@@ -472,12 +485,12 @@ def _items(text: str) -> frozenset[str]:
 
 def _expected_policy(env: Mapping[str, str]) -> tuple[kp.Policy | None, list[str]]:
     """The policy design §3 gives for ``env``, or the renderings of its bad values."""
-    disabled = _items(env.get(kp.ENV_DISABLED, ""))
-    forced = _items(env.get(kp.ENV_FORCE, ""))
-    problems = [repr(env[kp.ENV_FORCE])] if len(forced) > 1 else []
-    strict_text = env.get(kp.ENV_STRICT, "").strip().lower()
+    disabled = _items(env.get(ENV_DISABLED, ""))
+    forced = _items(env.get(ENV_FORCE, ""))
+    problems = [repr(env[ENV_FORCE])] if len(forced) > 1 else []
+    strict_text = env.get(ENV_STRICT, "").strip().lower()
     if strict_text not in {"", "1", "0", "true", "false", "yes", "no"}:
-        problems.append(repr(env[kp.ENV_STRICT]))
+        problems.append(repr(env[ENV_STRICT]))
     problems += [repr(item) for item in sorted((disabled | forced) - ID_SET)]
     if problems:
         return None, problems
@@ -487,10 +500,10 @@ def _expected_policy(env: Mapping[str, str]) -> tuple[kp.Policy | None, list[str
 
 @fuzz(800)
 @given(ENV)
-@example({kp.ENV_DISABLED: " cpu_w8a16_reference,, cpu_w8a16_reference ,", kp.ENV_STRICT: "YES"})
-@example({kp.ENV_FORCE: "cpu_dequant_reference,cpu_dequant_reference"})
-@example({kp.ENV_FORCE: "cpu_dequant_reference,cpu_w8a16_reference"})
-@example({kp.ENV_STRICT: "maybe"})
+@example({ENV_DISABLED: " cpu_w8a16_reference,, cpu_w8a16_reference ,", ENV_STRICT: "YES"})
+@example({ENV_FORCE: "cpu_dequant_reference,cpu_dequant_reference"})
+@example({ENV_FORCE: "cpu_dequant_reference,cpu_w8a16_reference"})
+@example({ENV_STRICT: "maybe"})
 def test_policy_from_env_matches_the_design_or_names_the_bad_value(env: dict[str, str]) -> None:
     expected, problems = _expected_policy(env)
     if expected is None:
@@ -590,15 +603,15 @@ def test_cuda_arch_parse_gives_the_arch_or_names_the_input(value: object) -> Non
     text = value.strip().lower() if isinstance(value, str) else None
     match = _CUDA_TEXT.match(text) if text is not None else None
     if match is None:
-        _rejects(kp.CudaArch.parse, value)
+        _rejects(CudaArch.parse, value)
         return
     digits = [group for group in match.groups() if group is not None]
     major, minor = int(digits[0]), int(digits[1])
     if not 1 <= major <= 99:
-        _rejects(kp.CudaArch.parse, value)
+        _rejects(CudaArch.parse, value)
         return
-    assert kp.CudaArch.parse(value) == kp.CudaArch(major, minor)
-    assert kp.CudaArch.parse(str(kp.CudaArch(major, minor))) == kp.CudaArch(major, minor)
+    assert CudaArch.parse(value) == CudaArch(major, minor)
+    assert CudaArch.parse(str(CudaArch(major, minor))) == CudaArch(major, minor)
 
 
 @fuzz(800)
@@ -606,10 +619,10 @@ def test_cuda_arch_parse_gives_the_arch_or_names_the_input(value: object) -> Non
 def test_rocm_arch_parse_gives_the_arch_or_names_the_input(value: object) -> None:
     name = value.split(":", 1)[0].strip().lower() if isinstance(value, str) else None
     if name is None or not _GFX_TEXT.match(name):
-        _rejects(kp.RocmArch.parse, value)
+        _rejects(RocmArch.parse, value)
         return
-    arch = kp.RocmArch.parse(value)
-    assert arch == kp.RocmArch(name)
+    arch = RocmArch.parse(value)
+    assert arch == RocmArch(name)
     expected_fp8 = "float8_e4m3fnuz" if name in {"gfx940", "gfx941", "gfx942"} else "float8_e4m3fn"
     assert arch.native_fp8.value == expected_fp8
 
@@ -620,13 +633,13 @@ def test_rocm_arch_parse_gives_the_arch_or_names_the_input(value: object) -> Non
 @example("2." + "9" * 5000)
 def test_version_parse_gives_the_version_or_names_the_input(value: object) -> None:
     if not isinstance(value, str) or not re.match(r"^\s*v?[0-9]", value) or value in NOT_VERSIONS:
-        _rejects(kp.Version.parse, value, repr(value)[:40])
+        _rejects(Version.parse, value, repr(value)[:40])
         return
     plain = _PLAIN_VERSION.match(value.lower())
     if plain is None:
         # Not a plain version: either reading is allowed, but a refusal names the input.
         try:
-            kp.Version.parse(value)
+            Version.parse(value)
         except kp.InvalidValueError as error:
             refused: kp.InvalidValueError | None = error
         else:
@@ -634,15 +647,15 @@ def test_version_parse_gives_the_version_or_names_the_input(value: object) -> No
         if refused is not None:
             assert_names(refused, repr(value), repr(value)[:40])
             return
-    version = kp.Version.parse(value)
-    assert isinstance(version, kp.Version)
+    version = Version.parse(value)
+    assert isinstance(version, Version)
     leading = re.match(r"^\s*v?([0-9]+)", value)
     assert leading is not None
     assert version.major == int(leading.group(1))
     if plain is not None:
         parts = [int(part) for part in plain.groups() if part is not None]
-        assert version == kp.Version(*parts)
-    assert kp.Version.parse(str(version)) == version
+        assert version == Version(*parts)
+    assert Version.parse(str(version)) == version
 
 
 # -- 5. translate(props) -------------------------------------------------------------------------
@@ -684,7 +697,7 @@ def _version_ok(value: object) -> bool:
     if not isinstance(value, str):
         return False
     try:
-        kp.Version.parse(value)
+        Version.parse(value)
     except kp.InvalidValueError:
         return False
     return True
@@ -744,30 +757,30 @@ def _expected_caps(platform: str, props: Mapping[str, object]) -> kp.DeviceCaps:
         features = [
             feature
             for feature, key in (
-                (kp.FEATURE_SCALED_MM, "scaled_mm"),
-                (kp.FEATURE_SCALED_MM_ROWWISE, "scaled_mm_rowwise"),
+                (FEATURE_SCALED_MM, "scaled_mm"),
+                (FEATURE_SCALED_MM_ROWWISE, "scaled_mm_rowwise"),
             )
             if get(key)
         ]
         return kp.DeviceCaps(
-            arch=kp.CpuArch(get("machine"), frozenset(f.strip().lower() for f in get("isa"))),
+            arch=CpuArch(get("machine"), frozenset(f.strip().lower() for f in get("isa"))),
             name=get("name"),
-            torch_version=kp.Version.parse(get("torch_version")),
+            torch_version=Version.parse(get("torch_version")),
             features=frozenset(features),
         )
     if platform == "cuda":
         return kp.DeviceCaps(
-            arch=kp.CudaArch(get("major"), get("minor")),
+            arch=CudaArch(get("major"), get("minor")),
             name=get("name"),
-            torch_version=kp.Version.parse(get("torch_version")),
-            toolkit_version=kp.Version.parse(get("cuda_version")),
+            torch_version=Version.parse(get("torch_version")),
+            toolkit_version=Version.parse(get("cuda_version")),
             libraries=frozenset(s.strip() for s in get("libraries")),
         )
     return kp.DeviceCaps(
-        arch=kp.RocmArch(get("gcnArchName").split(":", 1)[0].strip().lower()),
+        arch=RocmArch(get("gcnArchName").split(":", 1)[0].strip().lower()),
         name=get("name"),
-        torch_version=kp.Version.parse(get("torch_version")),
-        toolkit_version=kp.Version.parse(get("hip_version")),
+        torch_version=Version.parse(get("torch_version")),
+        toolkit_version=Version.parse(get("hip_version")),
     )
 
 

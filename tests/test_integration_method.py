@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import kernelpick as kp
+from kernelpick.core import ENV_DISABLED
 from kernelpick.integration import (
     Fp8LinearMethod,
     Fp8PtpcLinearMethod,
@@ -46,7 +47,7 @@ def test_a100_rejects_before_allocating_with_every_reason() -> None:
     assert text.startswith('quantization="fp8_per_channel": ')
     assert "model.layers.0.mlp.down" in text
     assert "Reasons:" in text
-    for kernel in kp.catalog("cuda"):
+    for kernel in kp.default_catalog().ids_for("cuda"):
         assert f"\n  - {kernel}: " in text
     assert text.count("cannot honour per-token activation quantization") == 2
     assert isinstance(info.value, kp.KernelpickError)
@@ -187,7 +188,7 @@ def test_a_scheme_that_needs_calibration_is_refused() -> None:
 
 
 def test_policy_defaults_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(kp.ENV_DISABLED, "cpu_rowwise_scaled_mm")
+    monkeypatch.setenv(ENV_DISABLED, "cpu_rowwise_scaled_mm")
     method = Fp8PtpcLinearMethod(caps=CPU)
     assert layer_state(_layer(method, [64], 128)).decision.kernel == "cpu_dequant_reference"
 

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import kernelpick as kp
 from kernelpick.adapters import LAUNCHES
+from kernelpick.core import evaluate
 from kernelpick.kernels._base import KernelBase
 from kernelpick.kernels._canonical import quantize_weight
 from tests.emulation import BOUND, emulate, relative_error
@@ -57,8 +58,8 @@ def _out_dtypes(kernel: str) -> list[str]:
     names = ["float32", "bfloat16", "float16"]
     ok = []
     for name in names:
-        config = kp.scheme(IMPLEMENTS[kernel][0], weight_shape=(16, 16), out_dtype=name)
-        verdict = next(v for v in kp.evaluate(caps, config) if v.kernel == kernel)
+        config = kp.quant_config(IMPLEMENTS[kernel][0], weight_shape=(16, 16), out_dtype=name)
+        verdict = next(v for v in evaluate(caps, config) if v.kernel == kernel)
         codes = {r.code for r in verdict.reasons}
         if kp.RejectCode.OUT_DTYPE not in codes and kp.RejectCode.INPUT_DTYPE not in codes:
             ok.append(name)
@@ -79,7 +80,7 @@ def _run_case(
     kernel: str, scheme: str, m: int, n: int, k: int, bias: bool, out: str, seed: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
-    config = kp.scheme(scheme, weight_shape=(n, k), out_dtype=out, bias=bias)
+    config = kp.quant_config(scheme, weight_shape=(n, k), out_dtype=out, bias=bias)
     fp8 = _caps(kernel).fp8_format
     dtype = getattr(torch, out)
     x = torch.randn(m, k, generator=generator).to(dtype)
@@ -103,8 +104,8 @@ def _run_case(
 
 def test_the_table_matches_what_the_catalog_accepts() -> None:
     for kernel, scheme in CASES:
-        config = kp.scheme(scheme, weight_shape=(256, 256))
-        verdict = next(v for v in kp.evaluate(_caps(kernel), config) if v.kernel == kernel)
+        config = kp.quant_config(scheme, weight_shape=(256, 256))
+        verdict = next(v for v in evaluate(_caps(kernel), config) if v.kernel == kernel)
         assert verdict.ok, (kernel, scheme, verdict.reasons)
     assert {k for k in LAUNCHES if k.startswith("cpu")} <= set(IMPLEMENTS)
 
@@ -147,7 +148,7 @@ def _edge_inputs(k: int) -> torch.Tensor:
 @pytest.mark.parametrize(("kernel", "scheme"), CASES)
 def test_fp8_edge_cases_stay_finite_and_match(kernel: str, scheme: str) -> None:
     n, k = 32, 64
-    config = kp.scheme(scheme, weight_shape=(n, k), out_dtype="float32")
+    config = kp.quant_config(scheme, weight_shape=(n, k), out_dtype="float32")
     fp8 = _caps(kernel).fp8_format
     x = _edge_inputs(k)
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(3))

@@ -11,6 +11,7 @@ import torch
 
 import kernelpick as kp
 from kernelpick.adapters import LAUNCHES, bind
+from kernelpick.core import Dtype
 from kernelpick.kernels._base import KernelBase
 from kernelpick.kernels._canonical import quantize_weight
 from kernelpick.kernels._fnuz import as_fnuz
@@ -22,7 +23,7 @@ CPU = torch.device("cpu")
 
 def _bound(kernel: str, scheme: str, n: int = 32, k: int = 64, **kwargs: Any) -> KernelBase:
     device = {"cpu": "cpu", "cuda": "h100", "rocm": "mi300x"}[kernel.split("_")[0]]
-    config = kp.scheme(scheme, weight_shape=(n, k), **kwargs)
+    config = kp.quant_config(scheme, weight_shape=(n, k), **kwargs)
     caps = attrs.evolve(kp.device_profile(device), libraries=frozenset())  # torch-op quantizer
     return on_cpu(kernel, config, caps)
 
@@ -54,13 +55,13 @@ def test_rocm_gfx942_reads_the_canonical_weight_as_fnuz_with_range_224() -> None
     assert bundle.weight.data_ptr() == fp8_weight.data_ptr()
     assert float(bundle.weight.float().abs().max()) == 224.0
     assert torch.equal(bundle.scale, scale * 2)
-    q, _ = quantize_per_token(torch.randn(4, 64) * 1e4, kp.Dtype.FLOAT8_E4M3FNUZ)
+    q, _ = quantize_per_token(torch.randn(4, 64) * 1e4, Dtype.FLOAT8_E4M3FNUZ)
     assert not bool(torch.isnan(q.float()).any())
     assert float(q.float().abs().max()) <= 224.0
 
 
 def test_mi355x_quantizes_into_ocp_e4m3fn() -> None:
-    config = kp.scheme("fp8_per_channel", weight_shape=(32, 64))
+    config = kp.quant_config("fp8_per_channel", weight_shape=(32, 64))
     caps = kp.device_profile("mi355x")
     impl = LAUNCHES["rocm_rowwise_scaled_mm"].kernel(
         kp.default_catalog().kernel("rocm_rowwise_scaled_mm"), config, caps, CPU
@@ -201,7 +202,7 @@ def test_a_static_config_needs_its_input_scale() -> None:
 
 
 def test_bind_checks_id_platform_and_device() -> None:
-    config = kp.scheme("fp8_per_channel", weight_shape=(32, 64))
+    config = kp.quant_config("fp8_per_channel", weight_shape=(32, 64))
     with pytest.raises(kp.UnknownNameError, match="cuda_w8a16_cupy") as info:
         bind("marlin", config, kp.device_profile("h100"))  # the message lists the real ids
     assert info.value.value == "marlin"
@@ -214,7 +215,7 @@ def test_bind_checks_id_platform_and_device() -> None:
 def test_group_quantization_round_trips_any_group_shape() -> None:
     w = torch.randn(300, 200, generator=torch.Generator().manual_seed(1))
     for group in [(1, -1), (-1, -1), (128, 128), (1, 64), (-1, 32)]:
-        whole, whole_scale = quantize(w, group, kp.Dtype.FLOAT8_E4M3FN)
-        chunked, chunked_scale = quantize_in_chunks(w, group, kp.Dtype.FLOAT8_E4M3FN, chunk_rows=64)
+        whole, whole_scale = quantize(w, group, Dtype.FLOAT8_E4M3FN)
+        chunked, chunked_scale = quantize_in_chunks(w, group, Dtype.FLOAT8_E4M3FN, chunk_rows=64)
         assert torch.equal(whole.view(torch.uint8), chunked.view(torch.uint8)), group
         assert torch.equal(whole_scale, chunked_scale), group

@@ -95,7 +95,7 @@ def test_core_chooses_with_torch_and_cupy_blocked() -> None:
         """
         import kernelpick.core as core
         caps = core.device_profile("h100")
-        config = core.scheme("fp8_per_channel", weight_shape=(4096, 4096))
+        config = core.quant_config("fp8_per_channel", weight_shape=(4096, 4096))
         print(core.choose(caps, config).kernel)
         """
     )
@@ -108,7 +108,7 @@ def test_importing_kernelpick_and_choosing_does_not_import_torch() -> None:
         import sys
         import kernelpick as kp
         decision = kp.choose(
-            kp.device_profile("a100"), kp.scheme("fp8_per_channel", weight_shape=(64, 64))
+            kp.device_profile("a100"), kp.quant_config("fp8_per_channel", weight_shape=(64, 64))
         )
         print(type(decision).__name__, "torch" in sys.modules)
         """

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 import kernelpick as kp
+from kernelpick.core import ENV_DISABLED, ENV_FORCE, ENV_STRICT
 
-PTPC = kp.scheme("fp8_per_channel", weight_shape=(4096, 4096))
+PTPC = kp.quant_config("fp8_per_channel", weight_shape=(4096, 4096))
 H100 = kp.device_profile("h100")
 
 
@@ -16,7 +17,7 @@ def test_a_disabled_kernel_is_reported_and_skipped() -> None:
     assert decision.kernel == "cuda_channelwise_unfused"
     rowwise = decision.trace[0]
     assert [r.code for r in rowwise.reasons] == [kp.RejectCode.DISABLED]
-    assert str(rowwise.reasons[0]) == (
+    assert _line(rowwise.reasons[0]) == (
         "cuda_rowwise_scaled_mm: disabled by policy (Policy.disabled, KERNELPICK_DISABLED_KERNELS)"
     )
 
@@ -44,10 +45,10 @@ def test_a_forced_kernel_of_another_platform_is_rejected_as_such() -> None:
     assert isinstance(decision, kp.Rejected)
     last = decision.trace[-1]
     assert last.kernel == "cuda_rowwise_scaled_mm"
-    assert str(last.reasons[0]) == "cuda_rowwise_scaled_mm: runs on cuda; device platform is cpu"
+    assert _line(last.reasons[0]) == "cuda_rowwise_scaled_mm: runs on cuda; device platform is cpu"
     # Its own rules are still evaluated and kept.
     assert kp.RejectCode.COMPUTE_CAPABILITY in {r.code for r in last.reasons[1:]}
-    assert all(v.kernel in kp.catalog("cpu") for v in decision.trace[:-1])
+    assert all(v.kernel in kp.default_catalog().ids_for("cpu") for v in decision.trace[:-1])
 
 
 def test_choose_refuses_a_policy_naming_an_unknown_id() -> None:
@@ -58,9 +59,9 @@ def test_choose_refuses_a_policy_naming_an_unknown_id() -> None:
 
 def test_from_env_reads_all_three_variables() -> None:
     env = {
-        kp.ENV_DISABLED: " cuda_rowwise_scaled_mm, ,cuda_w8a16_cupy,cuda_rowwise_scaled_mm,",
-        kp.ENV_FORCE: " cuda_channelwise_unfused ",
-        kp.ENV_STRICT: "Yes",
+        ENV_DISABLED: " cuda_rowwise_scaled_mm, ,cuda_w8a16_cupy,cuda_rowwise_scaled_mm,",
+        ENV_FORCE: " cuda_channelwise_unfused ",
+        ENV_STRICT: "Yes",
     }
     assert kp.Policy.from_env(env) == kp.Policy(
         disabled=frozenset({"cuda_rowwise_scaled_mm", "cuda_w8a16_cupy"}),
@@ -71,9 +72,7 @@ def test_from_env_reads_all_three_variables() -> None:
 
 def test_from_env_with_nothing_set_is_the_default_policy() -> None:
     assert kp.Policy.from_env({}) == kp.Policy()
-    assert kp.Policy.from_env({kp.ENV_STRICT: " ", kp.ENV_FORCE: "", kp.ENV_DISABLED: ","}) == (
-        kp.Policy()
-    )
+    assert kp.Policy.from_env({ENV_STRICT: " ", ENV_FORCE: "", ENV_DISABLED: ","}) == (kp.Policy())
 
 
 @pytest.mark.parametrize(
@@ -81,22 +80,22 @@ def test_from_env_with_nothing_set_is_the_default_policy() -> None:
     [("1", True), ("true", True), ("YES", True), ("0", False), ("False", False), ("no", False)],
 )
 def test_from_env_strict_values(text: str, strict: bool) -> None:
-    assert kp.Policy.from_env({kp.ENV_STRICT: text}).strict is strict
+    assert kp.Policy.from_env({ENV_STRICT: text}).strict is strict
 
 
 @pytest.mark.parametrize("text", ["2", "on", "y", "truee"])
 def test_from_env_rejects_other_strict_values(text: str) -> None:
-    with pytest.raises(kp.InvalidValueError, match=kp.ENV_STRICT) as info:
-        kp.Policy.from_env({kp.ENV_STRICT: text})
+    with pytest.raises(kp.InvalidValueError, match=ENV_STRICT) as info:
+        kp.Policy.from_env({ENV_STRICT: text})
     assert info.value.value == text
 
 
 @pytest.mark.parametrize(
     ("variable", "value", "closest"),
     [
-        (kp.ENV_DISABLED, "cuda_rowwise_scaled_mn", "cuda_rowwise_scaled_mm"),
-        (kp.ENV_FORCE, "cpu_dequant_refrence", "cpu_dequant_reference"),
-        (kp.ENV_DISABLED, "rocm_w8a16_torch,marlin", None),
+        (ENV_DISABLED, "cuda_rowwise_scaled_mn", "cuda_rowwise_scaled_mm"),
+        (ENV_FORCE, "cpu_dequant_refrence", "cpu_dequant_reference"),
+        (ENV_DISABLED, "rocm_w8a16_torch,marlin", None),
     ],
 )
 def test_from_env_misspelt_id_names_the_closest_valid_one(
@@ -113,14 +112,14 @@ def test_from_env_misspelt_id_names_the_closest_valid_one(
 
 def test_from_env_refuses_two_forced_kernels() -> None:
     with pytest.raises(kp.InvalidValueError, match="a single kernel id"):
-        kp.Policy.from_env({kp.ENV_FORCE: "cpu_dequant_reference,cpu_w8a16_reference"})
+        kp.Policy.from_env({ENV_FORCE: "cpu_dequant_reference,cpu_w8a16_reference"})
 
 
 def test_from_env_checks_ids_against_the_given_catalog() -> None:
     engine = kp.Catalog((kp.KernelSpec("marlin", kp.Platform.CUDA, kp.KernelKind.W8A16),))
-    assert kp.Policy.from_env({kp.ENV_FORCE: "marlin"}, catalog=engine).force == "marlin"
+    assert kp.Policy.from_env({ENV_FORCE: "marlin"}, catalog=engine).force == "marlin"
     with pytest.raises(kp.UnknownNameError):
-        kp.Policy.from_env({kp.ENV_FORCE: "marlin"})
+        kp.Policy.from_env({ENV_FORCE: "marlin"})
 
 
 @pytest.mark.parametrize(
@@ -134,3 +133,7 @@ def test_policy_fields_are_validated(kwargs: dict[str, object], what: str) -> No
 
 def test_a_bare_string_disables_one_kernel_not_its_letters() -> None:
     assert kp.Policy(disabled="cpu_dequant_reference").disabled == {"cpu_dequant_reference"}
+
+
+def _line(reason: kp.Reason) -> str:
+    return f"{reason.kernel}: {reason.render()}"

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import kernelpick as kp
+from kernelpick.core import Dtype
 from kernelpick.integration import Fp8LinearMethod, layer_state, weight_loader_of
 from kernelpick.kernels._canonical import dequantize_weight, quantize_weight
 from tests.emulation import BOUND, emulate, relative_error
@@ -36,7 +37,7 @@ def _shards(scheme: str, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor
     out = []
     for i, rows in enumerate(SIZES):
         w = torch.randn(rows, K, generator=generator) * (i + 1)  # scales differ per shard
-        fp8, scale = quantize_weight(w, kp.scheme(scheme, weight_shape=(rows, K)))
+        fp8, scale = quantize_weight(w, kp.quant_config(scheme, weight_shape=(rows, K)))
         out.append((w, fp8, scale))
     return out
 
@@ -61,7 +62,7 @@ def test_fused_fp8_shards_load_one_by_one_each_with_its_scale_rows() -> None:
     _process(layer)
     x = torch.randn(4, K)
     config = layer_state(layer).config
-    want = emulate(x, torch.cat([w for w, _, _ in shards]), config, kp.Dtype.FLOAT8_E4M3FN)
+    want = emulate(x, torch.cat([w for w, _, _ in shards]), config, Dtype.FLOAT8_E4M3FN)
     assert relative_error(_apply(layer, x), want) <= BOUND["float32"]
 
 

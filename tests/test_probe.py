@@ -20,6 +20,16 @@ from kernelpick.adapters import _probe as any_probe
 from kernelpick.adapters.cpu import _device as cpu_device
 from kernelpick.adapters.cuda import _device as cuda_device
 from kernelpick.adapters.rocm import _device as rocm_device
+from kernelpick.core import (
+    FEATURE_SCALED_MM,
+    FEATURE_SCALED_MM_ROWWISE,
+    Arch,
+    CpuArch,
+    CudaArch,
+    Dtype,
+    RocmArch,
+    Version,
+)
 from kernelpick.kernels._cupy_runtime import cupy_usable
 
 FIXTURES = Path(__file__).parent / "fixtures" / "devices"
@@ -30,9 +40,9 @@ TRANSLATE: dict[str, Callable[[Mapping[str, object]], kp.DeviceCaps]] = {
     "rocm": rocm_device.translate,
 }
 GPU_AVAILABLE = torch.cuda.is_available()
-BOTH_FEATURES = frozenset({kp.FEATURE_SCALED_MM, kp.FEATURE_SCALED_MM_ROWWISE})
-FN = kp.Dtype.FLOAT8_E4M3FN
-FNUZ = kp.Dtype.FLOAT8_E4M3FNUZ
+BOTH_FEATURES = frozenset({FEATURE_SCALED_MM, FEATURE_SCALED_MM_ROWWISE})
+FN = Dtype.FLOAT8_E4M3FN
+FNUZ = Dtype.FLOAT8_E4M3FNUZ
 
 
 def _fixture(stem: str) -> dict[str, object]:
@@ -72,18 +82,18 @@ def test_the_cpu_fixture_has_exactly_the_keys_read_properties_returns() -> None:
 
 # --- translate: examples -------------------------------------------------------------------
 
-Example = tuple[str, kp.Platform, kp.Arch, kp.Dtype, kp.Version, set[str], set[str], str]
+Example = tuple[str, kp.Platform, Arch, Dtype, Version, set[str], set[str], str]
 EXAMPLES: list[Example] = [
     # stem, platform, arch, fp8, toolkit, libraries, features, profile
-    ("t4", kp.Platform.CUDA, kp.CudaArch(7, 5), FN, kp.Version(12, 8), {"cupy"}, set(), "t4"),
-    ("a100", kp.Platform.CUDA, kp.CudaArch(8, 0), FN, kp.Version(12, 8), {"cupy"}, set(), "a100"),
-    ("h100", kp.Platform.CUDA, kp.CudaArch(9, 0), FN, kp.Version(12, 8), {"cupy"}, set(), "h100"),
+    ("t4", kp.Platform.CUDA, CudaArch(7, 5), FN, Version(12, 8), {"cupy"}, set(), "t4"),
+    ("a100", kp.Platform.CUDA, CudaArch(8, 0), FN, Version(12, 8), {"cupy"}, set(), "a100"),
+    ("h100", kp.Platform.CUDA, CudaArch(9, 0), FN, Version(12, 8), {"cupy"}, set(), "h100"),
     (
         "mi300x",
         kp.Platform.ROCM,
-        kp.RocmArch("gfx942"),
+        RocmArch("gfx942"),
         FNUZ,
-        kp.Version(7, 0, 51831),
+        Version(7, 0, 51831),
         set(),
         set(),
         "mi300x",
@@ -91,9 +101,9 @@ EXAMPLES: list[Example] = [
     (
         "mi355x",
         kp.Platform.ROCM,
-        kp.RocmArch("gfx950"),
+        RocmArch("gfx950"),
         FN,
-        kp.Version(7, 0, 51831),
+        Version(7, 0, 51831),
         set(),
         set(),
         "mi355x",
@@ -109,9 +119,9 @@ EXAMPLES: list[Example] = [
 def test_translate_gpu_fixture(
     stem: str,
     platform: kp.Platform,
-    arch: kp.Arch,
-    fp8: kp.Dtype,
-    toolkit: kp.Version,
+    arch: Arch,
+    fp8: Dtype,
+    toolkit: Version,
     libraries: set[str],
     features: set[str],
     profile: str,
@@ -123,7 +133,7 @@ def test_translate_gpu_fixture(
     assert caps.toolkit_version == toolkit
     assert caps.libraries == libraries
     assert caps.features == features
-    assert caps.torch_version == kp.Version(2, 13)
+    assert caps.torch_version == Version(2, 13)
     assert caps.name == _fixture(stem)["name"]
     expected = kp.device_profile(profile)
     assert (caps.platform, caps.arch) == (expected.platform, expected.arch)
@@ -133,15 +143,15 @@ def test_translate_cpu_fixture() -> None:
     caps = _translate("cpu")
     props = _props("cpu")
     assert caps.platform is kp.Platform.CPU
-    assert caps.arch == kp.CpuArch(str(props["machine"]), frozenset(_strings(props["isa"])))
+    assert caps.arch == CpuArch(str(props["machine"]), frozenset(_strings(props["isa"])))
     assert caps.fp8_format is FN
     assert caps.toolkit_version is None
     assert caps.libraries == frozenset()
     assert caps.features == BOTH_FEATURES  # the recording machine runs torch 2.13
     # The profile describes an AVX2 machine; the recorded one has at least that.
     profile = kp.device_profile("cpu")
-    assert isinstance(profile.arch, kp.CpuArch)
-    assert isinstance(caps.arch, kp.CpuArch)
+    assert isinstance(profile.arch, CpuArch)
+    assert isinstance(caps.arch, CpuArch)
     assert (caps.platform, caps.arch.machine) == (profile.platform, profile.arch.machine)
     assert profile.arch.isa <= caps.arch.isa
 
@@ -150,8 +160,8 @@ def test_translate_cpu_fixture() -> None:
     ("scaled_mm", "rowwise", "features"),
     [
         (True, True, BOTH_FEATURES),
-        (True, False, {kp.FEATURE_SCALED_MM}),
-        (False, True, {kp.FEATURE_SCALED_MM_ROWWISE}),
+        (True, False, {FEATURE_SCALED_MM}),
+        (False, True, {FEATURE_SCALED_MM_ROWWISE}),
         (False, False, set()),
     ],
 )
@@ -378,10 +388,10 @@ def test_probe_device_cpu_features_come_from_the_trial(device: object) -> None:
     caps = any_probe.probe_device(device)
     props = cpu_device.read_properties(0)
     assert caps.platform is kp.Platform.CPU
-    assert (kp.FEATURE_SCALED_MM in caps.features) is props["scaled_mm"]
-    assert (kp.FEATURE_SCALED_MM_ROWWISE in caps.features) is props["scaled_mm_rowwise"]
+    assert (FEATURE_SCALED_MM in caps.features) is props["scaled_mm"]
+    assert (FEATURE_SCALED_MM_ROWWISE in caps.features) is props["scaled_mm_rowwise"]
     assert caps == cpu_device.translate(props)
-    if caps.torch_version >= kp.Version(2, 13):
+    if caps.torch_version >= Version(2, 13):
         assert caps.features == BOTH_FEATURES  # design §4: 2.13 runs both on CPU
 
 

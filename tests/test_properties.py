@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import kernelpick as kp
+from kernelpick.core import SCHEMA_VERSION, GroupShape, Verdict, evaluate
 
 CATALOG = kp.default_catalog()
 IDS = CATALOG.ids
@@ -46,7 +47,7 @@ class Question:
 
     @property
     def platform_ids(self) -> tuple[str, ...]:
-        return kp.catalog(self.caps.platform, self.catalog)
+        return self.catalog.ids_for(self.caps.platform)
 
     def ask(self, policy: kp.Policy) -> kp.Decision:
         return kp.choose(self.caps, self.config, policy, self.catalog)
@@ -67,7 +68,7 @@ def make_question(
     strict: bool = False,
     order: str = "default",
 ) -> Question:
-    config = kp.scheme(name, weight_shape=shape, out_dtype=out_dtype, bias=bias)
+    config = kp.quant_config(name, weight_shape=shape, out_dtype=out_dtype, bias=bias)
     return Question(profile, config, kp.Policy(disabled, force, strict), order)
 
 
@@ -82,7 +83,9 @@ schemes: st.SearchStrategy[kp.Scheme] = st.sampled_from(list(kp.Scheme))
 out_dtypes: st.SearchStrategy[str] = st.sampled_from(["bfloat16", "float16", "float32"])
 kernel_ids: st.SearchStrategy[str] = st.sampled_from(IDS)
 configs: st.SearchStrategy[kp.QuantConfig] = st.builds(
-    lambda name, shape, out, bias: kp.scheme(name, weight_shape=shape, out_dtype=out, bias=bias),
+    lambda name, shape, out, bias: kp.quant_config(
+        name, weight_shape=shape, out_dtype=out, bias=bias
+    ),
     schemes,
     shapes,
     out_dtypes,
@@ -153,7 +156,7 @@ def with_key_examples(test: TestFn) -> TestFn:
     return test
 
 
-def codes(verdict: kp.Verdict) -> list[kp.RejectCode]:
+def codes(verdict: Verdict) -> list[kp.RejectCode]:
     return [reason.code for reason in verdict.reasons]
 
 
@@ -178,7 +181,7 @@ def test_choose_never_raises_and_is_deterministic(question: Question) -> None:
     kp.clear_cache()
     assert question.choose() == first
     # The cached answer is the uncached evaluation.
-    assert first.trace == kp.evaluate(
+    assert first.trace == evaluate(
         question.caps, question.config, question.policy, question.catalog
     )
 
@@ -243,7 +246,7 @@ def test_trace_covers_platform_in_order_and_marks_not_forced(question: Question)
 def test_w8a16_never_serves_per_token_activations(question: Question) -> None:
     decision = question.choose()
     act = question.config.activation
-    if act is None or act.scale.group != kp.GroupShape.PER_TOKEN:
+    if act is None or act.scale.group != GroupShape.PER_TOKEN:
         return
     w8a16 = [v for v in decision.trace if v.kind is kp.KernelKind.W8A16]
     # Every platform has weight-only kernels, so the rule is always exercised here.
@@ -252,7 +255,7 @@ def test_w8a16_never_serves_per_token_activations(question: Question) -> None:
         assert not verdict.ok
         rule = [r for r in verdict.reasons if r.code is kp.RejectCode.WEIGHT_ONLY_ACTIVATION]
         assert len(rule) == 1
-        assert "per-token" in rule[0].message
+        assert "per-token" in rule[0].render()
     if isinstance(decision, kp.Selected):
         [selected] = [v for v in decision.trace if v.kernel == decision.kernel]
         assert selected.kind is not kp.KernelKind.W8A16
@@ -333,8 +336,9 @@ def test_rejected_lists_every_reason_and_renders_one_line_each(question: Questio
     assert all(not v.ok for v in decision.trace)
     lines = decision.render().split("\n")
     assert lines[0] == HEADER
-    assert len(lines) == 1 + len(everything)
-    assert lines[1:] == [f"  - {r.kernel}: {r.message}" for r in everything]
+    assert len(lines) == 1 + len(everything) + len(decision.hints)
+    assert lines[1 : len(everything) + 1] == [f"  - {r.kernel}: {r.render()}" for r in everything]
+    assert lines[len(everything) + 1 :] == [f"Hint: {hint}" for hint in decision.hints]
     assert sum(line.startswith("  - ") for line in lines) == len(everything)
 
 
@@ -346,7 +350,7 @@ def test_to_dict_round_trips_through_json(question: Question) -> None:
     record = decision.to_dict()
     again = json.loads(json.dumps(record))
     assert again == record
-    assert record["schema_version"] == kp.SCHEMA_VERSION
+    assert record["schema_version"] == SCHEMA_VERSION
     statuses = [entry["status"] for entry in record["trace"]]
     assert [entry["kernel"] for entry in record["trace"]] == [v.kernel for v in decision.trace]
     if isinstance(decision, kp.Selected):
@@ -362,28 +366,30 @@ def test_to_dict_round_trips_through_json(question: Question) -> None:
         assert "viable" not in statuses
     for entry, verdict in zip(record["trace"], decision.trace, strict=True):
         assert [r["code"] for r in entry["reasons"]] == [r.code.value for r in verdict.reasons]
-        assert [r["message"] for r in entry["reasons"]] == [r.message for r in verdict.reasons]
+        assert [r["message"] for r in entry["reasons"]] == [r.render() for r in verdict.reasons]
 
 
 def test_cache_is_bounded() -> None:
     kp.clear_cache()
     assert kp.cache_info().currsize == 0
-    assert kp.cache_info().maxsize == kp.CACHE_SIZE
+    size = kp.cache_info().maxsize
+    assert size is not None
+    assert size == 4096
     caps = kp.device_profile("cpu")
     extra = 100
-    for n in range(1, kp.CACHE_SIZE + extra + 1):
-        config = kp.scheme(kp.Scheme.FP8_PER_TENSOR, weight_shape=(n, 16))
+    for n in range(1, size + extra + 1):
+        config = kp.quant_config(kp.Scheme.FP8_PER_TENSOR, weight_shape=(n, 16))
         kp.choose(caps, config)
-        assert kp.cache_info().currsize <= kp.CACHE_SIZE
+        assert kp.cache_info().currsize <= size
     info = kp.cache_info()
-    assert info.misses >= kp.CACHE_SIZE + extra
-    assert info.currsize == kp.CACHE_SIZE
+    assert info.misses >= size + extra
+    assert info.currsize == size
     # The oldest question was evicted (least recently used first), the newest kept.
-    newest = kp.scheme(kp.Scheme.FP8_PER_TENSOR, weight_shape=(kp.CACHE_SIZE + extra, 16))
+    newest = kp.quant_config(kp.Scheme.FP8_PER_TENSOR, weight_shape=(size + extra, 16))
     hits = kp.cache_info().hits
     kp.choose(caps, newest)
     assert kp.cache_info().hits == hits + 1
-    oldest = kp.scheme(kp.Scheme.FP8_PER_TENSOR, weight_shape=(1, 16))
+    oldest = kp.quant_config(kp.Scheme.FP8_PER_TENSOR, weight_shape=(1, 16))
     misses = kp.cache_info().misses
     kp.choose(caps, oldest)
     assert kp.cache_info().misses == misses + 1

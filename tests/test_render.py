@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 
 import kernelpick as kp
+from kernelpick.core import SCHEMA_VERSION
 
-PTPC = kp.scheme("fp8_per_channel", weight_shape=(4096, 4096))
+PTPC = kp.quant_config("fp8_per_channel", weight_shape=(4096, 4096))
 
 
-def test_rejected_text_is_the_layout_of_design_section_6() -> None:
+def test_rejected_text_is_the_layout_engines_print_then_the_hints() -> None:
     decision = kp.choose(kp.device_profile("a100"), PTPC)
     assert isinstance(decision, kp.Rejected)
     lines = decision.render().splitlines()
@@ -19,11 +20,40 @@ def test_rejected_text_is_the_layout_of_design_section_6() -> None:
     assert lines[1] == (
         "  - cuda_rowwise_scaled_mm: requires compute capability 8.9 or higher; device has 8.0"
     )
-    assert lines[-1] == (
+    reasons = len(decision.reasons)
+    assert lines[reasons] == (
         "  - cuda_w8a16_torch: weight-only (W8A16) kernel cannot honour per-token "
         "activation quantization"
     )
-    assert lines[1:] == [f"  - {reason}" for reason in decision.reasons]
+    assert lines[1 : reasons + 1] == [f"  - {r.kernel}: {r.render()}" for r in decision.reasons]
+    assert lines[reasons + 1 :] == [f"Hint: {hint}" for hint in decision.hints]
+
+
+def test_a_rejection_hints_at_what_works_computed_from_the_catalog() -> None:
+    a100 = kp.device_profile("a100")
+    decision = kp.choose(a100, PTPC)
+    assert isinstance(decision, kp.Rejected)
+    # The scheme hint is what choose() itself answers for that scheme on this device.
+    weight_only = kp.choose(a100, kp.quant_config("fp8_weight_only", weight_shape=(4096, 4096)))
+    assert isinstance(weight_only, kp.Selected)
+    assert decision.hints[0] == f"on {a100.name}, fp8_weight_only selects {weight_only.kernel}"
+    # The device hint names what the first device-bound kernel needs, and that device works.
+    assert decision.hints[1] == (
+        "or move to a device with compute capability 8.9 or higher, "
+        "where cuda_rowwise_scaled_mm runs"
+    )
+    assert isinstance(kp.choose(kp.device_profile("l4"), PTPC), kp.Selected)
+    assert decision.to_dict()["hints"] == list(decision.hints)
+
+
+def test_a_rejection_no_device_or_scheme_fixes_has_no_hint() -> None:
+    # A shape no kernel's alignment accepts, forced onto one kernel: nothing to suggest.
+    config = kp.quant_config("fp8_per_channel", weight_shape=(4096, 4100))
+    policy = kp.Policy(force="cuda_rowwise_scaled_mm")
+    decision = kp.choose(kp.device_profile("h100"), config, policy)
+    assert isinstance(decision, kp.Rejected)
+    assert decision.hints == ()
+    assert "Hint" not in decision.render()
 
 
 def test_selected_text_names_the_kernel_and_why_not_the_others() -> None:
@@ -36,7 +66,7 @@ def test_selected_text_names_the_kernel_and_why_not_the_others() -> None:
 
 
 def test_degraded_choice_is_flagged_in_text() -> None:
-    config = kp.scheme("fp8_per_tensor", weight_shape=(4096, 4096))
+    config = kp.quant_config("fp8_per_tensor", weight_shape=(4096, 4096))
     decision = kp.choose(kp.device_profile("t4"), config)
     assert isinstance(decision, kp.Selected)
     assert decision.render().startswith("Selected cuda_w8a16_cupy (degraded: weight-only (W8A16)")
@@ -46,12 +76,12 @@ def test_to_dict_is_json_and_carries_every_reason() -> None:
     decision = kp.choose(kp.device_profile("a100"), PTPC)
     assert isinstance(decision, kp.Rejected)
     record = json.loads(json.dumps(decision.to_dict()))
-    assert record["schema_version"] == kp.SCHEMA_VERSION
+    assert record["schema_version"] == SCHEMA_VERSION
     assert (record["outcome"], record["kernel"]) == ("rejected", None)
-    assert [t["kernel"] for t in record["trace"]] == list(kp.catalog("cuda"))
+    assert [t["kernel"] for t in record["trace"]] == list(kp.default_catalog().ids_for("cuda"))
     flat = [r for t in record["trace"] for r in t["reasons"]]
     assert [r["code"] for r in flat] == [r.code.value for r in decision.reasons]
-    assert [r["message"] for r in flat] == [r.message for r in decision.reasons]
+    assert [r["message"] for r in flat] == [r.render() for r in decision.reasons]
     assert flat[0] == {
         "code": "compute_capability",
         "needed": "8.9",

@@ -12,13 +12,14 @@ import torch
 
 import kernelpick as kp
 from kernelpick.adapters import LAUNCHES
+from kernelpick.core import Dtype
 from kernelpick.integration import ModelConversionError, quantize_model
 from kernelpick.kernels import KernelBase
 from kernelpick.kernels._canonical import quantize_weight
 from tests.snapshots import snapshot
 
 CPU = kp.device_profile("cpu")
-FP8 = [kp.Dtype.FLOAT8_E4M3FN, kp.Dtype.FLOAT8_E4M3FNUZ]
+FP8 = [Dtype.FLOAT8_E4M3FN, Dtype.FLOAT8_E4M3FNUZ]
 
 
 def _questions(count: int, seed: int) -> list[tuple[kp.DeviceCaps, kp.QuantConfig, kp.Policy]]:
@@ -34,7 +35,7 @@ def _questions(count: int, seed: int) -> list[tuple[kp.DeviceCaps, kp.QuantConfi
     return [
         (
             rng.choice(profiles),
-            kp.scheme(rng.choice(list(kp.Scheme)), weight_shape=rng.choice(shapes),
+            kp.quant_config(rng.choice(list(kp.Scheme)), weight_shape=rng.choice(shapes),
                       out_dtype=rng.choice(["bfloat16", "float16", "float32"])),
             rng.choice(policies),
         )
@@ -70,8 +71,8 @@ def test_sixteen_threads_get_exactly_what_one_thread_gets_and_the_cache_stays_bo
     for answers in results:
         assert answers == expected
     info = kp.cache_info()
-    assert info.maxsize == kp.CACHE_SIZE
-    assert info.currsize <= kp.CACHE_SIZE
+    assert info.maxsize == 4096
+    assert info.currsize <= info.maxsize
 
 
 class Stack(torch.nn.Module):
@@ -130,7 +131,7 @@ def test_a_failure_at_any_layer_leaves_every_module_and_byte_as_it_was(
     assert len(quantize_model(clean, caps=CPU, policy=ALIGNED_ONLY).layers) == len(WIDTHS)
 
 
-def _extreme_rows(width: int, fp8: kp.Dtype) -> torch.Tensor:
+def _extreme_rows(width: int, fp8: Dtype) -> torch.Tensor:
     rows = [
         torch.zeros(width),  # all zero
         torch.full((width,), 3.25),  # constant
@@ -151,13 +152,13 @@ def _finite_fp8(tensor: torch.Tensor) -> bool:
 @pytest.mark.parametrize("fp8", FP8, ids=lambda d: d.value)
 @pytest.mark.parametrize("kernel", sorted(k for k in LAUNCHES if k.startswith("cpu")))
 def test_no_input_gives_nan_or_inf_in_a_quantized_weight_or_activation(
-    kernel: str, fp8: kp.Dtype
+    kernel: str, fp8: Dtype
 ) -> None:
     width = 32
     scheme = "fp8_weight_only" if "w8a16" in kernel else (
         "fp8_per_tensor" if "tensorwise" in kernel else "fp8_per_channel"
     )  # fmt: skip
-    config = kp.scheme(scheme, weight_shape=(16, width), out_dtype="float32")
+    config = kp.quant_config(scheme, weight_shape=(16, width), out_dtype="float32")
     spec = kp.default_catalog().kernel(kernel)
     impl: KernelBase = LAUNCHES[kernel].family(spec, config, torch.device("cpu"), fp8)
     extreme = _extreme_rows(width, fp8).repeat(2, 1)  # 16 rows: the scaled_mm alignment

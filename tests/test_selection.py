@@ -6,6 +6,7 @@ import attrs
 import pytest
 
 import kernelpick as kp
+from kernelpick.core import FEATURE_SCALED_MM, Dtype, Version
 
 PTPC = "fp8_per_channel"
 SHAPE = (4096, 4096)
@@ -13,7 +14,7 @@ W8A16_CUDA = ("cuda_w8a16_cupy", "cuda_w8a16_torch")
 
 
 def _choose(device: str, scheme: str, **kwargs: object) -> kp.Decision:
-    config = kp.scheme(scheme, weight_shape=SHAPE, **kwargs)  # type: ignore[arg-type]
+    config = kp.quant_config(scheme, weight_shape=SHAPE, **kwargs)  # type: ignore[arg-type]
     return kp.choose(kp.device_profile(device), config)
 
 
@@ -26,7 +27,7 @@ def _selected(decision: kp.Decision) -> kp.Selected:
 def test_ptpc_before_sm89_is_rejected_with_every_kernels_reason(device: str) -> None:
     decision = _choose(device, PTPC)
     assert isinstance(decision, kp.Rejected)
-    assert {r.kernel for r in decision.reasons} == set(kp.catalog("cuda"))
+    assert {r.kernel for r in decision.reasons} == set(kp.default_catalog().ids_for("cuda"))
     for kernel in W8A16_CUDA:
         codes = {r.code for r in decision.reasons if r.kernel == kernel}
         assert kp.RejectCode.WEIGHT_ONLY_ACTIVATION in codes
@@ -47,7 +48,7 @@ def test_per_tensor_on_a100_falls_back_to_weight_only_degraded() -> None:
 
 
 def test_strict_refuses_the_degraded_fallback() -> None:
-    config = kp.scheme("fp8_per_tensor", weight_shape=SHAPE)
+    config = kp.quant_config("fp8_per_tensor", weight_shape=SHAPE)
     decision = kp.choose(kp.device_profile("a100"), config, kp.Policy(strict=True))
     assert isinstance(decision, kp.Rejected)
     strict = [r for r in decision.reasons if r.code is kp.RejectCode.STRICT_DEGRADED]
@@ -61,7 +62,7 @@ def test_weight_only_on_a100_selects_cupy_not_degraded() -> None:
 
 def test_weight_only_without_cupy_falls_to_torch_and_says_why() -> None:
     caps = attrs.evolve(kp.device_profile("a100"), libraries=frozenset())
-    decision = _selected(kp.choose(caps, kp.scheme("fp8_weight_only", weight_shape=SHAPE)))
+    decision = _selected(kp.choose(caps, kp.quant_config("fp8_weight_only", weight_shape=SHAPE)))
     assert decision.kernel == "cuda_w8a16_torch"
     cupy = next(v for v in decision.trace if v.kernel == "cuda_w8a16_cupy")
     assert [r.code for r in cupy.reasons] == [kp.RejectCode.LIBRARY_UNAVAILABLE]
@@ -81,7 +82,7 @@ def test_per_tensor_on_h100_selects_tensorwise() -> None:
 
 @pytest.mark.parametrize("device", ["mi300x", "mi325x"])
 def test_mi300_selects_rowwise_in_fnuz(device: str) -> None:
-    assert kp.device_profile(device).fp8_format is kp.Dtype.FLOAT8_E4M3FNUZ
+    assert kp.device_profile(device).fp8_format is Dtype.FLOAT8_E4M3FNUZ
     assert _selected(_choose(device, PTPC)).kernel == "rocm_rowwise_scaled_mm"
 
 
@@ -94,18 +95,18 @@ def test_mi300x_fp16_model_selects_unfused_because_rowwise_is_bf16_only() -> Non
 
 
 def test_mi355x_uses_ocp_fp8_and_rowwise() -> None:
-    assert kp.device_profile("mi355x").fp8_format is kp.Dtype.FLOAT8_E4M3FN
+    assert kp.device_profile("mi355x").fp8_format is Dtype.FLOAT8_E4M3FN
     assert _selected(_choose("mi355x", PTPC)).kernel == "rocm_rowwise_scaled_mm"
 
 
 def test_mi355x_on_rocm_6_is_turned_down_for_the_toolkit() -> None:
-    caps = attrs.evolve(kp.device_profile("mi355x"), toolkit_version=kp.Version(6, 4))
-    decision = kp.choose(caps, kp.scheme(PTPC, weight_shape=SHAPE))
+    caps = attrs.evolve(kp.device_profile("mi355x"), toolkit_version=Version(6, 4))
+    decision = kp.choose(caps, kp.quant_config(PTPC, weight_shape=SHAPE))
     assert isinstance(decision, kp.Rejected)
     rowwise = [r for r in decision.reasons if r.kernel == "rocm_rowwise_scaled_mm"]
     assert [r.code for r in rowwise] == [kp.RejectCode.TOOLKIT_VERSION]
-    assert "ROCm 7.0 or newer on gfx950" in rowwise[0].message
-    assert "ROCm 6.4" in rowwise[0].message
+    assert "ROCm 7.0 or newer on gfx950" in rowwise[0].render()
+    assert "ROCm 6.4" in rowwise[0].render()
 
 
 def test_mi250x_ptpc_rejected_and_per_tensor_falls_back_degraded() -> None:
@@ -123,15 +124,15 @@ def test_cpu_selects_rowwise(device: str) -> None:
 
 
 def test_cpu_without_rowwise_scaled_mm_falls_to_the_reference() -> None:
-    caps = attrs.evolve(kp.device_profile("cpu"), features=frozenset({kp.FEATURE_SCALED_MM}))
-    decision = _selected(kp.choose(caps, kp.scheme(PTPC, weight_shape=SHAPE)))
+    caps = attrs.evolve(kp.device_profile("cpu"), features=frozenset({FEATURE_SCALED_MM}))
+    decision = _selected(kp.choose(caps, kp.quant_config(PTPC, weight_shape=SHAPE)))
     assert decision.kernel == "cpu_dequant_reference"
     assert decision.trace[0].reasons[0].code is kp.RejectCode.TORCH_FEATURE
 
 
 def test_unaligned_shape_is_served_only_by_the_cpu_reference() -> None:
     decision = _selected(
-        kp.choose(kp.device_profile("cpu"), kp.scheme(PTPC, weight_shape=(4000, 4100)))
+        kp.choose(kp.device_profile("cpu"), kp.quant_config(PTPC, weight_shape=(4000, 4100)))
     )
     assert decision.kernel == "cpu_dequant_reference"
     rowwise = decision.trace[0]
@@ -140,21 +141,23 @@ def test_unaligned_shape_is_served_only_by_the_cpu_reference() -> None:
 
 
 def test_unaligned_shape_on_h100_is_rejected_with_the_alignment_reason() -> None:
-    decision = kp.choose(kp.device_profile("h100"), kp.scheme(PTPC, weight_shape=(4096, 4100)))
+    decision = kp.choose(
+        kp.device_profile("h100"), kp.quant_config(PTPC, weight_shape=(4096, 4100))
+    )
     assert isinstance(decision, kp.Rejected)
     assert kp.RejectCode.SHAPE_ALIGNMENT in {r.code for r in decision.reasons}
 
 
 def test_old_torch_is_turned_down_with_the_version() -> None:
-    caps = attrs.evolve(kp.device_profile("h100"), torch_version=kp.Version(2, 4))
-    decision = kp.choose(caps, kp.scheme(PTPC, weight_shape=SHAPE))
+    caps = attrs.evolve(kp.device_profile("h100"), torch_version=Version(2, 4))
+    decision = kp.choose(caps, kp.quant_config(PTPC, weight_shape=SHAPE))
     assert isinstance(decision, kp.Rejected)
     rowwise = [r for r in decision.reasons if r.kernel == "cuda_rowwise_scaled_mm"]
-    assert [r.message for r in rowwise] == ["requires torch 2.8 or newer; device has torch 2.4"]
+    assert [r.render() for r in rowwise] == ["requires torch 2.8 or newer; device has torch 2.4"]
 
 
 def test_every_failing_rule_is_reported_not_only_the_first() -> None:
-    decision = kp.choose(kp.device_profile("a100"), kp.scheme(PTPC, weight_shape=(100, 100)))
+    decision = kp.choose(kp.device_profile("a100"), kp.quant_config(PTPC, weight_shape=(100, 100)))
     assert isinstance(decision, kp.Rejected)
     tensorwise = {r.code for r in decision.reasons if r.kernel == "cuda_tensorwise_scaled_mm"}
     assert tensorwise == {
@@ -167,7 +170,7 @@ def test_every_failing_rule_is_reported_not_only_the_first() -> None:
 
 def test_kernels_after_the_chosen_one_are_still_evaluated() -> None:
     decision = _selected(_choose("h100", PTPC))
-    assert [v.kernel for v in decision.trace] == list(kp.catalog("cuda"))
+    assert [v.kernel for v in decision.trace] == list(kp.default_catalog().ids_for("cuda"))
     assert decision.alternatives == ("cuda_channelwise_unfused",)
 
 
@@ -180,7 +183,7 @@ def test_w8a8_kernels_turn_down_a_weight_only_config() -> None:
 
 def test_decisions_are_cached_and_the_cache_can_be_cleared() -> None:
     kp.clear_cache()
-    config = kp.scheme(PTPC, weight_shape=(1024, 2048))
+    config = kp.quant_config(PTPC, weight_shape=(1024, 2048))
     first = kp.choose(kp.device_profile("h100"), config)
     assert kp.choose(kp.device_profile("h100"), config) is first
     assert kp.cache_info().hits >= 1

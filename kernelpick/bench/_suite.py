@@ -21,6 +21,7 @@ import kernelpick as kp
 from kernelpick.bench._layer import processed_layer
 from kernelpick.bench._memory import peak_extra_rss
 from kernelpick.bench._timing import median_ns, median_seconds
+from kernelpick.core import CpuArch
 from kernelpick.integration import (
     Fp8PtpcLinearMethod,
     layer_state,
@@ -68,7 +69,7 @@ class SuiteConfig:
 
 def _decisions(config: SuiteConfig) -> dict[str, float]:
     caps = kp.device_profile("h100")  # CUDA has the largest catalog
-    layer = kp.scheme("fp8_per_channel", weight_shape=(4096, 4096))
+    layer = kp.quant_config("fp8_per_channel", weight_shape=(4096, 4096))
     names = {"choose": kp.choose, "caps": caps, "layer": layer, "clear": kp.clear_cache}
     # The floor: a dict hit on a str key, whose hash Python caches in the object.
     names["table"] = {"h100/fp8_per_channel/4096x4096": "decision"}
@@ -84,7 +85,7 @@ def _decisions(config: SuiteConfig) -> dict[str, float]:
         kp.clear_cache()  # a model load starts cold
         for _ in range(config.model_layers):
             for _name, n, k in LLAMA3_8B_LAYERS:
-                kp.choose(caps, kp.scheme("fp8_per_channel", weight_shape=(n, k)))
+                kp.choose(caps, kp.quant_config("fp8_per_channel", weight_shape=(n, k)))
 
     names["plan"] = plan_model
     plan = median_ns("plan()", names, loops=1, repeats=repeats)
@@ -127,7 +128,7 @@ def _ptpc_layer(config: SuiteConfig) -> dict[str, float | str]:
 def _quantization(config: SuiteConfig) -> dict[str, float]:
     size = config.hidden
     weight = torch.randn(size, size, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
-    layer = kp.scheme("fp8_per_channel", weight_shape=(size, size))
+    layer = kp.quant_config("fp8_per_channel", weight_shape=(size, size))
     quantize = median_seconds(lambda: quantize_weight(weight, layer), config.repeats, CPU)
     clone = median_seconds(weight.clone, config.repeats, CPU)
     q, scale = quantize_weight(weight, layer)
@@ -169,7 +170,7 @@ def _memory(config: SuiteConfig) -> dict[str, float]:
 def _machine() -> dict[str, Any]:
     caps = kp.probe("cpu")
     return {
-        "cpu": caps.name, "isa": sorted(caps.arch.isa) if isinstance(caps.arch, kp.CpuArch) else [],
+        "cpu": caps.name, "isa": sorted(caps.arch.isa) if isinstance(caps.arch, CpuArch) else [],
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "python": sys.version.split()[0], "torch": torch.__version__,

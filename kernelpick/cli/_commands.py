@@ -10,6 +10,7 @@ from typing import Any, TextIO
 import kernelpick as kp
 from kernelpick.cli._output import Colour, Style, markdown_table, text_table
 from kernelpick.cli._parser import AUTO, shape
+from kernelpick.core import SCHEMA_VERSION, CpuArch, Verdict
 
 __all__ = ["COMMANDS", "EXIT_BAD_INPUT", "EXIT_REJECTED", "EXIT_SELECTED"]
 
@@ -41,7 +42,7 @@ def _policy(args: argparse.Namespace, env: Mapping[str, str]) -> kp.Policy:
     )
 
 
-def _verdict(verdict: kp.Verdict, chosen: str | None) -> tuple[str, Colour | None]:
+def _verdict(verdict: Verdict, chosen: str | None) -> tuple[str, Colour | None]:
     flag = " (degraded)" if verdict.degraded and verdict.ok else ""
     if verdict.kernel == chosen:
         return f"SELECTED{flag}", Colour.YELLOW if flag else Colour.GREEN
@@ -59,7 +60,7 @@ def _describe_policy(policy: kp.Policy) -> str:
 
 def explain(args: argparse.Namespace, env: Mapping[str, str], out: TextIO) -> int:
     caps = _caps(args.device)
-    config = kp.scheme(
+    config = kp.quant_config(
         args.scheme, weight_shape=shape(args.shape), out_dtype=args.out_dtype, bias=args.bias
     )
     policy = _policy(args, env)
@@ -69,8 +70,8 @@ def explain(args: argparse.Namespace, env: Mapping[str, str], out: TextIO) -> in
         _json(
             {
                 **decision.to_dict(),
-                "device": {"profile": args.device, "description": caps.describe()},
-                "config": {"scheme": args.scheme, "description": config.describe()},
+                "device": {"profile": args.device, "description": caps.render()},
+                "config": {"scheme": args.scheme, "description": config.render()},
                 "policy": {"disabled": sorted(policy.disabled), "force": policy.force,
                            "strict": policy.strict},
             },
@@ -81,11 +82,11 @@ def explain(args: argparse.Namespace, env: Mapping[str, str], out: TextIO) -> in
         rows, colours = [], []
         for index, verdict in enumerate(decision.trace, start=1):
             text, colour = _verdict(verdict, chosen)
-            reasons = "\n".join(r.message for r in verdict.reasons)
+            reasons = "\n".join(r.render() for r in verdict.reasons)
             rows.append([str(index), verdict.kernel, str(verdict.kind), text, reasons])
             colours.append(colour)
-        print(f"device: {caps.describe()}", file=out)
-        print(f"layer:  {args.scheme}: {config.describe()}", file=out)
+        print(f"device: {caps.render()}", file=out)
+        print(f"layer:  {args.scheme}: {config.render()}", file=out)
         print(f"policy: {_describe_policy(policy)}\n", file=out)
         print(
             text_table(["#", "kernel", "kind", "verdict", "reasons"], rows, style, colours),
@@ -118,8 +119,8 @@ def matrix_entries(schemes: list[kp.Scheme]) -> list[dict[str, Any]]:
     entries = []
     for name, caps in kp.device_profiles().items():
         for item in schemes:
-            decision = kp.choose(caps, kp.scheme(item, weight_shape=MATRIX_SHAPE))
-            arch = caps.arch.machine if isinstance(caps.arch, kp.CpuArch) else str(caps.arch)
+            decision = kp.choose(caps, kp.quant_config(item, weight_shape=MATRIX_SHAPE))
+            arch = caps.arch.machine if isinstance(caps.arch, CpuArch) else str(caps.arch)
             entry: dict[str, Any] = {"device": name, "arch": arch, "scheme": item.value}
             if isinstance(decision, kp.Selected):
                 entry |= {"outcome": "selected", "kernel": decision.kernel,
@@ -127,7 +128,7 @@ def matrix_entries(schemes: list[kp.Scheme]) -> list[dict[str, Any]]:
             else:
                 first = _first_w8a8_reason(decision)
                 reason = None if first is None else {
-                    "kernel": first.kernel, "code": first.code.value, "message": first.message
+                    "kernel": first.kernel, "code": first.code.value, "message": first.render()
                 }  # fmt: skip
                 entry |= {
                     "outcome": "rejected",
@@ -151,7 +152,7 @@ def matrix(args: argparse.Namespace, env: Mapping[str, str], out: TextIO) -> int
     entries = matrix_entries(schemes)
     if args.format == "json":
         layer = {"weight_shape": list(MATRIX_SHAPE), "out_dtype": "bfloat16"}
-        _json({"schema_version": kp.SCHEMA_VERSION, "layer": layer, "entries": entries}, out)
+        _json({"schema_version": SCHEMA_VERSION, "layer": layer, "entries": entries}, out)
         return EXIT_SELECTED
     if args.format == "text":
         rows = [[e["device"], e["arch"], e["scheme"], _cell(e)] for e in entries]
@@ -191,7 +192,7 @@ def devices(args: argparse.Namespace, env: Mapping[str, str], out: TextIO) -> in
     profiles = kp.device_profiles()
     if args.json:
         records = [_device_record(name, caps) for name, caps in profiles.items()]
-        _json({"schema_version": kp.SCHEMA_VERSION, "devices": records}, out)
+        _json({"schema_version": SCHEMA_VERSION, "devices": records}, out)
         return EXIT_SELECTED
     headers = ["profile", "name", "platform", "arch", "toolkit", "torch", "fp8", "extras"]
     rows = [
@@ -209,14 +210,14 @@ def kernels(args: argparse.Namespace, env: Mapping[str, str], out: TextIO) -> in
     if args.json:
         records = [
             {"id": s.id, "platform": str(s.platform), "kind": s.kind.value, "summary": s.summary,
-             "requires": [r.describe() for r in s.rules]}
+             "requires": [r.render() for r in s.rules]}
             for s in specs
         ]  # fmt: skip
-        _json({"schema_version": kp.SCHEMA_VERSION, "kernels": records}, out)
+        _json({"schema_version": SCHEMA_VERSION, "kernels": records}, out)
         return EXIT_SELECTED
     rows = [
         [s.id, str(s.platform), str(s.kind),
-         "\n".join(r.describe() for r in s.rules)]
+         "\n".join(r.render() for r in s.rules)]
         for s in specs
     ]  # fmt: skip
     headers = ["kernel", "platform", "kind", "requires (in preference order per platform)"]
@@ -239,7 +240,7 @@ def bench_suite(args: argparse.Namespace, out: TextIO) -> int:
         raise kp.InvalidValueError("--quick/--tiny", "both", "at most one of them")
     config = SuiteConfig.tiny() if args.tiny else SuiteConfig.quick() if args.quick else None
     results = run_suite(config or SuiteConfig.full())
-    results["schema_version"] = kp.SCHEMA_VERSION
+    results["schema_version"] = SCHEMA_VERSION
     if args.json == "-":
         _json(results, out)
         return EXIT_SELECTED
@@ -264,11 +265,11 @@ def bench(args: argparse.Namespace, env: Mapping[str, str], out: TextIO) -> int:
         caps, args.scheme, shape(args.shape), args.out_dtype, args.tokens, args.repeats, device
     )
     if args.json:
-        _write_json({"schema_version": kp.SCHEMA_VERSION, **result.to_dict()}, args.json, out)
+        _write_json({"schema_version": SCHEMA_VERSION, **result.to_dict()}, args.json, out)
         if args.json == "-":
             return EXIT_SELECTED
     n, k = result.shape
-    print(f"device: {caps.describe()}", file=out)
+    print(f"device: {caps.render()}", file=out)
     print(f"layer:  {args.scheme}, M={result.tokens} N={n} K={k}, {result.dtype}", file=out)
     flag = " (degraded)" if result.degraded else ""
     kernel_time = result.seconds_kernel

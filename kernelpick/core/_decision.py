@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, final
+from typing import Any, final
 
 import attrs
 
@@ -21,11 +21,9 @@ DEGRADED_NOTE = (
 )
 
 
-class Verdict(NamedTuple):
-    """What one kernel answered: no reasons means it could implement the config.
-
-    A NamedTuple, like ``Reason``: an uncached decision builds one per kernel.
-    """
+@attrs.frozen
+class Verdict:
+    """What one kernel answered: no reasons means it could implement the config."""
 
     kernel: str
     kind: KernelKind
@@ -42,11 +40,12 @@ class Verdict(NamedTuple):
             "kind": self.kind.value,
             "status": status,
             "degraded": self.degraded,
-            "reasons": [
-                {"code": r.code.value, "needed": r.needed, "found": r.found, "message": r.message}
-                for r in self.reasons
-            ],
+            "reasons": [reason.to_dict() for reason in self.reasons],
         }
+
+
+def _lines(reasons: tuple[Reason, ...]) -> list[str]:
+    return [f"  - {reason.kernel}: {reason.render()}" for reason in reasons]
 
 
 def _status(verdict: Verdict, chosen: str | None) -> str:
@@ -84,7 +83,7 @@ class Selected:
         for verdict in others:
             if verdict.ok:
                 lines.append(f"  - {verdict.kernel}: also viable (later in preference order)")
-            lines.extend(f"  - {reason}" for reason in verdict.reasons)
+            lines.extend(_lines(verdict.reasons))
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -101,9 +100,14 @@ class Selected:
 @final
 @attrs.frozen
 class Rejected:
-    """No kernel could implement the config; ``trace`` holds every kernel's reasons."""
+    """No kernel could implement the config; ``trace`` holds every kernel's reasons.
+
+    ``hints`` says what would work instead, computed from the catalog: another scheme that
+    selects a kernel on this device, or the device a kernel would need.
+    """
 
     trace: tuple[Verdict, ...]
+    hints: tuple[str, ...] = ()
 
     @property
     def reasons(self) -> tuple[Reason, ...]:
@@ -112,10 +116,10 @@ class Rejected:
 
     def render(self) -> str:
         """The layout engines already print (vLLM's kernel chooser): a header, one line a reason."""
-        lines = [HEADER]
-        lines.extend(f"  - {reason}" for reason in self.reasons)
+        lines = [HEADER, *_lines(self.reasons)]
         if not self.trace:
             lines.append("  - (the catalog has no kernel for this device's platform)")
+        lines.extend(f"Hint: {hint}" for hint in self.hints)
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -126,6 +130,7 @@ class Rejected:
             "kernel": None,
             "degraded": False,
             "trace": _trace_dict(self.trace, None),
+            "hints": list(self.hints),
         }
 
 

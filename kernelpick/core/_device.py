@@ -141,7 +141,7 @@ class DeviceCaps:
             features=features,
         )
 
-    def describe(self) -> str:
+    def render(self) -> str:
         """One line: name, platform, arch, toolkit and torch."""
         arch = f"compute capability {self.arch}" if self.platform is Platform.CUDA else self.arch
         toolkit = "" if self.toolkit_version is None else f", {self.toolkit}"

@@ -49,7 +49,7 @@ class GroupShape:
         """One scale per ``size`` x ``size`` tile, e.g. ``(128, 128)``."""
         return cls(size, size)
 
-    def describe(self) -> str:
+    def render(self) -> str:
         """A name a person knows: per-tensor, per-token, per-channel, per-group or block."""
         shape = (self.rows, self.cols)
         if shape in _NAMED:
@@ -61,7 +61,7 @@ class GroupShape:
         return f"group {shape}"
 
     def __str__(self) -> str:
-        return self.describe()
+        return self.render()
 
 
 GroupShape.PER_TENSOR = GroupShape(-1, -1)
@@ -81,8 +81,8 @@ class ScaleSpec:
     group: GroupShape = attrs.field(validator=attrs.validators.instance_of(GroupShape))
     static: bool = attrs.field(validator=_is_bool)
 
-    def describe(self) -> str:
-        return f"{'static' if self.static else 'dynamic'} {self.group.describe()}"
+    def render(self) -> str:
+        return f"{'static' if self.static else 'dynamic'} {self.group.render()}"
 
 
 def _fp8(_inst: object, attribute: attrs.Attribute[Dtype], value: Dtype) -> None:
@@ -97,8 +97,8 @@ class QuantKey:
     dtype: Dtype = attrs.field(converter=as_dtype, validator=_fp8)
     scale: ScaleSpec = attrs.field(validator=attrs.validators.instance_of(ScaleSpec))
 
-    def describe(self) -> str:
-        return f"{self.scale.describe()} {self.dtype}"
+    def render(self) -> str:
+        return f"{self.scale.render()} {self.dtype}"
 
 
 def _weight_shape(value: object) -> tuple[int, int]:
@@ -131,7 +131,7 @@ class QuantConfig:
 
     ``weight_shape`` is ``(N, K)`` (output features, input features) of this partition.
     ``activation=None`` means weight-only: activations stay in ``input_dtype``. Build one
-    with ``kp.scheme(...)`` unless you need a combination no named scheme has.
+    with ``kp.quant_config(...)`` unless you need a combination no named scheme has.
     """
 
     weight: QuantKey = attrs.field(validator=attrs.validators.instance_of(QuantKey))
@@ -176,12 +176,12 @@ class QuantConfig:
         rows, cols = self.weight_block
         return (-(-n // rows), -(-k // cols))
 
-    def describe(self) -> str:
+    def render(self) -> str:
         """One line: both operands, the shape and the dtypes."""
-        act = "none (weight-only)" if self.activation is None else self.activation.describe()
+        act = "none (weight-only)" if self.activation is None else self.activation.render()
         n, k = self.weight_shape
         bias = ", bias" if self.bias else ""
         return (
-            f"weight {self.weight.describe()}, activation {act}, N={n} K={k}, "
+            f"weight {self.weight.render()}, activation {act}, N={n} K={k}, "
             f"{self.input_dtype} -> {self.out_dtype}{bias}"
         )

@@ -7,9 +7,10 @@ tools compare codes while people read sentences.
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple
 
-__all__ = ["Reason", "RejectCode", "Unmet"]
+import attrs
+
+__all__ = ["Reason", "RejectCode"]
 
 
 class RejectCode(enum.Enum):
@@ -75,42 +76,28 @@ TEMPLATES: dict[RejectCode, str] = {
 }
 
 
-def _message(code: RejectCode, needed: str, found: str) -> str:
-    return TEMPLATES[code].format(needed=needed, found=found)
+@attrs.frozen
+class Reason:
+    """One reason a kernel was turned down: a code, what was needed and what was found.
 
-
-# Unmet and Reason are NamedTuples rather than attrs classes: an uncached decision makes a
-# dozen of them, and a tuple is built in half the time (the choose_uncached_ns budget).
-
-
-class Unmet(NamedTuple):
-    """What a requirement returns when it does not hold: the kernel id is added later."""
+    A rule returns one without ``kernel``; the selector fills in the kernel it judged. Test
+    on ``code``; show ``render()``, the sentence (``decision.render()`` adds the kernel).
+    """
 
     code: RejectCode
     needed: str
     found: str
+    kernel: str = ""
 
-    @property
-    def message(self) -> str:
-        return _message(self.code, self.needed, self.found)
+    def render(self) -> str:
+        """The sentence, from the template of the code."""
+        return TEMPLATES[self.code].format(needed=self.needed, found=self.found)
 
-
-class Reason(NamedTuple):
-    """One reason a kernel was turned down: ``str(reason)`` is ``"<kernel>: <message>"``."""
-
-    kernel: str
-    code: RejectCode
-    needed: str
-    found: str
-
-    @classmethod
-    def of(cls, kernel: str, unmet: Unmet) -> Reason:
-        """The reason a requirement's ``Unmet`` gives for ``kernel``."""
-        return cls(kernel, unmet.code, unmet.needed, unmet.found)
-
-    @property
-    def message(self) -> str:
-        return _message(self.code, self.needed, self.found)
-
-    def __str__(self) -> str:
-        return f"{self.kernel}: {self.message}"
+    def to_dict(self) -> dict[str, str]:
+        """A JSON-able record; ``message`` is ``render()``."""
+        return {
+            "code": self.code.value,
+            "needed": self.needed,
+            "found": self.found,
+            "message": self.render(),
+        }

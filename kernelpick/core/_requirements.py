@@ -1,7 +1,7 @@
 """Requirements: the small pure rules a kernel declares in the catalog.
 
-Each requirement is a frozen value with ``check(caps, config) -> Unmet | None`` and
-``describe()``. Kernel authors list them on a ``KernelSpec``; an engine can write its own
+Each requirement is a frozen value with ``check(caps, config) -> Reason | None`` and
+``render()``. Kernel authors list them on a ``KernelSpec``; an engine can write its own
 class with the same two methods (the ``Requirement`` protocol).
 """
 
@@ -17,7 +17,7 @@ from kernelpick.core._arch import CudaArch, RocmArch, Version, as_version
 from kernelpick.core._device import DeviceCaps
 from kernelpick.core._dtypes import Dtype
 from kernelpick.core._quant import GroupShape, QuantConfig
-from kernelpick.core._reasons import RejectCode, Unmet
+from kernelpick.core._reasons import Reason, RejectCode
 
 __all__ = [
     "ActivationQuantized",
@@ -42,9 +42,9 @@ __all__ = [
 class Requirement(Protocol):
     """A rule a kernel needs to hold. Pure: it reads its arguments and nothing else."""
 
-    def check(self, caps: DeviceCaps, config: QuantConfig) -> Unmet | None: ...
+    def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None: ...
 
-    def describe(self) -> str: ...
+    def render(self) -> str: ...
 
 
 def _either(names: Sequence[str]) -> str:
@@ -63,16 +63,16 @@ class MinComputeCapability:
 
     arch: CudaArch
 
-    def check(self, caps: DeviceCaps, config: QuantConfig) -> Unmet | None:
+    def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
         found = caps.arch
         if type(found) is CudaArch and (found.major, found.minor) >= (
             self.arch.major,
             self.arch.minor,
         ):
             return None
-        return Unmet(RejectCode.COMPUTE_CAPABILITY, str(self.arch), str(found))
+        return Reason(RejectCode.COMPUTE_CAPABILITY, str(self.arch), str(found))
 
-    def describe(self) -> str:
+    def render(self) -> str:
         return f"compute capability >= {self.arch}"
 
 
@@ -91,19 +91,19 @@ class RocmArchs:
 
     archs: tuple[tuple[str, Version | None], ...] = attrs.field(converter=_rocm_table)
 
-    def check(self, caps: DeviceCaps, config: QuantConfig) -> Unmet | None:
+    def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
         table = dict(self.archs)
         name = caps.arch.name if isinstance(caps.arch, RocmArch) else str(caps.arch)
         if name not in table:
-            return Unmet(RejectCode.GPU_ARCH, _either(list(table)), name)
+            return Reason(RejectCode.GPU_ARCH, _either(list(table)), name)
         least = table[name]
         if least is not None and (caps.toolkit_version is None or caps.toolkit_version < least):
-            return Unmet(
+            return Reason(
                 RejectCode.TOOLKIT_VERSION, f"ROCm {least} or newer on {name}", caps.toolkit
             )
         return None
 
-    def describe(self) -> str:
+    def render(self) -> str:
         parts = (name if v is None else f"{name} (ROCm >= {v})" for name, v in self.archs)
         return "arch " + _either(list(parts))
 
@@ -114,13 +114,13 @@ class MinTorch:
 
     version: Version = attrs.field(converter=as_version)
 
-    def check(self, caps: DeviceCaps, config: QuantConfig) -> Unmet | None:
+    def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
         found, least = caps.torch_version, self.version
         if (found.major, found.minor, found.patch) >= (least.major, least.minor, least.patch):
             return None
-        return Unmet(RejectCode.TORCH_VERSION, str(self.version), str(caps.torch_version))
+        return Reason(RejectCode.TORCH_VERSION, str(self.version), str(caps.torch_version))
 
-    def describe(self) -> str:
+    def render(self) -> str:
         return f"torch >= {self.version}"
 
 
@@ -131,13 +131,13 @@ class NeedsTorchFeature:
     feature: str
     meaning: str
 
-    def check(self, caps: DeviceCaps, config: QuantConfig) -> Unmet | None:
+    def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
         if self.feature in caps.features:
             return None
         found = "a trial call found this torch build lacks it"
-        return Unmet(RejectCode.TORCH_FEATURE, self.meaning, found)
+        return Reason(RejectCode.TORCH_FEATURE, self.meaning, found)
 
-    def describe(self) -> str:
+    def render(self) -> str:
         return self.meaning
 
 
@@ -147,13 +147,13 @@ class NeedsLibrary:
 
     library: str
 
-    def check(self, caps: DeviceCaps, config: QuantConfig) -> Unmet | None:
+    def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
         if self.library in caps.libraries:
             return None
         found = f"{self.library} is not usable (not installed, or no driver)"
-        return Unmet(RejectCode.LIBRARY_UNAVAILABLE, self.library, found)
+        return Reason(RejectCode.LIBRARY_UNAVAILABLE, self.library, found)
 
-    def describe(self) -> str:
+    def render(self) -> str:
         return f"{self.library} usable"
 
 
@@ -163,16 +163,16 @@ class Fp8Dtypes:
 
     dtypes: frozenset[Dtype]
 
-    def check(self, caps: DeviceCaps, config: QuantConfig) -> Unmet | None:
+    def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
         act = config.activation
         if config.weight.dtype in self.dtypes and (act is None or act.dtype in self.dtypes):
             return None
         found = {config.weight.dtype} | ({act.dtype} if act else set())
-        return Unmet(
+        return Reason(
             RejectCode.FP8_DTYPE, _listed(self.dtypes), _listed(frozenset(found - self.dtypes))
         )
 
-    def describe(self) -> str:
+    def render(self) -> str:
         return f"FP8 {_listed(self.dtypes)}"
 
 
@@ -182,14 +182,14 @@ class ActivationScales:
 
     groups: frozenset[GroupShape]
 
-    def check(self, caps: DeviceCaps, config: QuantConfig) -> Unmet | None:
+    def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
         act = config.activation
         # A weight-only config is judged by the kind rule, not here.
         if act is None or act.scale.group in self.groups:
             return None
-        return Unmet(RejectCode.ACTIVATION_SCALES, _listed(self.groups), str(act.scale.group))
+        return Reason(RejectCode.ACTIVATION_SCALES, _listed(self.groups), str(act.scale.group))
 
-    def describe(self) -> str:
+    def render(self) -> str:
         return f"activation {_listed(self.groups)}"
 
 
@@ -199,13 +199,13 @@ class WeightScales:
 
     groups: frozenset[GroupShape]
 
-    def check(self, caps: DeviceCaps, config: QuantConfig) -> Unmet | None:
+    def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
         group = config.weight.scale.group
         if group in self.groups:
             return None
-        return Unmet(RejectCode.WEIGHT_SCALES, _listed(self.groups), str(group))
+        return Reason(RejectCode.WEIGHT_SCALES, _listed(self.groups), str(group))
 
-    def describe(self) -> str:
+    def render(self) -> str:
         return f"weight {_listed(self.groups)}"
 
 
@@ -213,19 +213,19 @@ class WeightScales:
 class NotBothPerTensor:
     """At least one operand is scaled finer than per-tensor (else the tensor-wise kernel serves)."""
 
-    def check(self, caps: DeviceCaps, config: QuantConfig) -> Unmet | None:
+    def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
         act = config.activation
         if act is None or act.scale.group != GroupShape.PER_TENSOR:
             return None
         if config.weight.scale.group != GroupShape.PER_TENSOR:
             return None
-        return Unmet(
+        return Reason(
             RejectCode.SCALE_COMBINATION,
             "per-token activation or per-channel weight scales",
             "both per-tensor",
         )
 
-    def describe(self) -> str:
+    def render(self) -> str:
         return "not both per-tensor"
 
 
@@ -235,16 +235,16 @@ class Alignment:
 
     multiple: int
 
-    def check(self, caps: DeviceCaps, config: QuantConfig) -> Unmet | None:
+    def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
         if config.k % self.multiple == 0 and config.n % self.multiple == 0:
             return None
-        return Unmet(
+        return Reason(
             RejectCode.SHAPE_ALIGNMENT,
             f"K and N to be multiples of {self.multiple}",
             f"N={config.n}, K={config.k}",
         )
 
-    def describe(self) -> str:
+    def render(self) -> str:
         return f"K, N % {self.multiple} == 0"
 
 
@@ -254,12 +254,12 @@ class OutDtypes:
 
     dtypes: frozenset[Dtype]
 
-    def check(self, caps: DeviceCaps, config: QuantConfig) -> Unmet | None:
+    def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
         if config.out_dtype in self.dtypes:
             return None
-        return Unmet(RejectCode.OUT_DTYPE, _listed(self.dtypes), str(config.out_dtype))
+        return Reason(RejectCode.OUT_DTYPE, _listed(self.dtypes), str(config.out_dtype))
 
-    def describe(self) -> str:
+    def render(self) -> str:
         return f"out {_listed(self.dtypes)}"
 
 
@@ -269,12 +269,12 @@ class InputDtypes:
 
     dtypes: frozenset[Dtype]
 
-    def check(self, caps: DeviceCaps, config: QuantConfig) -> Unmet | None:
+    def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
         if config.input_dtype in self.dtypes:
             return None
-        return Unmet(RejectCode.INPUT_DTYPE, _listed(self.dtypes), str(config.input_dtype))
+        return Reason(RejectCode.INPUT_DTYPE, _listed(self.dtypes), str(config.input_dtype))
 
-    def describe(self) -> str:
+    def render(self) -> str:
         return f"input {_listed(self.dtypes)}"
 
 
@@ -286,12 +286,12 @@ class InputDtypes:
 class ActivationQuantized:
     """A W8A8 kernel quantizes activations, so the config must say how."""
 
-    def check(self, caps: DeviceCaps, config: QuantConfig) -> Unmet | None:
+    def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
         if config.activation is not None:
             return None
-        return Unmet(RejectCode.ACTIVATION_REQUIRED, "an activation quantization", "none")
+        return Reason(RejectCode.ACTIVATION_REQUIRED, "an activation quantization", "none")
 
-    def describe(self) -> str:
+    def render(self) -> str:
         return "an activation quantization (W8A8)"
 
 
@@ -300,15 +300,15 @@ class WeightOnlyActivation:
     """A W8A16 kernel leaves activations in high precision: it can stand in for a per-tensor
     activation scale (degraded), never for a finer one such as per-token (vLLM issue 61316)."""
 
-    def check(self, caps: DeviceCaps, config: QuantConfig) -> Unmet | None:
+    def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
         act = config.activation
         if act is None or act.scale.group == GroupShape.PER_TENSOR:
             return None
-        return Unmet(
+        return Reason(
             RejectCode.WEIGHT_ONLY_ACTIVATION,
             "no activation quantization, or per-tensor (degraded)",
-            act.scale.group.describe(),
+            act.scale.group.render(),
         )
 
-    def describe(self) -> str:
+    def render(self) -> str:
         return "activation none, or per-tensor (degraded)"

@@ -11,7 +11,7 @@ from kernelpick.core._dtypes import Dtype
 from kernelpick.core._errors import parse_enum
 from kernelpick.core._quant import GroupShape, QuantConfig, QuantKey, ScaleSpec
 
-__all__ = ["Scheme", "clear_scheme_cache", "scheme", "scheme_of"]
+__all__ = ["Scheme", "clear_scheme_cache", "quant_config", "scheme_of"]
 
 
 class Scheme(enum.Enum):
@@ -49,7 +49,7 @@ _RECIPES = {
 }
 
 
-def scheme(
+def quant_config(
     name: Scheme | str,
     *,
     weight_shape: tuple[int, int],

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import functools
 
+import attrs
+
 from kernelpick.core._builtin_catalog import DEFAULT_CATALOG
 from kernelpick.core._decision import Decision, Rejected, Selected, Verdict
 from kernelpick.core._device import DeviceCaps
 from kernelpick.core._errors import InvalidValueError
+from kernelpick.core._hints import hints
 from kernelpick.core._policy import Policy
 from kernelpick.core._quant import QuantConfig
 from kernelpick.core._reasons import Reason, RejectCode
@@ -26,18 +29,18 @@ _DEFAULT_POLICY = Policy()
 def _verdict(spec: KernelSpec, caps: DeviceCaps, config: QuantConfig, policy: Policy) -> Verdict:
     reasons = []
     for rule in spec.rules:
-        unmet = rule.check(caps, config)
-        if unmet is not None:
-            reasons.append(Reason(spec.id, unmet.code, unmet.needed, unmet.found))
+        failed = rule.check(caps, config)
+        if failed is not None:
+            reasons.append(Reason(failed.code, failed.needed, failed.found, spec.id))
     # A weight-only kernel serving an activation-quantized config skips that quantization.
     degraded = spec.kind is KernelKind.W8A16 and config.activation is not None
     if spec.id in policy.disabled:
-        reasons.append(Reason(spec.id, RejectCode.DISABLED, "enabled", "disabled"))
+        reasons.append(Reason(RejectCode.DISABLED, "enabled", "disabled", spec.id))
     if policy.force is not None and spec.id != policy.force:
-        reasons.append(Reason(spec.id, RejectCode.NOT_FORCED, policy.force, spec.id))
+        reasons.append(Reason(RejectCode.NOT_FORCED, policy.force, spec.id, spec.id))
     if policy.strict and degraded:
         found = "weight-only (W8A16) kernel"
-        reasons.append(Reason(spec.id, RejectCode.STRICT_DEGRADED, "a W8A8 kernel", found))
+        reasons.append(Reason(RejectCode.STRICT_DEGRADED, "a W8A8 kernel", found, spec.id))
     return Verdict(spec.id, spec.kind, tuple(reasons), degraded)
 
 
@@ -62,10 +65,10 @@ def evaluate(
     if policy.force is not None and all(spec.id != policy.force for spec in specs):
         forced = catalog.kernel(policy.force)
         needed, found = str(forced.platform), str(caps.platform)
-        wrong = Reason(forced.id, RejectCode.WRONG_PLATFORM, needed, found)
+        wrong = Reason(RejectCode.WRONG_PLATFORM, needed, found, forced.id)
         # Its own rules still run: the kind rule and policy hold for every kernel.
         own = _verdict(forced, caps, config, policy)
-        trace.append(own._replace(reasons=(wrong, *own.reasons)))
+        trace.append(attrs.evolve(own, reasons=(wrong, *own.reasons)))
     return tuple(trace)
 
 
@@ -86,7 +89,14 @@ def _decide(trace: tuple[Verdict, ...]) -> Decision:
 def _choose(
     caps: DeviceCaps, config: QuantConfig, policy: Policy | None, catalog: Catalog | None
 ) -> Decision:
-    return _decide(evaluate(caps, config, policy, catalog))
+    decision = _decide(evaluate(caps, config, policy, catalog))
+    if isinstance(decision, Rejected):
+
+        def decide(other: QuantConfig) -> Decision:
+            return _decide(evaluate(caps, other, policy, catalog))
+
+        return Rejected(decision.trace, hints(caps, config, decision.trace, decide))
+    return decision
 
 
 def choose(
@@ -116,7 +126,7 @@ def choose(
 
 
 def clear_cache() -> None:
-    """Forget every cached decision, and the cached configs of ``kp.scheme``."""
+    """Forget every cached decision, and the cached configs of ``kp.quant_config``."""
     _choose.cache_clear()
     clear_scheme_cache()
 

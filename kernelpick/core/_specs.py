@@ -55,7 +55,7 @@ def _requirements(value: Iterable[Requirement]) -> tuple[Requirement, ...]:
     items = tuple(value)
     for item in items:
         if not isinstance(item, Requirement):
-            raise InvalidValueError("requirement", item, "an object with check() and describe()")
+            raise InvalidValueError("requirement", item, "an object with check() and render()")
     return items
 
 
@@ -133,6 +133,10 @@ class Catalog:
     def for_platform(self, platform: Platform | str) -> tuple[KernelSpec, ...]:
         """The platform's kernels in preference order."""
         return self._by_platform[Platform.parse(platform)]
+
+    def ids_for(self, platform: Platform | str) -> tuple[str, ...]:
+        """The platform's kernel ids in preference order."""
+        return tuple(spec.id for spec in self.for_platform(platform))
 
     def kernel(self, kernel_id: str) -> KernelSpec:
         """The spec with this id; ``UnknownNameError`` names the closest id otherwise."""

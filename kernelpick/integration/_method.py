@@ -23,7 +23,7 @@ from kernelpick.core._dtypes import Dtype
 from kernelpick.core._errors import InvalidValueError
 from kernelpick.core._policy import Policy
 from kernelpick.core._quant import QuantConfig
-from kernelpick.core._schemes import Scheme, scheme
+from kernelpick.core._schemes import Scheme, quant_config
 from kernelpick.core._select import choose
 from kernelpick.core._specs import Catalog
 from kernelpick.integration._errors import KernelSelectionError
@@ -124,7 +124,9 @@ class Fp8LinearMethod:
 
     def config(self, n: int, k: int, dtype: object, *, bias: bool = False) -> QuantConfig:
         """The layer's QuantConfig: ``dtype`` (a torch or kernelpick dtype) is in and out."""
-        return scheme(self.scheme, weight_shape=(n, k), out_dtype=Dtype.parse(dtype), bias=bias)
+        return quant_config(
+            self.scheme, weight_shape=(n, k), out_dtype=Dtype.parse(dtype), bias=bias
+        )
 
     def select(
         self, config: QuantConfig, layer: str = "", caps: DeviceCaps | None = None

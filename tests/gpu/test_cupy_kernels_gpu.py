@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import kernelpick as kp
+from kernelpick.core import Dtype
 from kernelpick.kernels._cupy_ops import GEMV_MAX_M, quantize_per_token_cupy, w8a16_gemv_cupy
 from kernelpick.kernels._cupy_runtime import cupy_usable
 from kernelpick.kernels._quantize import quantize_per_token
@@ -19,7 +20,7 @@ pytestmark = [
         reason="needs an NVIDIA GPU with cupy usable",
     ),
 ]
-FN = kp.Dtype.FLOAT8_E4M3FN
+FN = Dtype.FLOAT8_E4M3FN
 
 
 def _device() -> torch.device:
@@ -84,7 +85,7 @@ def test_gemv_matches_the_fp32_reference(
 
 def test_the_selected_w8a16_kernel_switches_to_cublas_past_the_gemv_rows() -> None:
     caps = kp.probe("cuda")
-    config = kp.scheme("fp8_weight_only", weight_shape=(512, 1024))
+    config = kp.quant_config("fp8_weight_only", weight_shape=(512, 1024))
     from kernelpick.adapters import bind
     from kernelpick.kernels._canonical import quantize_weight
 

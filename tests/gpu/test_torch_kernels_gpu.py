@@ -12,6 +12,7 @@ import torch
 
 import kernelpick as kp
 from kernelpick.adapters import LAUNCHES, bind
+from kernelpick.core import evaluate
 from kernelpick.kernels._canonical import quantize_weight
 from tests.emulation import BOUND, emulate, relative_error
 
@@ -36,10 +37,10 @@ def test_gpu_kernel_matches_the_fp32_emulation(
     kernel = f"{caps.platform}_{family}"
     assert kernel in LAUNCHES
     n, k = 1024, 2048
-    config = kp.scheme(scheme, weight_shape=(n, k), bias=bias)
-    verdict = next(v for v in kp.evaluate(caps, config) if v.kernel == kernel)
+    config = kp.quant_config(scheme, weight_shape=(n, k), bias=bias)
+    verdict = next(v for v in evaluate(caps, config) if v.kernel == kernel)
     if not verdict.ok:
-        pytest.skip("; ".join(r.message for r in verdict.reasons))
+        pytest.skip("; ".join(r.render() for r in verdict.reasons))
     device = torch.device("cuda", torch.cuda.current_device())
     generator = torch.Generator().manual_seed(m)
     x = torch.randn(m, k, generator=generator).to(torch.bfloat16)

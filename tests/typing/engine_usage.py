@@ -16,17 +16,17 @@ import kernelpick as kp
 class NeedsMyLibrary:
     """An engine's own requirement satisfies the Requirement protocol structurally."""
 
-    def check(self, caps: kp.DeviceCaps, config: kp.QuantConfig) -> kp.Unmet | None:
+    def check(self, caps: kp.DeviceCaps, config: kp.QuantConfig) -> kp.Reason | None:
         if "mylib" in caps.libraries:
             return None
-        return kp.Unmet(kp.RejectCode.LIBRARY_UNAVAILABLE, "mylib", "mylib is not usable")
+        return kp.Reason(kp.RejectCode.LIBRARY_UNAVAILABLE, "mylib", "mylib is not usable")
 
-    def describe(self) -> str:
+    def render(self) -> str:
         return "mylib usable"
 
 
 def engine_catalog() -> kp.Catalog:
-    requirement: kp.Requirement = NeedsMyLibrary()
+    requirement: kp.rules.Requirement = NeedsMyLibrary()
     mine = kp.KernelSpec("my_w8a16", kp.Platform.CUDA, kp.KernelKind.W8A16, (requirement,))
     return kp.Catalog((*kp.default_catalog().kernels, mine))
 
@@ -34,7 +34,7 @@ def engine_catalog() -> kp.Catalog:
 def kernel_for(device: str, n: int, k: int) -> str:
     """Select a kernel for one layer, or raise with every reason, as a linear method would."""
     caps: kp.DeviceCaps = kp.device_profile(device)
-    config: kp.QuantConfig = kp.scheme("fp8_per_channel", weight_shape=(n, k))
+    config: kp.QuantConfig = kp.quant_config("fp8_per_channel", weight_shape=(n, k))
     policy = kp.Policy.from_env(os.environ, catalog=engine_catalog())
     decision = kp.choose(caps, config, policy, catalog=engine_catalog())
     match decision:

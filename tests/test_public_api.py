@@ -1,0 +1,93 @@
+"""The public surface is small and pinned: what the README needs, and nothing by accident."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+import kernelpick as kp
+
+PUBLIC = [
+    "Catalog",
+    "Decision",
+    "DeviceCaps",
+    "InvalidValueError",
+    "KernelInputError",
+    "KernelKind",
+    "KernelSpec",
+    "KernelpickError",
+    "Platform",
+    "Policy",
+    "QuantConfig",
+    "Reason",
+    "RejectCode",
+    "Rejected",
+    "Scheme",
+    "Selected",
+    "UnknownNameError",
+    "__version__",
+    "assert_never",
+    "bind",
+    "cache_info",
+    "choose",
+    "clear_cache",
+    "default_catalog",
+    "device_profile",
+    "device_profiles",
+    "probe",
+    "quant_config",
+    "rules",
+]
+
+
+def test_the_public_list_is_exactly_this() -> None:
+    assert sorted(kp.__all__) == PUBLIC
+    assert len(kp.__all__) <= 30
+    assert dir(kp) == PUBLIC
+    for name in PUBLIC:
+        assert getattr(kp, name) is not None
+
+
+def test_internal_names_are_not_reachable_from_kp() -> None:
+    for name in ("Dtype", "Version", "evaluate", "Unmet", "catalog", "DEFAULT_CATALOG"):
+        with pytest.raises(AttributeError, match=name):
+            getattr(kp, name)
+
+
+def test_every_rule_class_is_in_kp_rules() -> None:
+    for name in kp.rules.__all__:
+        assert getattr(kp.rules, name) is not None
+    used = {type(rule).__name__ for spec in kp.default_catalog() for rule in spec.requires}
+    assert used <= set(kp.rules.__all__)
+
+
+@pytest.mark.parametrize(("old", "new"), [("scheme", "quant_config"), ("CACHE_SIZE", None)])
+def test_names_the_readme_once_showed_still_work_with_a_warning(old: str, new: str | None) -> None:
+    with pytest.warns(DeprecationWarning, match=f"kp.{old} is deprecated"):
+        value = getattr(kp, old)
+    if new is not None:
+        assert value is getattr(kp, new)
+    else:
+        assert value == kp.cache_info().maxsize
+
+
+def test_public_names_do_not_warn() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for name in PUBLIC:
+            getattr(kp, name)
+
+
+def test_the_version_is_the_installed_distributions() -> None:
+    from importlib.metadata import version
+
+    assert kp.__version__ == version("kernelpick")
+
+
+def test_import_kernelpick_does_not_import_torch() -> None:
+    code = "import sys, kernelpick; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
