@@ -11,6 +11,7 @@ import kernelpick as kp
 from kernelpick.cli._output import Colour, Style, markdown_table, text_table
 from kernelpick.cli._parser import AUTO, shape
 from kernelpick.core import SCHEMA_VERSION, CpuArch, Verdict
+from kernelpick.core._policy import split_ids
 
 __all__ = ["COMMANDS", "EXIT_BAD_INPUT", "EXIT_REJECTED", "EXIT_SELECTED"]
 
@@ -24,10 +25,6 @@ def _json(record: Mapping[str, Any], out: TextIO) -> None:
     print(json.dumps(record, indent=2, sort_keys=True), file=out)
 
 
-def _ids(text: str) -> frozenset[str]:
-    return frozenset(item.strip() for item in text.split(",") if item.strip())
-
-
 def _caps(device: str) -> kp.DeviceCaps:
     return kp.probe() if device.strip().lower() == AUTO else kp.device_profile(device)
 
@@ -36,7 +33,7 @@ def _policy(args: argparse.Namespace, env: Mapping[str, str]) -> kp.Policy:
     base = kp.Policy.from_env(env)
     # Flag ids are checked by kp.choose, which refuses any id its catalog lacks.
     return kp.Policy(
-        disabled=base.disabled if args.disable is None else _ids(args.disable),
+        disabled=base.disabled if args.disable is None else frozenset(split_ids(args.disable)),
         force=base.force if args.force is None else args.force,
         strict=base.strict if args.strict is None else bool(args.strict),
     )

@@ -10,7 +10,7 @@ from kernelpick.core._builtin_catalog import DEFAULT_CATALOG
 from kernelpick.core._errors import InvalidValueError
 from kernelpick.core._specs import Catalog
 
-__all__ = ["ENV_DISABLED", "ENV_FORCE", "ENV_STRICT", "Policy"]
+__all__ = ["ENV_DISABLED", "ENV_FORCE", "ENV_STRICT", "Policy", "split_ids"]
 
 ENV_DISABLED = "KERNELPICK_DISABLED_KERNELS"
 ENV_FORCE = "KERNELPICK_FORCE_KERNEL"
@@ -18,6 +18,12 @@ ENV_STRICT = "KERNELPICK_STRICT"
 
 _TRUE = frozenset({"1", "true", "yes"})
 _FALSE = frozenset({"0", "false", "no"})
+
+
+def split_ids(text: str) -> tuple[str, ...]:
+    """Kernel ids from a comma-separated list, as the variables and the CLI flags take
+    them: spaces trimmed, empty items dropped, first occurrence kept."""
+    return tuple(dict.fromkeys(item.strip() for item in text.split(",") if item.strip()))
 
 
 def _id_set(value: Iterable[str] | str) -> frozenset[str]:
@@ -68,9 +74,9 @@ class Policy:
         raises ``UnknownNameError`` naming the closest valid id, since a misspelt id that
         silently does nothing is how a wrong kernel reaches production.
         """
-        disabled = _id_set(env.get(ENV_DISABLED, "").split(","))
-        forced = [item.strip() for item in env.get(ENV_FORCE, "").split(",") if item.strip()]
-        if len(set(forced)) > 1:
+        disabled = split_ids(env.get(ENV_DISABLED, ""))
+        forced = split_ids(env.get(ENV_FORCE, ""))
+        if len(forced) > 1:
             raise InvalidValueError(ENV_FORCE, env[ENV_FORCE], "a single kernel id")
         strict_text = env.get(ENV_STRICT, "").strip().lower()
         if strict_text and strict_text not in _TRUE | _FALSE:
