@@ -164,6 +164,37 @@ def test_a_catalog_refuses_duplicate_ids_and_non_requirements() -> None:
         kp.KernelSpec("has space", CUDA, W8A16)
 
 
+@attrs.define
+class MutableRule:
+    """A mutable attrs class: eq without frozen leaves it unhashable."""
+
+    def check(self, caps: kp.DeviceCaps, config: kp.QuantConfig) -> kp.Reason | None:
+        return None
+
+    def render(self) -> str:
+        return "anything"
+
+
+def test_a_spec_refuses_an_unhashable_requirement_by_name() -> None:
+    # A catalog is part of the key a decision is cached under, so it must hash.
+    rule = MutableRule()
+    with pytest.raises(kp.InvalidValueError, match="hashable") as info:
+        kp.KernelSpec("mine", CUDA, W8A16, (E4M3, rule))
+    assert (info.value.what, info.value.value) == ("requirement", rule)
+    with pytest.raises(kp.InvalidValueError, match="summary"):
+        kp.KernelSpec("mine", CUDA, W8A16, summary=["unhashable"])  # type: ignore[arg-type]
+
+
+def test_a_custom_catalog_is_a_cache_key_like_any_other() -> None:
+    kp.clear_cache()
+    config = kp.quant_config("fp8_per_tensor", weight_shape=SHAPE)
+    first = kp.choose(A100, config, catalog=ENGINE)
+    again = kp.Catalog(ENGINE.kernels)  # an equal catalog, built anew
+    assert kp.choose(A100, config, catalog=again) is first
+    assert kp.cache_info().currsize == 1
+    assert kp.choose(A100, config) != first  # the default catalog is another question
+
+
 def test_extending_the_default_catalog_keeps_the_kind_rule() -> None:
     extra = kp.KernelSpec("my_w8a16", CUDA, W8A16, (E4M3,))
     catalog = kp.Catalog((*kp.default_catalog().kernels, extra))

@@ -1,4 +1,7 @@
-"""Fuzzing the public API with hypothesis, malformed values included (design §3, §6).
+"""Fuzzing the public API with hypothesis, malformed values included.
+
+The values are those of docs/design.md#vocabulary; the errors, those of
+docs/design.md#error-format.
 
 The only allowed outcomes are a correct result or a documented kernelpick error: a
 ``kp.KernelpickError`` whose message names the bad value. Any other exception (TypeError,
@@ -42,13 +45,17 @@ from kernelpick.core import (
 )
 from kernelpick.integration import Fp8PtpcLinearMethod, layer_state, weight_loader_of
 
+# Hypothesis fuzzers of every public entry point: seconds in all, so `make check` skips them.
+pytestmark = pytest.mark.slow
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "devices"
 IDS: tuple[str, ...] = kp.default_catalog().ids
 ID_SET = frozenset(IDS)
 PROFILE_NAMES: tuple[str, ...] = tuple(kp.device_profiles())
 SCHEME_NAMES: tuple[str, ...] = tuple(s.value for s in kp.Scheme)
 
-# Design §3: the dtypes by torch name, and the short names people type for them.
+# The dtypes by torch name, and the short names people type for them
+# (docs/design.md#vocabulary).
 DTYPE_NAMES: dict[str, str] = {
     **{name: name for name in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2")},
     **{name: name for name in ("bfloat16", "float16", "float32")},
@@ -163,7 +170,7 @@ BIAS_ARG: st.SearchStrategy[object] = st.one_of(
 
 
 def _dtype_name(value: object) -> str | None:
-    """The canonical dtype name of ``value`` (design §3), or None for an unknown one."""
+    """The canonical dtype name of ``value``, or None for an unknown one."""
     if isinstance(value, Dtype):
         return value.value
     text = str(value).strip().lower().removeprefix("torch.")
@@ -484,7 +491,8 @@ def _items(text: str) -> frozenset[str]:
 
 
 def _expected_policy(env: Mapping[str, str]) -> tuple[kp.Policy | None, list[str]]:
-    """The policy design §3 gives for ``env``, or the renderings of its bad values."""
+    """The policy the variables table of docs/design.md#selection-rules gives for ``env``,
+    or the renderings of its bad values."""
     disabled = _items(env.get(ENV_DISABLED, ""))
     forced = _items(env.get(ENV_FORCE, ""))
     problems = [repr(env[ENV_FORCE])] if len(forced) > 1 else []
@@ -504,7 +512,9 @@ def _expected_policy(env: Mapping[str, str]) -> tuple[kp.Policy | None, list[str
 @example({ENV_FORCE: "cpu_dequant_reference,cpu_dequant_reference"})
 @example({ENV_FORCE: "cpu_dequant_reference,cpu_w8a16_reference"})
 @example({ENV_STRICT: "maybe"})
-def test_policy_from_env_matches_the_design_or_names_the_bad_value(env: dict[str, str]) -> None:
+def test_policy_from_env_reads_the_three_variables_or_names_the_bad_value(
+    env: dict[str, str],
+) -> None:
     expected, problems = _expected_policy(env)
     if expected is None:
         with pytest.raises(kp.KernelpickError) as caught:
@@ -587,7 +597,7 @@ _GFX_TEXT = re.compile(r"^gfx[0-9]{1,2}[0-9a-f]{2}$")
 _PLAIN_VERSION = re.compile(
     r"^\s*v?([0-9]{1,9})(?:\.([0-9]{1,9}))?(?:\.([0-9]{1,9}))?(?:\+[a-z0-9.]+)?\s*$"
 )
-# Design §3 and Version.parse's docstring: these are not versions.
+# Version.parse's docstring: these are not versions.
 NOT_VERSIONS = frozenset({"", " ", "2.x", "12.x", "x.y", "12.8garbage", "1..2", ".5", "-1.0"})
 
 
@@ -704,7 +714,8 @@ def _version_ok(value: object) -> bool:
 
 
 def _bad_props(platform: str, props: Mapping[str, object]) -> list[tuple[str, object]]:
-    """The (key, value) pairs of ``props`` that translate must refuse (design §3, §6)."""
+    """The (key, value) pairs of ``props`` that translate must refuse: a missing key or a
+    value of the wrong type (docs/design.md#error-format)."""
 
     def get(key: str) -> object:
         return props.get(key)
@@ -1188,7 +1199,6 @@ def test_weight_loader_loads_or_names_the_bad_value(
 def test_create_weights_allocates_or_names_the_bad_value(
     width: object, sizes: object, params_dtype: torch.dtype
 ) -> None:
-    kp.clear_cache()  # an earlier equal-looking shape must not answer for this one
     method = Fp8PtpcLinearMethod(caps=kp.device_profile("cpu"), policy=kp.Policy())
     layer = torch.nn.Module()
     problems: list[str] = []

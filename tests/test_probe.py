@@ -1,5 +1,6 @@
-"""Device probing (design §2, §3): pure translates over recorded and hand-written device
-properties, the routing of a device request, and the live CPU probe of this machine."""
+"""Device probing (docs/design.md#layers-and-data-flow): pure translates over recorded and
+hand-written device properties, the routing of a device request, and the live CPU probe of
+this machine."""
 
 from __future__ import annotations
 
@@ -392,7 +393,8 @@ def test_probe_device_cpu_features_come_from_the_trial(device: object) -> None:
     assert (FEATURE_SCALED_MM_ROWWISE in caps.features) is props["scaled_mm_rowwise"]
     assert caps == cpu_device.translate(props)
     if caps.torch_version >= Version(2, 13):
-        assert caps.features == BOTH_FEATURES  # design §4: 2.13 runs both on CPU
+        # torch 2.13's CPU build runs both (docs/design.md#the-catalog-and-its-hardware-facts)
+        assert caps.features == BOTH_FEATURES
 
 
 @pytest.mark.skipif(GPU_AVAILABLE, reason="a GPU is present")

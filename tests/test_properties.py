@@ -1,4 +1,6 @@
-"""Property tests of the pure decision (design §3, §4 and §6): one test per rule."""
+"""Property tests of the pure decision, one test per rule (docs/design.md#selection-rules,
+over the values of docs/design.md#vocabulary and the catalog of
+docs/design.md#the-catalog-and-its-hardware-facts)."""
 
 from __future__ import annotations
 
@@ -112,7 +114,8 @@ questions: st.SearchStrategy[Question] = st.builds(
     Question, profile_names, configs, light_policies, orders
 )
 
-# The cases that matter most (design §1), run on every test run whatever hypothesis draws.
+# The cases that matter most (the vLLM 61316 behaviours, docs/design.md#the-problem), run
+# on every test run whatever hypothesis draws.
 KEY_EXAMPLES = [
     make_question("t4", kp.Scheme.FP8_PER_CHANNEL),  # the vLLM 61316 config: Rejected
     make_question("a100", kp.Scheme.FP8_PER_TENSOR),  # W8A16 fallback, degraded
@@ -126,7 +129,7 @@ KEY_EXAMPLES = [
     make_question("h100", kp.Scheme.FP8_PER_CHANNEL, force="cuda_w8a16_torch"),
     make_question("h100", kp.Scheme.FP8_PER_CHANNEL, force="cpu_dequant_reference"),
     make_question("cpu", kp.Scheme.FP8_PER_CHANNEL, (32, 32), force="cuda_w8a16_cupy"),
-    make_question("cpu-amx", kp.Scheme.FP8_WEIGHT_ONLY, force="cpu_w8a16_reference"),
+    make_question("cpu", kp.Scheme.FP8_WEIGHT_ONLY, force="cpu_w8a16_reference"),
     # A forced weight-only kernel of another platform, for a per-token config, also disabled.
     make_question(
         "h100",

@@ -1,7 +1,8 @@
-"""kernelpick's own kernel catalog (design §4): the table kernel authors extend.
+"""kernelpick's own kernel catalog: the table kernel authors extend.
 
 Order is preference, fastest first per platform. Each requirement carries the fact's
-source in a comment; the kind rules (W8A8 / W8A16) are added by the core.
+source in a comment, and docs/design.md#the-catalog-and-its-hardware-facts tables them;
+the kind rules (W8A8 / W8A16) are added by the core.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ __all__ = ["DEFAULT_CATALOG"]
 W8A8, W8A16 = KernelKind.W8A8, KernelKind.W8A16
 CUDA, ROCM, CPU = Platform.CUDA, Platform.ROCM, Platform.CPU
 
-# Either e4m3 flavour: the integration quantizes into the device's native one (design §3).
+# Either e4m3 flavour: the integration quantizes into the device's native one (gfx94x
+# computes in e4m3fnuz, everything else in OCP e4m3fn; AMD CDNA3 ISA guide).
 E4M3 = Fp8Dtypes(E4M3_FORMATS)
 TENSOR_OR_TOKEN = frozenset({GroupShape.PER_TENSOR, GroupShape.PER_TOKEN})
 TENSOR_OR_CHANNEL = frozenset({GroupShape.PER_TENSOR, GroupShape.PER_CHANNEL})
@@ -40,16 +42,16 @@ PER_TENSOR = frozenset({GroupShape.PER_TENSOR})
 BF16 = OutDtypes(frozenset({Dtype.BFLOAT16}))
 ANY_OUT = OutDtypes(HIGH_PRECISION)
 # torch._scaled_mm needs K and N to be multiples of 16 (cuBLASLt / CUTLASS operand
-# alignment; torch.compile's fake-tensor check demands it on CPU too: design §4).
+# alignment; torch.compile's fake-tensor check of _scaled_mm demands it on CPU too).
 ALIGN_16 = Alignment(16)
 # The package's floor. Every scaled_mm path in the table exists there: row-wise on SM 8.9
 # (pytorch#145676), SM 10.x (pytorch#148421), SM 12.x (pytorch#155991), ROCm (pytorch#144432).
 TORCH_2_8 = MinTorch("2.8")
 # CUTLASS/cuBLASLt FP8 tensor cores start at Ada (SM 8.9); torch's row-wise path has
-# CUTLASS kernels for 8.9, 9.0, 10.x and 12.x (design §4).
+# CUTLASS kernels for 8.9, 9.0, 10.x and 12.x (pytorch#145676, #148421, #155991).
 SM89 = MinComputeCapability(CudaArch(8, 9))
 # hipBLASLt FP8 GEMM: gfx942 in its fnuz format; gfx950 and RDNA4 (gfx1200/1201) in OCP
-# e4m3fn from ROCm 7.0 (design §4).
+# e4m3fn from ROCm 7.0; torch's ROCm row-wise path is pytorch#144432.
 ROCM_FP8 = RocmArchs({"gfx942": None, "gfx950": "7.0", "gfx1200": "7.0", "gfx1201": "7.0"})
 
 ROWWISE: tuple[Requirement, ...] = (

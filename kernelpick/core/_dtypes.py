@@ -12,10 +12,6 @@ __all__ = ["E4M3_FORMATS", "HIGH_PRECISION", "Dtype", "as_dtype"]
 class Dtype(enum.Enum):
     """A tensor element type. Values are torch's attribute names (``torch.<value>``)."""
 
-    # Members are singletons: identity hashing is correct and, unlike Enum.__hash__,
-    # runs in C. Rules test set membership of these on every decision.
-    __hash__ = object.__hash__
-
     FLOAT8_E4M3FN = "float8_e4m3fn"
     FLOAT8_E4M3FNUZ = "float8_e4m3fnuz"
     FLOAT8_E5M2 = "float8_e5m2"
@@ -45,7 +41,8 @@ class Dtype(enum.Enum):
         """The FP8 range a quantizer targets.
 
         Equal to ``finfo_max`` except for e4m3fnuz, where engines use 224 rather than
-        torch's 240 for accuracy on MI300 (vLLM does the same; design §5).
+        torch's 240 for accuracy on MI300, as vLLM does
+        (docs/design.md#quantization-numerics).
         """
         if not self.is_fp8:
             raise InvalidValueError(

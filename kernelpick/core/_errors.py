@@ -2,7 +2,8 @@
 
 Every error the library raises for bad input derives from :class:`KernelpickError`, which
 is a :class:`ValueError`, so an engine that already catches ``ValueError`` around its
-quantization set-up keeps working. Each error carries the value that explains it.
+quantization set-up keeps working. Each error carries the value that explains it. The
+small validators shared by several value classes live here too, next to the error they raise.
 """
 
 from __future__ import annotations
@@ -12,12 +13,15 @@ import enum
 from collections.abc import Iterable
 from typing import TypeVar
 
+import attrs
+
 __all__ = [
     "InvalidValueError",
     "KernelInputError",
     "KernelpickError",
     "UnknownNameError",
     "closest_match",
+    "is_bool",
     "parse_enum",
 ]
 
@@ -72,6 +76,12 @@ class InvalidValueError(KernelpickError):
 
     def __reduce__(self) -> tuple[type[InvalidValueError], tuple[str, object, str]]:
         return (type(self), (self.what, self.value, self.expected))
+
+
+def is_bool(_inst: object, attribute: attrs.Attribute[bool], value: object) -> None:
+    """An attrs validator: ``value`` is True or False (1, 0 and "yes" are refused)."""
+    if not isinstance(value, bool):
+        raise InvalidValueError(attribute.name, value, "True or False")
 
 
 def parse_enum(cls: type[E], value: object, kind: str) -> E:

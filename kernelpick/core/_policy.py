@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 import attrs
 
 from kernelpick.core._builtin_catalog import DEFAULT_CATALOG
-from kernelpick.core._errors import InvalidValueError
+from kernelpick.core._errors import InvalidValueError, is_bool
 from kernelpick.core._specs import Catalog
 
 __all__ = ["ENV_DISABLED", "ENV_FORCE", "ENV_STRICT", "Policy", "split_ids"]
@@ -43,11 +43,6 @@ def _force(value: object) -> str | None:
     return value.strip() or None
 
 
-def _is_bool(_inst: object, attribute: attrs.Attribute[bool], value: bool) -> None:
-    if not isinstance(value, bool):
-        raise InvalidValueError("strict", value, "True or False")
-
-
 @attrs.frozen(cache_hash=True)
 class Policy:
     """``disabled`` kernel ids are skipped; a ``force``d kernel is the only candidate (if it
@@ -57,7 +52,7 @@ class Policy:
 
     disabled: frozenset[str] = attrs.field(default=frozenset(), converter=_id_set)
     force: str | None = attrs.field(default=None, converter=_force)
-    strict: bool = attrs.field(default=False, validator=_is_bool)
+    strict: bool = attrs.field(default=False, validator=is_bool)
 
     @property
     def kernel_ids(self) -> frozenset[str]:

@@ -1,7 +1,7 @@
 """Device profiles: named DeviceCaps for real products, so selection is testable anywhere.
 
-A profile describes a current stack (design §3): torch 2.13, CUDA 12.8, ROCm 7.0, and
-cupy usable on the CUDA profiles. ``attrs.evolve`` changes any fact, e.g.
+A profile describes a current stack: torch 2.13, CUDA 12.8, ROCm 7.0, and cupy usable
+on the CUDA profiles (docs/design.md#device-profiles). ``attrs.evolve`` changes any fact, e.g.
 ``attrs.evolve(kp.device_profile("a100"), libraries=frozenset())`` for an A100 without cupy.
 """
 
@@ -30,7 +30,8 @@ def _amd(arch: str, name: str) -> DeviceCaps:
 
 
 def _cpu(name: str, isa: tuple[str, ...]) -> DeviceCaps:
-    # torch 2.13's CPU build runs _scaled_mm with scalar and row-wise scales (design §4).
+    # torch 2.13's CPU build runs _scaled_mm with scalar and row-wise scales, as measured
+    # on a two-core AVX2 machine (docs/design.md#the-catalog-and-its-hardware-facts).
     return DeviceCaps.cpu(
         machine="x86_64",
         isa=isa,
@@ -58,11 +59,9 @@ _PROFILES: dict[str, DeviceCaps] = {
     "mi300x": _amd("gfx942", "AMD Instinct MI300X"),
     "mi325x": _amd("gfx942", "AMD Instinct MI325X"),
     "mi355x": _amd("gfx950", "AMD Instinct MI355X"),
+    # No rule reads the ISA (no CPU kernel needs AVX-512 or AMX), so one CPU profile
+    # covers every x86-64 host.
     "cpu": _cpu("x86-64 CPU (AVX2)", ("avx2", "fma")),
-    "cpu-amx": _cpu(
-        "x86-64 CPU (AVX-512, AMX)",
-        ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"),
-    ),
 }
 
 _VIEW: Mapping[str, DeviceCaps] = MappingProxyType(_PROFILES)

@@ -12,7 +12,7 @@ from typing import ClassVar
 import attrs
 
 from kernelpick.core._dtypes import HIGH_PRECISION, Dtype, as_dtype
-from kernelpick.core._errors import InvalidValueError
+from kernelpick.core._errors import InvalidValueError, is_bool
 
 __all__ = ["GroupShape", "QuantConfig", "QuantKey", "ScaleSpec"]
 
@@ -69,17 +69,12 @@ GroupShape.PER_TOKEN = GroupShape(1, -1)
 GroupShape.PER_CHANNEL = GroupShape(-1, 1)
 
 
-def _is_bool(_inst: object, attribute: attrs.Attribute[bool], value: bool) -> None:
-    if not isinstance(value, bool):
-        raise InvalidValueError(attribute.name, value, "True or False")
-
-
 @attrs.frozen(cache_hash=True)
 class ScaleSpec:
     """Scale granularity, and whether scales are stored (static) or computed per call (dynamic)."""
 
     group: GroupShape = attrs.field(validator=attrs.validators.instance_of(GroupShape))
-    static: bool = attrs.field(validator=_is_bool)
+    static: bool = attrs.field(validator=is_bool)
 
     def render(self) -> str:
         return f"{'static' if self.static else 'dynamic'} {self.group.render()}"
@@ -101,15 +96,18 @@ class QuantKey:
         return f"{self.scale.render()} {self.dtype}"
 
 
+def _extent(value: object) -> bool:
+    # bool is an int subclass; True as a dimension is always a mistake.
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
 def _weight_shape(value: object) -> tuple[int, int]:
-    items = tuple(value) if isinstance(value, (tuple, list)) else None
-    if (
-        items is None
-        or len(items) != 2
-        or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in items)
-    ):
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
         raise InvalidValueError("weight_shape", value, "(N, K): two positive integers")
-    return (items[0], items[1])
+    n, k = value
+    if not (_extent(n) and _extent(k)):
+        raise InvalidValueError("weight_shape", value, "(N, K): two positive integers")
+    return (n, k)
 
 
 def _high_precision(_inst: object, attribute: attrs.Attribute[Dtype], value: Dtype) -> None:
@@ -139,7 +137,7 @@ class QuantConfig:
     weight_shape: tuple[int, int] = attrs.field(converter=_weight_shape)
     input_dtype: Dtype = attrs.field(converter=as_dtype, validator=_high_precision)
     out_dtype: Dtype = attrs.field(converter=as_dtype, validator=_high_precision)
-    bias: bool = attrs.field(default=False, validator=_is_bool)
+    bias: bool = attrs.field(default=False, validator=is_bool)
 
     @property
     def n(self) -> int:

@@ -16,10 +16,6 @@ __all__ = ["Reason", "RejectCode"]
 class RejectCode(enum.Enum):
     """Every way a kernel can be turned down. Tests and tools match on these."""
 
-    # Members are singletons: identity hashing is correct and, unlike Enum.__hash__,
-    # runs in C. Rules test set membership of these on every decision.
-    __hash__ = object.__hash__
-
     WRONG_PLATFORM = "wrong_platform"
     COMPUTE_CAPABILITY = "compute_capability"
     GPU_ARCH = "gpu_arch"

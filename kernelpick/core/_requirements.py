@@ -7,8 +7,7 @@ class with the same two methods (the ``Requirement`` protocol).
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 import attrs
@@ -52,8 +51,7 @@ def _either(names: Sequence[str]) -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
-@functools.lru_cache(maxsize=256)
-def _listed(items: frozenset[Dtype] | frozenset[GroupShape]) -> str:
+def _listed(items: Iterable[Dtype] | Iterable[GroupShape]) -> str:
     return _either(sorted(str(item) for item in items))
 
 
@@ -64,13 +62,9 @@ class MinComputeCapability:
     arch: CudaArch
 
     def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
-        found = caps.arch
-        if type(found) is CudaArch and (found.major, found.minor) >= (
-            self.arch.major,
-            self.arch.minor,
-        ):
+        if isinstance(caps.arch, CudaArch) and caps.arch >= self.arch:
             return None
-        return Reason(RejectCode.COMPUTE_CAPABILITY, str(self.arch), str(found))
+        return Reason(RejectCode.COMPUTE_CAPABILITY, str(self.arch), str(caps.arch))
 
     def render(self) -> str:
         return f"compute capability >= {self.arch}"
@@ -115,8 +109,7 @@ class MinTorch:
     version: Version = attrs.field(converter=as_version)
 
     def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
-        found, least = caps.torch_version, self.version
-        if (found.major, found.minor, found.patch) >= (least.major, least.minor, least.patch):
+        if caps.torch_version >= self.version:
             return None
         return Reason(RejectCode.TORCH_VERSION, str(self.version), str(caps.torch_version))
 
@@ -168,9 +161,7 @@ class Fp8Dtypes:
         if config.weight.dtype in self.dtypes and (act is None or act.dtype in self.dtypes):
             return None
         found = {config.weight.dtype} | ({act.dtype} if act else set())
-        return Reason(
-            RejectCode.FP8_DTYPE, _listed(self.dtypes), _listed(frozenset(found - self.dtypes))
-        )
+        return Reason(RejectCode.FP8_DTYPE, _listed(self.dtypes), _listed(found - self.dtypes))
 
     def render(self) -> str:
         return f"FP8 {_listed(self.dtypes)}"

@@ -14,7 +14,6 @@ from kernelpick.core._hints import hints
 from kernelpick.core._policy import Policy
 from kernelpick.core._quant import QuantConfig
 from kernelpick.core._reasons import Reason, RejectCode
-from kernelpick.core._schemes import clear_scheme_cache
 from kernelpick.core._specs import KIND_RULES, Catalog, KernelKind, KernelSpec
 
 __all__ = ["CACHE_SIZE", "KIND_RULES", "cache_info", "choose", "clear_cache", "evaluate"]
@@ -83,12 +82,8 @@ def _decide(trace: tuple[Verdict, ...]) -> Decision:
     return Rejected(trace) if fallback is None else Selected(fallback.kernel, trace, True)
 
 
-# Defaults travel into the cache as None: None hashes in C, while each attrs value's hash
-# is a Python call, and the cached path is budgeted at 20 dict lookups.
 @functools.lru_cache(maxsize=CACHE_SIZE)
-def _choose(
-    caps: DeviceCaps, config: QuantConfig, policy: Policy | None, catalog: Catalog | None
-) -> Decision:
+def _choose(caps: DeviceCaps, config: QuantConfig, policy: Policy, catalog: Catalog) -> Decision:
     decision = _decide(evaluate(caps, config, policy, catalog))
     if isinstance(decision, Rejected):
 
@@ -111,24 +106,15 @@ def choose(
     values; a policy naming an id the catalog lacks raises ``UnknownNameError``, and an
     argument of the wrong type ``InvalidValueError``.
     """
-    try:
-        return _choose(caps, config, policy, catalog)
-    except TypeError:
-        # An unhashable argument fails inside the cache, before any check could run.
-        _check_hashable(catalog)
-        _check_types(
-            caps,
-            config,
-            _DEFAULT_POLICY if policy is None else policy,
-            DEFAULT_CATALOG if catalog is None else catalog,
-        )
-        raise
+    policy = _DEFAULT_POLICY if policy is None else policy
+    catalog = DEFAULT_CATALOG if catalog is None else catalog
+    _check_types(caps, config, policy, catalog)
+    return _choose(caps, config, policy, catalog)
 
 
 def clear_cache() -> None:
-    """Forget every cached decision, and the cached configs of ``kp.quant_config``."""
+    """Forget every cached decision."""
     _choose.cache_clear()
-    clear_scheme_cache()
 
 
 def cache_info() -> functools._CacheInfo:
@@ -137,20 +123,11 @@ def cache_info() -> functools._CacheInfo:
 
 
 def _check_types(caps: object, config: object, policy: object, catalog: object) -> None:
-    for name, value, cls in (
-        ("caps", caps, DeviceCaps),
-        ("config", config, QuantConfig),
-        ("policy", policy, Policy),
-        ("catalog", catalog, Catalog),
-    ):
-        if not isinstance(value, cls):
-            raise InvalidValueError(name, value, f"a kp.{cls.__name__}")
-
-
-def _check_hashable(catalog: object) -> None:
-    try:
-        hash(catalog)
-    except TypeError:
-        raise InvalidValueError(
-            "catalog", catalog, "hashable requirements (frozen attrs classes or dataclasses)"
-        ) from None
+    if not isinstance(caps, DeviceCaps):
+        raise InvalidValueError("caps", caps, "a kp.DeviceCaps")
+    if not isinstance(config, QuantConfig):
+        raise InvalidValueError("config", config, "a kp.QuantConfig")
+    if not isinstance(policy, Policy):
+        raise InvalidValueError("policy", policy, "a kp.Policy")
+    if not isinstance(catalog, Catalog):
+        raise InvalidValueError("catalog", catalog, "a kp.Catalog")

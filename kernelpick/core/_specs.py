@@ -23,10 +23,6 @@ __all__ = ["KIND_RULES", "Catalog", "KernelKind", "KernelSpec"]
 class KernelKind(enum.Enum):
     """Whether a kernel quantizes activations (W8A8) or only weights (W8A16)."""
 
-    # Members are singletons: identity hashing is correct and, unlike Enum.__hash__,
-    # runs in C. Rules test set membership of these on every decision.
-    __hash__ = object.__hash__
-
     W8A8 = "W8A8"
     W8A16 = "W8A16"
 
@@ -35,7 +31,8 @@ class KernelKind(enum.Enum):
 
 
 # Rules every kernel of a kind obeys, whatever its spec declares. Keyed on the declared
-# kind, so a new weight-only kernel cannot forget the per-token check (design §1).
+# kind, so a new weight-only kernel cannot forget the per-token check that vLLM issue
+# 61316's Marlin and Humming lacked (docs/design.md#the-problem).
 KIND_RULES: Mapping[KernelKind, tuple[Requirement, ...]] = {
     KernelKind.W8A8: (ActivationQuantized(),),
     KernelKind.W8A16: (WeightOnlyActivation(),),
@@ -56,7 +53,19 @@ def _requirements(value: Iterable[Requirement]) -> tuple[Requirement, ...]:
     for item in items:
         if not isinstance(item, Requirement):
             raise InvalidValueError("requirement", item, "an object with check() and render()")
+        # A spec is part of the key choose() caches decisions under.
+        try:
+            hash(item)
+        except TypeError:
+            raise InvalidValueError(
+                "requirement", item, "a hashable value (a frozen attrs class or dataclass)"
+            ) from None
     return items
+
+
+def _summary(_inst: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if not isinstance(value, str):
+        raise InvalidValueError("kernel summary", value, "a string")
 
 
 @attrs.frozen
@@ -71,7 +80,7 @@ class KernelSpec:
     platform: Platform = attrs.field(converter=as_platform)
     kind: KernelKind = attrs.field(validator=attrs.validators.instance_of(KernelKind))
     requires: tuple[Requirement, ...] = attrs.field(default=(), converter=_requirements)
-    summary: str = ""
+    summary: str = attrs.field(default="", validator=_summary)
 
     @property
     def alignment(self) -> int | None:

@@ -22,6 +22,7 @@ from kernelpick.kernels._cupy_source import (
     render_gemv,
     render_quant_per_token,
 )
+from kernelpick.kernels._quantize import scale_floor
 from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
 
 __all__ = [
@@ -89,7 +90,7 @@ def quantize_per_token_cupy(x: torch.Tensor, fp8: Dtype) -> tuple[torch.Tensor, 
     q = torch.empty((rows, cols), dtype=torch_dtype(fp8), device=device)
     scales = torch.empty((rows, 1), dtype=torch.float32, device=device)
     if rows == 0 or cols == 0:
-        return q, scales.fill_(1.0 / (fp8.quant_max * 512.0))
+        return q, scales.fill_(scale_floor(fp8))
     vec = quant_vec(x.dtype, cols, x.stride(0), x.data_ptr())
     spec = QuantSpec(Dtype.parse(x.dtype), fp8, vec)
     args = (x, q, scales, np.int32(rows), np.int32(cols), np.int64(x.stride(0)))

@@ -12,6 +12,7 @@ import attrs
 
 from kernelpick.core._dtypes import Dtype
 from kernelpick.core._errors import InvalidValueError
+from kernelpick.kernels._quantize import scale_floor
 
 __all__ = [
     "CODECS",
@@ -150,8 +151,9 @@ class QuantSpec:
 def render_quant_per_token(spec: QuantSpec) -> str:
     """Dynamic per-token quantization, one block per row: amax, scale, clamp, cast.
 
-    Design §5: scale = max(amax / fp8_max, 1 / (fp8_max * 512)); values are clamped to the
-    FP8 range before the cast and NaN stays NaN.
+    The formula of ``kernels._quantize`` (docs/design.md#quantization-numerics):
+    scale = max(amax / fp8_max, scale_floor(fp8)); values are clamped to the FP8 range
+    before the cast and NaN stays NaN.
     """
     storage = _elementwise(spec.in_dtype, "quantizer input dtype")
     if spec.vec not in (1, 8) or (spec.vec == 8 and storage != "u16"):
@@ -160,7 +162,7 @@ def render_quant_per_token(spec: QuantSpec) -> str:
     load = _LOAD[spec.in_dtype]
     return f"""{render_codecs(spec.fp8)}
 #define KP_QMAX {qmax!r}f
-#define KP_FLOOR {1.0 / (qmax * 512.0)!r}f
+#define KP_FLOOR {scale_floor(spec.fp8)!r}f
 #define KP_VEC {spec.vec}
 typedef {storage} in_t;
 

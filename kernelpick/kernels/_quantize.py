@@ -34,11 +34,13 @@ __all__ = [
 # Rows of a weight quantized at a time: the fp32 working copy is at most this many rows.
 CHUNK_ROWS = 512
 
-# The clamp floor is 1 / (fp8_max * 512), as in vLLM's per-token FP8 quantizer.
+# The clamp floor is 1 / (fp8_max * 512), as in vLLM's per-token FP8 quantizer
+# (docs/design.md#quantization-numerics). The cupy quantizer reads it from here too.
 SCALE_FLOOR_DIVISOR = 512.0
 
 
 def scale_floor(fp8: Dtype) -> float:
+    """The least scale of a group, so that an all-zero group does not divide by zero."""
     return 1.0 / (fp8.quant_max * SCALE_FLOOR_DIVISOR)
 
 

@@ -114,8 +114,8 @@ def read_properties(device_index: int = 0) -> dict[str, object]:
     """The raw facts of the host CPU and torch build, JSON-ready (``translate`` reads them).
 
     Keys: ``machine``, ``name``, ``isa`` (sorted ``KERNEL_ISA_FLAGS`` present),
-    ``cpu_capability`` (torch's), ``torch_version``, and ``scaled_mm`` /
-    ``scaled_mm_rowwise`` found by a tiny trial call. Only index 0 exists.
+    ``torch_version``, and ``scaled_mm`` / ``scaled_mm_rowwise`` found by a tiny trial
+    call. Only index 0 exists.
     """
     _check_index(device_index)
     machine = platform.machine()
@@ -124,7 +124,6 @@ def read_properties(device_index: int = 0) -> dict[str, object]:
         "machine": machine,
         "name": model or platform.processor() or machine or "CPU",
         "isa": isa,
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "torch_version": str(torch.__version__),
         "scaled_mm": _trial_scaled_mm(rowwise=False),
         "scaled_mm_rowwise": _trial_scaled_mm(rowwise=True),

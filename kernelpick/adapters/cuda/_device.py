@@ -19,9 +19,8 @@ _LABEL = "CUDA"
 def read_properties(device_index: int) -> dict[str, object]:
     """The raw facts of CUDA device ``device_index`` and the torch build, JSON-ready.
 
-    Keys: ``name``, ``major``, ``minor``, ``total_memory`` (bytes),
-    ``multi_processor_count``, ``torch_version``, ``cuda_version`` (None on a build without
-    CUDA) and ``libraries`` (``["cupy"]`` when cupy is usable).
+    Keys: ``name``, ``major``, ``minor``, ``torch_version``, ``cuda_version`` (None on a
+    build without CUDA) and ``libraries`` (``["cupy"]`` when cupy is usable).
     """
     check_index(device_index, torch.cuda.device_count(), _LABEL)
     props = torch.cuda.get_device_properties(device_index)
@@ -29,8 +28,6 @@ def read_properties(device_index: int) -> dict[str, object]:
         "name": str(props.name),
         "major": int(props.major),
         "minor": int(props.minor),
-        "total_memory": int(props.total_memory),
-        "multi_processor_count": int(props.multi_processor_count),
         "torch_version": str(torch.__version__),
         "cuda_version": torch.version.cuda,
         "libraries": ["cupy"] if cupy_usable() else [],

@@ -25,17 +25,14 @@ _LABEL = "ROCm"
 def read_properties(device_index: int) -> dict[str, object]:
     """The raw facts of ROCm device ``device_index`` and the torch build, JSON-ready.
 
-    Keys: ``name``, ``gcnArchName`` (e.g. ``gfx942:sramecc+:xnack-``), ``total_memory``
-    (bytes), ``multi_processor_count`` (compute units), ``torch_version`` and
-    ``hip_version`` (None on a build without ROCm).
+    Keys: ``name``, ``gcnArchName`` (e.g. ``gfx942:sramecc+:xnack-``), ``torch_version``
+    and ``hip_version`` (None on a build without ROCm).
     """
     check_index(device_index, torch.cuda.device_count(), _LABEL)
     props = torch.cuda.get_device_properties(device_index)
     return {
         "name": str(props.name),
         "gcnArchName": str(props.gcnArchName),
-        "total_memory": int(props.total_memory),
-        "multi_processor_count": int(props.multi_processor_count),
         "torch_version": str(torch.__version__),
         "hip_version": torch.version.hip,
     }
