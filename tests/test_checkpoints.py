@@ -13,18 +13,19 @@ import safetensors.torch
 import torch
 
 import kernelpick as kp
+from kernelpick.adapters import LAUNCHES, Launch
 from kernelpick.core import Dtype, evaluate
 from kernelpick.integration import (
     CheckpointError,
     Fp8Linear,
-    Fp8LinearMethod,
     ModelConversionError,
     layer_state,
     load_quantized,
     quantize_model,
     save_quantized,
 )
-from kernelpick.kernels._canonical import quantize_weight
+from kernelpick.integration._layer_steps import LayerSteps, install
+from kernelpick.kernels import ReferenceW8A16
 from tests.emulation import BOUND, emulate, on_cpu, relative_error
 from tests.snapshots import snapshot
 
@@ -44,18 +45,16 @@ def _model(seed: int = 0, bias: bool = True) -> torch.nn.Sequential:
 def _as_if_on(model: torch.nn.Module, scheme: str, caps: kp.DeviceCaps) -> list[str]:
     """Quantize ``model``'s linears with the kernel selected for ``caps``, its family run on
     CPU tensors (as the CUDA kernel tests do), so a layer runs a GPU kernel's math here."""
-    method = Fp8LinearMethod(scheme, caps, kp.Policy())
+    steps = LayerSteps.create(scheme, caps, kp.Policy(), online=True)
     kernels = []
     for name, linear in list(model.named_children()):
         if not isinstance(linear, torch.nn.Linear):
             continue
-        config = method.config(linear.out_features, linear.in_features, torch.float32, bias=True)
-        state = method.state(config, name, (linear.out_features,))
+        config = steps.config(linear.out_features, linear.in_features, torch.float32, bias=True)
+        state = steps.state(config, name, (linear.out_features,))
         kernel = on_cpu(state.decision.kernel, config, caps)  # a GPU family on CPU tensors
-        fp8, scale = quantize_weight(linear.weight.detach(), config)
-        layer = Fp8Linear(linear.in_features, linear.out_features, method, linear.bias)
-        frozen = [torch.nn.Parameter(t, requires_grad=False) for t in (fp8, scale)]
-        method.install(layer, state, kernel, *frozen)
+        layer = Fp8Linear(linear.in_features, linear.out_features, steps, linear.bias)
+        install(layer, state, kernel, *steps.quantize(state, linear.weight))
         setattr(model, name, layer)
         kernels.append(state.decision.kernel)
     return kernels
@@ -110,6 +109,23 @@ def test_a_checkpoint_saved_under_one_cpu_kernel_loads_under_any_other(
     assert relative_error(got, _expected(x, source, skeleton)) <= BOUND["float32"]
     if "w8a16" not in saved + loaded or saved == loaded:
         assert relative_error(got, _run_layers(model, x)) <= BOUND["float32"]
+
+
+def test_a_checkpoint_loads_onto_a_kernel_of_ones_own(tmp_path: Path) -> None:
+    # A new catalog id for the weight-only reference family: the load selects and binds it.
+    spec = kp.KernelSpec("cpu_my_w8a16", "cpu", kp.KernelKind.W8A16, ())
+    catalog = kp.Catalog((spec, *kp.default_catalog()))
+    launches = {**LAUNCHES, spec.id: Launch(ReferenceW8A16)}
+    model = _model()
+    quantize_model(model, "fp8_weight_only", CPU, kp.Policy())
+    save_quantized(model, tmp_path)
+    skeleton = _model(seed=1)
+    report = load_quantized(
+        skeleton, tmp_path, CPU, kp.Policy(), catalog=catalog, launches=launches
+    )
+    assert {layer.kernel for layer in report.layers} == {"cpu_my_w8a16"}
+    x = torch.randn(5, 64)
+    assert torch.equal(_run_layers(skeleton, x), _run_layers(model, x))
 
 
 @pytest.mark.parametrize(

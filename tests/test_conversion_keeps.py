@@ -14,7 +14,7 @@ from kernelpick.integration import (
     SkippedLayer,
     quantize_model,
 )
-from kernelpick.integration import _convert as convert_module
+from kernelpick.integration import _layer_steps as steps_module
 from kernelpick.integration import _swap as swap
 from kernelpick.kernels._canonical import quantize_weight
 from tests.snapshots import snapshot
@@ -182,7 +182,7 @@ def test_an_out_of_memory_while_quantizing_a_layer_leaves_it_whole(
             raise RuntimeError("CPU out of memory")
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(convert_module, "quantize_weight", failing)
+    monkeypatch.setattr(steps_module, "quantize_weight", failing)
     with pytest.raises(ModelConversionError, match=r"RuntimeError\(CPU out of memory\)") as info:
         quantize_model(model, caps=CPU, policy=kp.Policy())
     assert info.value.converted == ("l0",)
@@ -228,7 +228,7 @@ def test_each_replaced_linear_is_freed_before_the_next_is_quantized(
         alive.append(sum(ref() is not None for ref in originals))
         return quantize_weight(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(convert_module, "quantize_weight", counting)
+    monkeypatch.setattr(steps_module, "quantize_weight", counting)
     quantize_model(model, caps=CPU, policy=kp.Policy())
     assert alive == [4, 3, 2, 1]  # peak memory stays near one high-precision layer
     assert all(ref() is None for ref in originals)

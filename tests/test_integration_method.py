@@ -202,3 +202,14 @@ def test_apply_compiles_with_fullgraph_on_cpu() -> None:
     torch._dynamo.reset()
     compiled = torch.compile(lambda t: method.apply(layer, t), fullgraph=True)
     assert torch.equal(compiled(x), method.apply(layer, x))
+
+
+def test_the_methods_settings_are_read_only() -> None:
+    # Its layers keep the settings they were made with; a change would reach only some.
+    method = Fp8PtpcLinearMethod(caps=CPU, policy=kp.Policy(), chunk_rows=64)
+    assert (method.scheme, method.caps, method.chunk_rows) == (kp.Scheme.FP8_PER_CHANNEL, CPU, 64)
+    with pytest.raises(AttributeError):
+        method.chunk_rows = 16  # type: ignore[misc]
+    assert method.policy == kp.Policy()
+    assert method.catalog is None
+    assert method.launches is None

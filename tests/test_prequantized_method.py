@@ -12,14 +12,21 @@ import kernelpick as kp
 from kernelpick.core import Dtype
 from kernelpick.integration import Fp8LinearMethod, layer_state, weight_loader_of
 from kernelpick.kernels._canonical import dequantize_weight, quantize_weight
+from kernelpick.kernels._quantize import CHUNK_ROWS
 from tests.emulation import BOUND, emulate, relative_error
 
 CPU = kp.device_profile("cpu")
 SIZES, K = [64, 32, 32], 128
 
 
+def _method(scheme: str, checkpoint: str, chunk_rows: int = CHUNK_ROWS) -> Fp8LinearMethod:
+    return Fp8LinearMethod(
+        scheme, CPU, kp.Policy(), checkpoint_format=checkpoint, chunk_rows=chunk_rows
+    )
+
+
 def _layer(scheme: str = "fp8_per_channel", checkpoint: str = "fp8") -> torch.nn.Module:
-    method = Fp8LinearMethod(scheme, CPU, kp.Policy(), checkpoint_format=checkpoint)
+    method = _method(scheme, checkpoint)
     layer = torch.nn.Module()
     method.create_weights(layer, K, SIZES, K, sum(SIZES), torch.float32, prefix="attn.qkv")
     layer.__dict__["method"] = method
@@ -264,11 +271,9 @@ def test_an_interrupted_requantization_leaves_the_weight_for_a_clean_retry(
         return real(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(canonical, "quantize_static", interrupted)
-    layer.__dict__["method"].chunk_rows = 16  # several chunks per shard
-    with pytest.raises(KeyboardInterrupt):
-        _process(layer)
+    with pytest.raises(KeyboardInterrupt):  # several chunks per shard
+        _method("fp8_per_tensor", "fp8", chunk_rows=16).process_weights_after_loading(layer)
     monkeypatch.setattr(canonical, "quantize_static", real)
-    layer.__dict__["method"].chunk_rows = 512
     _process(layer)
     weights = (layer.get_parameter("weight"), reference.get_parameter("weight"))
     assert torch.equal(weights[0].view(torch.uint8), weights[1].view(torch.uint8))

@@ -1,5 +1,9 @@
 """Engine integration: the FP8 linear methods (select before allocating), a one-call
-conversion of an ordinary PyTorch model, and quantized checkpoints out and in."""
+conversion of an ordinary PyTorch model, and quantized checkpoints out and in.
+
+Each kernel selected is logged to ``logging.getLogger("kernelpick.integration")`` once per
+(device, config): INFO, WARNING for a degraded choice, the full trace at DEBUG.
+kernelpick adds no handler; the application configures logging."""
 
 from kernelpick.integration._checkpoint import load_quantized, save_quantized
 from kernelpick.integration._convert import quantize_model

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from kernelpick.adapters import Launch
 from kernelpick.core._device import DeviceCaps
 from kernelpick.core._errors import InvalidValueError
 from kernelpick.core._policy import Policy
@@ -25,8 +27,8 @@ from kernelpick.core._schemes import scheme_of
 from kernelpick.core._specs import Catalog
 from kernelpick.integration._ct_config import QUANTIZATION_CONFIG, from_config, matches, to_config
 from kernelpick.integration._errors import CheckpointError, ModelConversionError
+from kernelpick.integration._layer_steps import LayerSteps
 from kernelpick.integration._load_plan import LoadPlan, build, plan
-from kernelpick.integration._method import Fp8LinearMethod
 from kernelpick.integration._modules import Fp8Linear
 from kernelpick.integration._report import ConversionReport, LayerReport
 from kernelpick.integration._safetensors_io import (
@@ -36,7 +38,7 @@ from kernelpick.integration._safetensors_io import (
     write_atomically,
     write_safetensors,
 )
-from kernelpick.integration._state import CheckpointFormat, LayerState, find_state
+from kernelpick.integration._state import LayerState, find_state
 from kernelpick.integration._swap import Swaps, model_bytes
 
 __all__ = ["CONFIG_NAME", "load_quantized", "save_quantized"]
@@ -145,12 +147,14 @@ def load_quantized(
     *,
     device: torch.device | str | None = None,
     catalog: Catalog | None = None,
+    launches: Mapping[str, Launch] | None = None,
 ) -> ConversionReport:
     """Fill ``model``, a high-precision skeleton, from the quantized checkpoint in
     ``directory``, replacing each quantized layer with an ``Fp8Linear`` (in place).
 
     ``device`` is where the tensors go: by default the skeleton's, or the CPU for a skeleton
-    on the meta device. ``caps`` defaults to a probe of that device. Every check (the
+    on the meta device. ``caps`` defaults to a probe of that device; ``catalog`` and
+    ``launches`` to kernelpick's kernels, as for ``quantize_model``. Every check (the
     config, each kernel selection, every tensor's name, dtype and shape, NaN bytes and
     scales) runs before the model changes; a failure raises ``CheckpointError`` or
     ``ModelConversionError`` and leaves the model as it was.
@@ -167,13 +171,13 @@ def load_quantized(
         from kernelpick import probe
 
         caps = probe(target)
-    method = Fp8LinearMethod(
-        scheme, caps, policy, checkpoint_format=CheckpointFormat.FP8, catalog=catalog
+    steps = LayerSteps.create(
+        scheme, caps, policy, online=False, catalog=catalog, launches=launches
     )
     with Checkpoint(root) as checkpoint:
-        planned = plan(model, checkpoint, method, (targets, ignore), target)
+        planned = plan(model, checkpoint, steps, (targets, ignore), target)
         before = model_bytes(model)
-        modules, tensors = build(checkpoint, method, planned, target)
+        modules, tensors = build(checkpoint, steps, planned, target)
     _commit(model, planned, modules, tensors)
     layers = tuple(LayerReport.of(layer.paths[0], layer.state) for layer in planned.layers)
     return ConversionReport(

@@ -7,28 +7,33 @@ from its own weight, so peak extra memory stays near one layer. Layers that shar
 (tied) are quantized once and swapped together. If anything stops the swap phase
 (``KeyboardInterrupt``, out of memory), the layer being swapped is put back, every layer is
 either as it was or fully converted, and calling ``quantize_model`` again finishes the job.
+Each step of a layer (select, check, bind, quantize, install) is the linear method's own,
+from ``_layer_steps``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Mapping
+from typing import NoReturn
 
 import attrs
 import torch
+from tqdm import tqdm
 
+from kernelpick.adapters import Launch
 from kernelpick.core._device import DeviceCaps
 from kernelpick.core._errors import InvalidValueError, KernelpickError
 from kernelpick.core._policy import Policy
 from kernelpick.core._schemes import Scheme
 from kernelpick.core._specs import Catalog
 from kernelpick.integration._errors import ModelConversionError
-from kernelpick.integration._method import Fp8LinearMethod, frozen
+from kernelpick.integration._layer_steps import LayerSteps, install
 from kernelpick.integration._modules import Fp8Linear
 from kernelpick.integration._report import ConversionReport, LayerReport, SkippedLayer
 from kernelpick.integration._state import LayerState
 from kernelpick.integration._swap import Swaps, dropped_by_swap, model_bytes
 from kernelpick.kernels._base import Kernel
-from kernelpick.kernels._canonical import check_finite, quantize_weight
 from kernelpick.kernels._quantize import CHUNK_ROWS
 
 __all__ = ["quantize_model"]
@@ -108,40 +113,47 @@ def _groups(
 
 
 def _plan(
-    method: Fp8LinearMethod, group: list[Found]
+    steps: LayerSteps, group: list[Found]
 ) -> tuple[list[_Layer], list[tuple[str, KernelpickError]]]:
     layers: list[_Layer] = []
     failures: list[tuple[str, KernelpickError]] = []
     for index, (linear, paths) in enumerate(group):
         try:
-            config = method.config(
+            config = steps.config(
                 linear.out_features, linear.in_features, linear.weight.dtype,
                 bias=linear.bias is not None,
             )  # fmt: skip
-            state = method.state(config, paths[0], (linear.out_features,))
+            state = steps.state(config, paths[0], (linear.out_features,))
             if index == 0:  # one weight for the whole group: checked once
-                method.check_weight(state, linear.weight)
+                steps.check_weight(state, linear.weight)
             if linear.bias is not None:
-                check_finite(f"{paths[0]}.bias", linear.bias.view(1, -1), method.chunk_rows)
-            kernel = method.bind(state, linear.weight.device)
+                steps.check_bias(state, linear.bias)
+            kernel = steps.bind(state, linear.weight.device)
             layers.append(_Layer(paths, linear, state, kernel))
         except KernelpickError as error:
             failures.append((paths[0], error))
     return layers, failures
 
 
-def _plan_all(method: Fp8LinearMethod, groups: list[list[Found]]) -> list[list[_Layer]]:
+def _plan_all(steps: LayerSteps, groups: list[list[Found]]) -> list[list[_Layer]]:
     """Every group planned, emptying ``groups``; or ``ModelConversionError`` naming every
     layer that cannot be converted."""
     plans: list[list[_Layer]] = []
     failures: list[tuple[str, KernelpickError]] = []
     while groups:
-        layers, failed = _plan(method, groups.pop(0))
+        layers, failed = _plan(steps, groups.pop(0))
         plans.append(layers)
         failures.extend(failed)
     if failures:
         raise ModelConversionError(failures)
     return plans
+
+
+def _progress_bar(progress: bool | None, total: int) -> tqdm[NoReturn]:  # iterates nothing
+    """A bar over the layers to convert, on stderr; None shows it where stderr is a
+    terminal, so logs and CI output get no carriage-return noise."""
+    shown = sys.stderr.isatty() if progress is None else progress
+    return tqdm(total=total, desc="quantize_model", unit="layer", disable=not shown)
 
 
 def quantize_model(
@@ -153,16 +165,21 @@ def quantize_model(
     *,
     untie: bool = False,
     catalog: Catalog | None = None,
+    launches: Mapping[str, Launch] | None = None,
     chunk_rows: int = CHUNK_ROWS,
+    progress: bool | None = None,
 ) -> ConversionReport:
     """Replace every ``nn.Linear`` of ``model`` (in place) with an ``Fp8Linear``.
 
     ``skip(name, module)`` keeps a layer as it is. A linear whose weight is shared with a
     module that stays in high precision (a ``lm_head`` tied to the input embedding) is kept
     too, and the report says so; ``untie=True`` converts it into a separate FP8 copy.
-    ``caps`` defaults to a probe of the device the first layer lives on; ``catalog`` to
-    kernelpick's own (an engine's must name kernels kernelpick can run). Forward hooks and
-    pre-hooks on a replaced linear carry over to its ``Fp8Linear``.
+    ``caps`` defaults to a probe of the device the first layer lives on. A kernel of your
+    own is selected from ``catalog`` and run through its row in ``launches`` (both default
+    to kernelpick's; see ``kernelpick.adapters.bind``). Forward hooks and pre-hooks on a
+    replaced linear carry over to its ``Fp8Linear``. ``progress`` shows a bar of the layers
+    converted on stderr: None (the default) where stderr is a terminal, True always, False
+    never.
 
     Raises ``ModelConversionError``: naming every layer that cannot be converted, with the
     model untouched; or, when an exception of any kind stops the swap phase, naming the
@@ -170,6 +187,9 @@ def quantize_model(
     """
     if not isinstance(untie, bool):
         raise InvalidValueError("untie", untie, "True or False")
+    if progress is not None and not isinstance(progress, bool):
+        expected = "True, False, or None (shown where stderr is a terminal)"
+        raise InvalidValueError("progress", progress, expected)
     linears, skipped = _linears(model, skip)
     if any("" in paths for _, paths in linears):
         raise InvalidValueError(
@@ -181,38 +201,43 @@ def quantize_model(
         from kernelpick import probe
 
         caps = probe(groups[0][0][0].weight.device if groups else None)
-    method = Fp8LinearMethod(scheme, caps, policy, catalog=catalog, chunk_rows=chunk_rows)
-    plans = _plan_all(method, groups)
+    steps = LayerSteps.create(
+        scheme, caps, policy, online=True, catalog=catalog, launches=launches,
+        chunk_rows=chunk_rows,
+    )  # fmt: skip
+    plans = _plan_all(steps, groups)
     before = model_bytes(model)
     reports: list[LayerReport] = []
-    while plans:  # popped, so each replaced nn.Linear is freed as soon as it is swapped out
-        layers = plans.pop(0)
-        swaps = Swaps(model)
-        try:
-            _convert(method, swaps, layers)
-        except BaseException as error:
-            swaps.undo()
-            converted = [report.name for report in reports]
-            raise ModelConversionError.stopped(layers[0].paths[0], converted, error) from error
-        reports.extend(LayerReport.of(layer.paths[0], layer.state) for layer in layers)
-        del layers, swaps
+    bar = _progress_bar(progress, sum(len(layers) for layers in plans))
+    try:
+        while plans:  # popped, so each replaced nn.Linear is freed as soon as it is swapped out
+            layers = plans.pop(0)
+            swaps = Swaps(model)
+            try:
+                _convert(steps, swaps, layers)
+                bar.update(len(layers))  # inside: an interrupt while drawing undoes this group
+            except BaseException as error:
+                swaps.undo()
+                converted = [report.name for report in reports]
+                raise ModelConversionError.stopped(layers[0].paths[0], converted, error) from error
+            reports.extend(LayerReport.of(layer.paths[0], layer.state) for layer in layers)
+            del layers, swaps
+    finally:
+        bar.close()  # on an interrupt too, so the terminal is left on a fresh line
     return ConversionReport(
-        method.scheme.value, caps.name, tuple(reports), (*skipped, *tied), before,
+        steps.scheme.value, caps.name, tuple(reports), (*skipped, *tied), before,
         model_bytes(model),
     )  # fmt: skip
 
 
-def _convert(method: Fp8LinearMethod, swaps: Swaps, layers: list[_Layer]) -> None:
+def _convert(steps: LayerSteps, swaps: Swaps, layers: list[_Layer]) -> None:
     """Quantize the weight ``layers`` share once, and put an ``Fp8Linear`` holding it at
     every path of every one of them."""
     first = layers[0]
-    fp8, scale = quantize_weight(
-        first.module.weight.detach(), first.state.config, chunk_rows=method.chunk_rows
-    )
-    weight, weight_scale = frozen(fp8), frozen(scale)
+    weight, weight_scale = steps.quantize(first.state, first.module.weight)
     for layer in layers:
         linear = layer.module
-        quantized = Fp8Linear(linear.in_features, linear.out_features, method, linear.bias)
-        method.install(quantized, layer.state, layer.kernel, weight, weight_scale)
+        quantized = Fp8Linear(linear.in_features, linear.out_features, steps, linear.bias)
+        install(quantized, layer.state, layer.kernel, weight, weight_scale)
         for path in layer.paths:
             swaps.replace(path, quantized)

@@ -11,7 +11,7 @@ import torch
 from kernelpick.core._errors import KernelpickError
 from kernelpick.integration._ct_config import matches
 from kernelpick.integration._errors import CheckpointError, ModelConversionError
-from kernelpick.integration._method import Fp8LinearMethod, frozen
+from kernelpick.integration._layer_steps import LayerSteps, frozen, install
 from kernelpick.integration._modules import Fp8Linear
 from kernelpick.integration._report import SkippedLayer
 from kernelpick.integration._safetensors_io import Checkpoint
@@ -81,7 +81,7 @@ def _layer_keys(
 
 def _plan_layer(
     checkpoint: Checkpoint,
-    method: Fp8LinearMethod,
+    steps: LayerSteps,
     paths: list[str],
     module: torch.nn.Module,
     device: torch.device,
@@ -94,9 +94,9 @@ def _plan_layer(
         expected = "an nn.Linear of weight and bias: kernelpick replaces exact nn.Linear modules"
         raise CheckpointError(name, "module", found, expected)
     bias = module.bias is not None
-    config = method.config(module.out_features, module.in_features, module.weight.dtype, bias=bias)
-    state = method.state(config, name, (module.out_features,))
-    kernel = method.bind(state, device)
+    config = steps.config(module.out_features, module.in_features, module.weight.dtype, bias=bias)
+    state = steps.state(config, name, (module.out_features,))
+    kernel = steps.bind(state, device)
     names = ["weight", "weight_scale"]
     if config.activation is not None and config.activation.scale.static:
         names.append("input_scale")
@@ -109,7 +109,7 @@ def _plan_layer(
 def plan(
     model: torch.nn.Module,
     checkpoint: Checkpoint,
-    method: Fp8LinearMethod,
+    steps: LayerSteps,
     patterns: tuple[tuple[str, ...], tuple[str, ...]],
     device: torch.device,
 ) -> LoadPlan:
@@ -132,7 +132,7 @@ def plan(
             skipped.append(SkippedLayer(names[0], "the checkpoint keeps it in high precision"))
             continue
         try:
-            layers.append(_plan_layer(checkpoint, method, names, module, device))
+            layers.append(_plan_layer(checkpoint, steps, names, module, device))
         except KernelpickError as error:
             failures.append((names[0], error))
     if failures:
@@ -213,7 +213,7 @@ def _plan_tensors(
 
 def _read_layer(
     checkpoint: Checkpoint,
-    method: Fp8LinearMethod,
+    steps: LayerSteps,
     layer: PlannedLayer,
     weight: torch.nn.Parameter,
     device: torch.device,
@@ -230,13 +230,13 @@ def _read_layer(
         stored = _read_as(checkpoint, keys["bias"], linear.bias.dtype, device)
         check_finite(f"{name}.bias", stored.view(1, -1))  # as quantize_model refuses one
         bias = torch.nn.Parameter(stored, requires_grad=linear.bias.requires_grad)
-    module = Fp8Linear(linear.in_features, linear.out_features, method, bias)
-    method.install(module, layer.state, layer.kernel, weight, *scales)
+    module = Fp8Linear(linear.in_features, linear.out_features, steps, bias)
+    install(module, layer.state, layer.kernel, weight, *scales)
     return module
 
 
 def build(
-    checkpoint: Checkpoint, method: Fp8LinearMethod, plan: LoadPlan, device: torch.device
+    checkpoint: Checkpoint, steps: LayerSteps, plan: LoadPlan, device: torch.device
 ) -> tuple[list[Fp8Linear], dict[int, torch.Tensor]]:
     """Every new module and tensor, read and checked (NaN bytes, scales); the model is not
     touched. A tensor that fails its checks raises ``ModelConversionError``."""
@@ -252,7 +252,7 @@ def build(
                 weight = frozen(stored.to(device, copy=True).contiguous())
                 positive_zero_(weight.data)
                 weights[id(linear.weight)] = weight
-            modules.append(_read_layer(checkpoint, method, layer, weight, device))
+            modules.append(_read_layer(checkpoint, steps, layer, weight, device))
         except KernelpickError as error:
             raise ModelConversionError([(name, error)]) from error
     tensors: dict[int, torch.Tensor] = {}

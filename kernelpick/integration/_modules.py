@@ -10,7 +10,7 @@ import torch
 
 from kernelpick.core._dtypes import HIGH_PRECISION
 from kernelpick.core._errors import InvalidValueError
-from kernelpick.integration._method import Fp8LinearMethod
+from kernelpick.integration._layer_steps import LayerSteps, run
 from kernelpick.integration._state import attach, layer_state
 from kernelpick.kernels._canonical import (
     SCALE_DTYPES,
@@ -55,8 +55,10 @@ class Fp8Linear(torch.nn.Module):
     """A linear layer whose FP8 weight runs on the kernel kernelpick chose for it.
 
     It holds the canonical ``weight`` (FP8 ``[N, K]``), ``weight_scale`` (fp32), for static
-    schemes ``input_scale``, and ``bias``; ``kernelpick_decision`` records the choice, and
-    forwards go through its method's ``apply``.
+    schemes ``input_scale``, and ``bias``; ``kernelpick_decision`` records the choice.
+    ``quantize_model`` and ``load_quantized`` make it: ``steps`` are theirs, the same steps
+    the linear method makes an engine's layers with, so a forward runs the kernel as the
+    method's ``apply`` does.
 
     Casts keep the quantization: ``.half()``, ``.bfloat16()``, ``.float()`` and
     ``.to(dtype)`` change the activation and output dtype (and the kernel, where the
@@ -73,17 +75,17 @@ class Fp8Linear(torch.nn.Module):
         self,
         in_features: int,
         out_features: int,
-        method: Fp8LinearMethod,
+        steps: LayerSteps,
         bias: torch.nn.Parameter | None = None,
     ) -> None:
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
-        self.method = method
+        self.steps = steps
         self.bias = bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.method.apply(self, x, self.bias)
+        return run(self, x, self.bias)
 
     def extra_repr(self) -> str:
         decision = layer_state(self).decision
@@ -108,7 +110,7 @@ class Fp8Linear(torch.nn.Module):
                 f"dtype for quantized layer {state.name!r}", str(target.dtype),
                 f"one of {valid}: the activations take it, the FP8 weight keeps its format",
             )  # fmt: skip
-        retargeted = self.method.retarget(state, dtype, target.device)
+        retargeted = self.steps.retarget(state, dtype, target.device)
         with torch.no_grad():
             moved = {
                 name: _carried(fn, param) for name, param in self._parameters.items()

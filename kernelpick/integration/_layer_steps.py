@@ -1,0 +1,236 @@
+"""The steps that make one linear an FP8 layer: select, check, bind, quantize, install, run.
+
+The linear method (an engine's layers), ``quantize_model`` and ``load_quantized`` all make
+their layers with these, so a layer is made the same way whichever path made it. The
+selection happens before any weight is allocated; the checks read and never write; a layer
+is given its parameters and kernel (``install``) only once the kernel has checked them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+import attrs
+import torch
+
+from kernelpick.adapters import Launch, bind
+from kernelpick.core._decision import Rejected, Selected
+from kernelpick.core._device import DeviceCaps
+from kernelpick.core._dtypes import Dtype
+from kernelpick.core._errors import InvalidValueError
+from kernelpick.core._policy import Policy
+from kernelpick.core._quant import QuantConfig
+from kernelpick.core._schemes import Scheme, quant_config
+from kernelpick.core._select import choose
+from kernelpick.core._specs import Catalog
+from kernelpick.integration._errors import KernelSelectionError
+from kernelpick.integration._log import log_selection
+from kernelpick.integration._state import LayerState, attach, layer_state
+from kernelpick.kernels._base import Kernel
+from kernelpick.kernels._canonical import check_finite, quantize_weight
+from kernelpick.kernels._quantize import CHUNK_ROWS
+from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
+
+__all__ = ["ONLINE_SCHEMES", "LayerSteps", "frozen", "install", "positive_sizes", "run"]
+
+# Schemes whose scales can all be computed from the weights and the live activations.
+# fp8_per_tensor_static needs activation scales calibrated on data, which only a
+# pre-quantized checkpoint (checkpoint_format="fp8") can bring.
+ONLINE_SCHEMES = (Scheme.FP8_PER_CHANNEL, Scheme.FP8_PER_TENSOR, Scheme.FP8_WEIGHT_ONLY)
+
+
+def positive_sizes(sizes: object) -> tuple[int, ...]:
+    """``output_partition_sizes`` as a tuple, or ``InvalidValueError``."""
+    items = tuple(sizes) if isinstance(sizes, (list, tuple)) else ()
+    if not items or not all(
+        isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in items
+    ):
+        raise InvalidValueError(
+            "output_partition_sizes", sizes, "a non-empty list of positive ints"
+        )
+    return items
+
+
+def frozen(tensor: torch.Tensor) -> torch.nn.Parameter:
+    """``tensor`` as a parameter that takes no gradient, as every quantized tensor is."""
+    return torch.nn.Parameter(tensor, requires_grad=False)
+
+
+def _launches(launches: object) -> dict[str, Launch] | None:
+    if launches is None:
+        return None
+    # Copied into a plain dict: a later change to the caller's table cannot reach layers
+    # already made, and a model holding it can still be deep-copied (a mappingproxy cannot).
+    if isinstance(launches, Mapping) and all(
+        isinstance(key, str) and isinstance(row, Launch) for key, row in launches.items()
+    ):
+        return dict(launches)
+    expected = "None or a mapping of kernel id to kernelpick.adapters.Launch (LAUNCHES)"
+    raise InvalidValueError("launches", type(launches).__name__, expected)
+
+
+@attrs.frozen(eq=False)  # compared by identity: it holds a dict, which cannot be hashed
+class LayerSteps:
+    """What every step needs: the scheme, the device to select for, the policy, the kernel
+    tables (``catalog`` and ``launches``; kernelpick's own when None) and the rows
+    quantized at a time. Made by ``create``, which checks and fills in the defaults."""
+
+    scheme: Scheme
+    caps: DeviceCaps
+    policy: Policy
+    catalog: Catalog | None
+    launches: Mapping[str, Launch] | None
+    chunk_rows: int
+
+    @classmethod
+    def create(
+        cls,
+        scheme: Scheme | str,
+        caps: DeviceCaps | None,
+        policy: Policy | None,
+        *,
+        online: bool,
+        catalog: Catalog | None = None,
+        launches: Mapping[str, Launch] | None = None,
+        chunk_rows: int = CHUNK_ROWS,
+    ) -> LayerSteps:
+        """The steps for ``scheme``. ``online`` steps quantize high-precision weights, so
+        the scheme must be one of ``ONLINE_SCHEMES``. ``caps`` defaults to a probe of the
+        current device, ``policy`` to ``Policy.from_env(os.environ)`` (so ``KERNELPICK_*``
+        variables reach engines)."""
+        parsed = Scheme.parse(scheme)
+        if online and parsed not in ONLINE_SCHEMES:
+            valid = ", ".join(s.value for s in ONLINE_SCHEMES)
+            raise InvalidValueError(
+                "scheme", parsed.value,
+                f"one of {valid}: {parsed.value} needs activation scales calibrated on "
+                "data, which online quantization cannot compute; load them from a "
+                "pre-quantized checkpoint with checkpoint_format='fp8'",
+            )  # fmt: skip
+        if not isinstance(chunk_rows, int) or isinstance(chunk_rows, bool) or chunk_rows < 1:
+            raise InvalidValueError("chunk_rows", chunk_rows, "a positive integer")
+        rows = _launches(launches)
+        if caps is None:
+            from kernelpick import probe  # the facade's probe, shared with kp.probe's cache
+
+            caps = probe()
+        policy = Policy.from_env(os.environ, catalog) if policy is None else policy
+        return cls(parsed, caps, policy, catalog, rows, chunk_rows)
+
+    # -- select ------------------------------------------------------------------------
+
+    def config(self, n: int, k: int, dtype: object, *, bias: bool = False) -> QuantConfig:
+        """A layer's QuantConfig: ``dtype`` (a torch or kernelpick dtype) is in and out."""
+        return quant_config(
+            self.scheme, weight_shape=(n, k), out_dtype=Dtype.parse(dtype), bias=bias
+        )
+
+    def select(
+        self, config: QuantConfig, layer: str = "", caps: DeviceCaps | None = None
+    ) -> Selected:
+        """The kernel for ``config`` on ``caps`` (these steps' by default), logged (see
+        ``_log``), or ``KernelSelectionError`` with every reason."""
+        caps = self.caps if caps is None else caps
+        decision = choose(caps, config, self.policy, self.catalog)
+        if isinstance(decision, Rejected):
+            raise KernelSelectionError(self.scheme.value, decision, layer)
+        log_selection(self.scheme.value, caps, config, decision, layer)
+        return decision
+
+    def state(self, config: QuantConfig, prefix: str, shards: Sequence[int]) -> LayerState:
+        """A layer's state, its kernel selected; or ``KernelSelectionError``."""
+        sizes = positive_sizes(shards)
+        return LayerState(config, self.select(config, prefix), self.caps, prefix, sizes)
+
+    # -- check, bind, quantize ---------------------------------------------------------
+
+    def check_weight(self, state: LayerState, weight: torch.Tensor) -> None:
+        """The read-only checks on a high-precision weight: shape, dtype, finite values."""
+        name = f"{state.name}.weight"
+        n, k = state.config.weight_shape
+        dtype = torch_dtype(state.config.input_dtype)
+        check_tensor(name, weight)  # a meta or sparse weight has nothing to quantize
+        if tuple(weight.shape) != (n, k) or weight.dtype != dtype:
+            raise reject(name, weight, f"shape [{n}, {k}], dtype {state.config.input_dtype}")
+        check_finite(name, weight, self.chunk_rows)
+
+    def check_bias(self, state: LayerState, bias: torch.Tensor) -> None:
+        """A bias must be finite, as the weight must."""
+        check_finite(f"{state.name}.bias", bias.view(1, -1), self.chunk_rows)
+
+    def bind(self, state: LayerState, device: torch.device) -> Kernel:
+        """The selected kernel bound to ``device``, found in these steps' tables; fails when
+        the caps name another platform."""
+        return self._bind(state.decision, state.config, state.caps, device)
+
+    def _bind(
+        self, decision: Selected, config: QuantConfig, caps: DeviceCaps, device: torch.device
+    ) -> Kernel:
+        return bind(decision, config, caps, device, catalog=self.catalog, launches=self.launches)
+
+    def quantize(
+        self, state: LayerState, weight: torch.Tensor
+    ) -> tuple[torch.nn.Parameter, torch.nn.Parameter]:
+        """A checked high-precision weight in the canonical layout, as frozen parameters:
+        the FP8 weight and its fp32 scale (per the scheme: fp32 amax, clamp floor, a chunk
+        of rows at a time)."""
+        fp8, scale = quantize_weight(weight.detach(), state.config, chunk_rows=self.chunk_rows)
+        return frozen(fp8), frozen(scale)
+
+    def retarget(self, state: LayerState, dtype: Dtype, device: torch.device) -> LayerState:
+        """A processed layer's state once it computes in ``dtype`` on ``device``: selected
+        and bound again (for the probed device, when it moves) where either changes. Raises
+        ``KernelSelectionError`` when no kernel fits; ``state`` itself never changes."""
+        kernel = state.kernel
+        if kernel is None:
+            raise InvalidValueError("layer", state.name, "a layer whose weights were processed")
+        if dtype is state.config.input_dtype and device == kernel.device:
+            return state
+        caps = state.caps
+        if device != kernel.device:
+            from kernelpick import probe
+
+            caps = probe(device)
+        config = attrs.evolve(state.config, input_dtype=dtype, out_dtype=dtype)
+        decision = self.select(config, state.prefix, caps)
+        moved = attrs.evolve(state, config=config, decision=decision, caps=caps)
+        moved.kernel = self._bind(decision, config, caps, device)
+        return moved
+
+
+def install(
+    layer: torch.nn.Module,
+    state: LayerState,
+    kernel: Kernel,
+    weight: torch.nn.Parameter,
+    scale: torch.nn.Parameter,
+    input_scale: torch.nn.Parameter | None = None,
+) -> None:
+    """Give ``layer`` its canonical parameters and its kernel, once the kernel has checked
+    them (the parameters may be shared with a layer tied to this one)."""
+    kernel.prepare_weights(weight, scale, input_scale)
+    layer.weight = weight
+    layer.weight_scale = scale
+    if input_scale is not None:
+        layer.input_scale = input_scale
+    state.kernel = kernel
+    attach(layer, state)
+
+
+def run(layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """Run a processed layer's kernel: ``x [..., K]`` -> ``[..., N]``. The kernel's layout
+    is derived from the canonical parameters on each call, so it never goes stale."""
+    state = layer_state(layer)
+    kernel = state.kernel
+    if kernel is None:
+        raise InvalidValueError(
+            "layer", state.name,
+            "a layer whose weights were processed: call process_weights_after_loading first",
+        )  # fmt: skip
+    params = layer._parameters
+    bundle = kernel.prepare_weights(
+        layer.get_parameter("weight"), layer.get_parameter("weight_scale"),
+        params.get("input_scale"),
+    )  # fmt: skip
+    return kernel.apply(x, bundle, bias)

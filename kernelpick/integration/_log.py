@@ -1,0 +1,74 @@
+"""What the integration tells the ``kernelpick`` logger about the kernels it selects.
+
+Records go to ``logging.getLogger("kernelpick.integration")``, which propagates to
+``"kernelpick"``. kernelpick adds no handler and sets no level: as the standard library
+advises for libraries, the application decides where records go and how many it wants.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable
+
+from kernelpick.core._decision import DEGRADED_NOTE, Selected
+from kernelpick.core._device import DeviceCaps
+from kernelpick.core._quant import QuantConfig
+
+__all__ = ["LOGGER", "forget_logged", "log_selection"]
+
+LOGGER = logging.getLogger("kernelpick.integration")
+
+# A model repeats a handful of layer shapes many times (224 layers of 7 shapes), so each
+# (device, config, kernel) is logged once per process. Bounded, oldest forgotten first, so
+# a long-running server that sees endless shapes does not grow without limit.
+_MAX_REMEMBERED = 1024
+_logged: OrderedDict[Hashable, None] = OrderedDict()
+_lock = threading.Lock()  # engines may create layers from several threads
+
+
+def _first_time(key: Hashable) -> bool:
+    with _lock:
+        if key in _logged:
+            _logged.move_to_end(key)
+            return False
+        _logged[key] = None
+        if len(_logged) > _MAX_REMEMBERED:
+            _logged.popitem(last=False)
+        return True
+
+
+def forget_logged() -> None:
+    """Forget which selections were logged, so the next of each is logged again."""
+    with _lock:
+        _logged.clear()
+
+
+def log_selection(
+    scheme: str, caps: DeviceCaps, config: QuantConfig, decision: Selected, layer: str
+) -> None:
+    """Log one selection, the first time this process sees its (device, config, kernel):
+    WARNING for a degraded choice, INFO for any other, then the full trace at DEBUG."""
+    level = logging.WARNING if decision.degraded else logging.INFO
+    # Checked before remembering: a selection nobody listened to is logged once someone does.
+    if not LOGGER.isEnabledFor(level):
+        return
+    if not _first_time((caps, config, decision.kernel)):
+        return
+    where = f" (first at layer {layer!r})" if layer else ""
+    if decision.degraded:
+        LOGGER.warning(
+            'quantization="%s": %s selected on %s for %s%s, %s',
+            scheme, decision.kernel, caps.name, config.render(), where, DEGRADED_NOTE,
+        )  # fmt: skip
+    else:
+        LOGGER.info(
+            'quantization="%s": %s selected on %s for %s%s',
+            scheme, decision.kernel, caps.name, config.render(), where,
+        )  # fmt: skip
+    if LOGGER.isEnabledFor(logging.DEBUG):
+        LOGGER.debug(
+            'quantization="%s" on %s for %s:\n%s',
+            scheme, caps.render(), config.render(), decision.render(),
+        )  # fmt: skip
