@@ -1,11 +1,11 @@
-"""Benchmarks that ship with the package, so ``kernelpick bench`` works from a wheel.
+"""What ``kernelpick bench`` needs to time one layer, shipped so that it works from a wheel.
 
-``run_suite`` measures decision cost and kernel speed side by side in one run, each figure a
-ratio against a baseline timed in the same process; ``bench_layer`` times one layer.
+``bench_layer`` times the selected kernel against the unquantized linear it replaces;
+``median_seconds`` times on the device the tensors live on (CUDA events on a GPU). The
+benchmark suite lives in the source tree (``benchmarks/``), not here.
 """
 
-from kernelpick.bench._layer import LayerBench, bench_layer
-from kernelpick.bench._report import TARGETS, Target, render
-from kernelpick.bench._suite import SuiteConfig, run_suite
+from kernelpick.bench._layer import STAGES, LayerBench, Progress, bench_layer
+from kernelpick.bench._timing import median_seconds
 
-__all__ = ["TARGETS", "LayerBench", "SuiteConfig", "Target", "bench_layer", "render", "run_suite"]
+__all__ = ["STAGES", "LayerBench", "Progress", "bench_layer", "median_seconds"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 import torch
 
@@ -12,7 +14,12 @@ from kernelpick.core._schemes import Scheme
 from kernelpick.integration import Fp8LinearMethod, layer_state, weight_loader_of
 from kernelpick.kernels._torch import torch_dtype
 
-__all__ = ["LayerBench", "bench_layer", "processed_layer"]
+__all__ = ["STAGES", "LayerBench", "Progress", "bench_layer", "processed_layer"]
+
+Progress = Callable[[str, int, int], None]
+"""Told ``(stage, number, total)`` as each stage of a benchmark starts, numbered from 1."""
+
+STAGES = 4  # quantize, then time the kernel, the fp32 linear and the native linear
 
 
 def processed_layer(
@@ -62,27 +69,37 @@ def bench_layer(
     tokens: int,
     repeats: int,
     device: torch.device,
+    *,
+    progress: Progress | None = None,
 ) -> LayerBench:
-    """Quantize a random ``[N, K]`` layer with the kernel selected for ``caps`` and time it."""
+    """Quantize a random ``[N, K]`` layer with the kernel selected for ``caps`` and time it;
+    ``progress`` hears of each of the ``STAGES`` stages as it starts (a run takes seconds)."""
     n, k = shape
-    native = torch_dtype(Dtype.parse(dtype))
+    parsed = Dtype.parse(dtype)
+    name, native = parsed.value, torch_dtype(parsed)
+    sizes = f"M={tokens} N={n} K={k}"
+    tell = progress or (lambda stage, number, total: None)
+    tell(f"quantizing the {n}x{k} weight", 1, STAGES)
     generator = torch.Generator().manual_seed(0)
     weight = (torch.randn(n, k, generator=generator) / k**0.5).to(device)
     x = torch.randn(tokens, k, generator=generator).to(device)
     method = Fp8LinearMethod(scheme, caps)
     layer = processed_layer(method, weight.to(native), device)
     x_native, w_native = x.to(native), weight.to(native)
+    decision = layer_state(layer).decision
     with torch.inference_mode():
         exact = torch.nn.functional.linear(x, weight)
         got = method.apply(layer, x_native).float()
         error = float(torch.linalg.norm(got - exact) / torch.linalg.norm(exact))
+        tell(f"timing {decision.kernel} at {sizes}", 2, STAGES)
         seconds = median_seconds(lambda: method.apply(layer, x_native), repeats, device)
+        tell(f"timing linear float32 at {sizes}", 3, STAGES)
         fp32 = median_seconds(lambda: torch.nn.functional.linear(x, weight), repeats, device)
+        tell(f"timing linear {name} at {sizes}", 4, STAGES)
         same = median_seconds(
             lambda: torch.nn.functional.linear(x_native, w_native), repeats, device
         )
-    decision = layer_state(layer).decision
     return LayerBench(
         decision.kernel, decision.degraded, caps.name, tokens, shape,
-        Dtype.parse(dtype).value, seconds, fp32, same, error,
+        name, seconds, fp32, same, error,
     )  # fmt: skip

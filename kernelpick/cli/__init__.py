@@ -2,7 +2,10 @@
 
 Exit status: 0 when a kernel is selected (and for the listing commands), 2 when every
 kernel was turned down, 1 on bad input, usage errors included, so that argparse's own
-status 2 is never read as a rejection.
+status 2 is never read as a rejection. 141 (128 + SIGPIPE, what a shell reports for a C
+tool killed by the signal) when stdout was closed early, as in ``kernelpick matrix | head
+-1``: the command stops quietly, without a traceback, and ``set -o pipefail`` still sees
+that the output was cut short.
 """
 
 from __future__ import annotations
@@ -14,10 +17,14 @@ from collections.abc import Mapping, Sequence
 from typing import TextIO
 
 import kernelpick as kp
+from kernelpick.cli._bench import bench
 from kernelpick.cli._commands import COMMANDS, EXIT_BAD_INPUT, EXIT_REJECTED, EXIT_SELECTED
 from kernelpick.cli._parser import UsageError, parser
 
-__all__ = ["EXIT_BAD_INPUT", "EXIT_REJECTED", "EXIT_SELECTED", "main"]
+__all__ = ["EXIT_BAD_INPUT", "EXIT_BROKEN_PIPE", "EXIT_REJECTED", "EXIT_SELECTED", "main"]
+
+EXIT_BROKEN_PIPE = 141
+_COMMANDS = {**COMMANDS, "bench": bench}
 
 # One line of what to do next, by what was unknown.
 _HINTS = {
@@ -47,7 +54,17 @@ def main(
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     try:
-        # argparse prints --help to sys.stdout and exits; send it to ``out`` and return.
+        status = _run(argv, env, out, err)
+        out.flush()  # here, not at exit, so that a closed pipe is caught below
+    except BrokenPipeError:
+        _discard(out)
+        return EXIT_BROKEN_PIPE
+    return status
+
+
+def _run(argv: Sequence[str] | None, env: Mapping[str, str], out: TextIO, err: TextIO) -> int:
+    try:
+        # argparse prints --help and --version to sys.stdout and exits; send them to ``out``.
         with contextlib.redirect_stdout(out):
             args = parser().parse_args(argv)
     except SystemExit as done:
@@ -55,9 +72,21 @@ def main(
     except kp.KernelpickError as error:
         return _fail(error, err)
     try:
-        return COMMANDS[args.command](args, env, out)
+        return _COMMANDS[args.command](args, env, out, err)
     except kp.KernelpickError as error:
         return _fail(error, err)
+
+
+def _discard(out: TextIO) -> None:
+    # What is still buffered for the closed pipe would make the interpreter's last flush
+    # print "Exception ignored ... BrokenPipeError": point the descriptor at /dev/null.
+    try:
+        fd = out.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file: nothing flushes it at exit
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 def _fail(error: kp.KernelpickError, err: TextIO) -> int:

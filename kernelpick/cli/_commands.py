@@ -1,10 +1,11 @@
-"""The subcommands: explain, matrix, devices, kernels, bench. Each returns an exit status."""
+"""The subcommands explain, matrix, devices and kernels (bench, which needs torch, is in
+_bench). Each returns an exit status."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
 import kernelpick as kp
@@ -13,15 +14,25 @@ from kernelpick.cli._parser import AUTO, shape
 from kernelpick.core import SCHEMA_VERSION, CpuArch, Verdict
 from kernelpick.core._policy import split_ids
 
-__all__ = ["COMMANDS", "EXIT_BAD_INPUT", "EXIT_REJECTED", "EXIT_SELECTED"]
+__all__ = [
+    "COMMANDS",
+    "EXIT_BAD_INPUT",
+    "EXIT_REJECTED",
+    "EXIT_SELECTED",
+    "Command",
+    "emit_json",
+]
 
 EXIT_SELECTED = 0
 EXIT_BAD_INPUT = 1
 EXIT_REJECTED = 2
 MATRIX_SHAPE = (4096, 4096)
+_NONE_FITS = "=> rejected: no kernel can implement this layer"
+_HANG = " " * 8  # continuation lines of "device: ...", under the text after the label
 
 
-def _json(record: Mapping[str, Any], out: TextIO) -> None:
+def emit_json(record: Mapping[str, Any], out: TextIO) -> None:
+    """``record`` as indented JSON with sorted keys, the layout of every ``--json``."""
     print(json.dumps(record, indent=2, sort_keys=True), file=out)
 
 
@@ -40,12 +51,12 @@ def _policy(args: argparse.Namespace, env: Mapping[str, str]) -> kp.Policy:
 
 
 def _verdict(verdict: Verdict, chosen: str | None) -> tuple[str, Colour | None]:
+    # A rejected row keeps normal intensity: it is what a reader of a rejection came to read.
     flag = " (degraded)" if verdict.degraded and verdict.ok else ""
+    status = verdict.status(chosen)
     if verdict.kernel == chosen:
-        return f"SELECTED{flag}", Colour.YELLOW if flag else Colour.GREEN
-    if verdict.ok:
-        return f"viable{flag}", None
-    return "rejected", Colour.DIM
+        return f"{status.upper()}{flag}", Colour.YELLOW if flag else Colour.GREEN
+    return f"{status}{flag}", None
 
 
 def _describe_policy(policy: kp.Policy) -> str:
@@ -55,7 +66,21 @@ def _describe_policy(policy: kp.Policy) -> str:
     return "; ".join(parts) or "default"
 
 
-def explain(args: argparse.Namespace, env: Mapping[str, str], out: TextIO) -> int:
+def _conclusion(decision: kp.Decision, style: Style) -> str:
+    match decision:
+        case kp.Selected(kernel=kernel, degraded=degraded):
+            note = " (degraded: weight-only, activations not quantized)" if degraded else ""
+            return style.paint(style.wrap(f"=> selected {kernel}{note}"), Colour.BOLD)
+        case kp.Rejected(hints=hints):
+            lines = [style.paint(style.wrap(_NONE_FITS), Colour.RED)]
+            # What would work instead, computed by kp.choose (the same lines as --json "hints").
+            lines += [style.wrap(f"hint: {hint}", indent=" " * 6) for hint in hints]
+            return "\n".join(lines)
+        case _:
+            kp.assert_never(decision)
+
+
+def explain(args: argparse.Namespace, env: Mapping[str, str], out: TextIO, err: TextIO) -> int:
     caps = _caps(args.device)
     config = kp.quant_config(
         args.scheme, weight_shape=shape(args.shape), out_dtype=args.out_dtype, bias=args.bias
@@ -64,7 +89,7 @@ def explain(args: argparse.Namespace, env: Mapping[str, str], out: TextIO) -> in
     decision = kp.choose(caps, config, policy)
     chosen = decision.kernel if isinstance(decision, kp.Selected) else None
     if args.json:
-        _json(
+        emit_json(
             {
                 **decision.to_dict(),
                 "device": {"profile": args.device, "description": caps.render()},
@@ -82,25 +107,15 @@ def explain(args: argparse.Namespace, env: Mapping[str, str], out: TextIO) -> in
             reasons = "\n".join(r.render() for r in verdict.reasons)
             rows.append([str(index), verdict.kernel, str(verdict.kind), text, reasons])
             colours.append(colour)
-        print(f"device: {caps.render()}", file=out)
-        print(f"layer:  {args.scheme}: {config.render()}", file=out)
-        print(f"policy: {_describe_policy(policy)}\n", file=out)
+        print(style.wrap(f"device: {caps.render()}", _HANG), file=out)
+        print(style.wrap(f"layer:  {args.scheme}: {config.render()}", _HANG), file=out)
+        print(style.wrap(f"policy: {_describe_policy(policy)}", _HANG) + "\n", file=out)
         print(
             text_table(["#", "kernel", "kind", "verdict", "reasons"], rows, style, colours),
             file=out,
         )
         print(file=out)
-        match decision:
-            case kp.Selected(kernel=kernel, degraded=degraded):
-                note = " (degraded: weight-only, activations not quantized)" if degraded else ""
-                print(style.paint(f"=> selected {kernel}{note}", Colour.BOLD), file=out)
-            case kp.Rejected():
-                print(
-                    style.paint("=> rejected: no kernel can implement this layer", Colour.RED),
-                    file=out,
-                )
-            case _:
-                kp.assert_never(decision)
+        print(_conclusion(decision, style), file=out)
     return EXIT_SELECTED if chosen is not None else EXIT_REJECTED
 
 
@@ -144,12 +159,12 @@ def _cell(entry: Mapping[str, Any]) -> str:
     return "rejected" if reason is None else f"rejected: {reason['kernel']}: {reason['message']}"
 
 
-def matrix(args: argparse.Namespace, env: Mapping[str, str], out: TextIO) -> int:
+def matrix(args: argparse.Namespace, env: Mapping[str, str], out: TextIO, err: TextIO) -> int:
     schemes = [kp.Scheme.parse(s) for s in args.scheme] if args.scheme else list(kp.Scheme)
     entries = matrix_entries(schemes)
     if args.format == "json":
         layer = {"weight_shape": list(MATRIX_SHAPE), "out_dtype": "bfloat16"}
-        _json({"schema_version": SCHEMA_VERSION, "layer": layer, "entries": entries}, out)
+        emit_json({"schema_version": SCHEMA_VERSION, "layer": layer, "entries": entries}, out)
         return EXIT_SELECTED
     if args.format == "text":
         rows = [[e["device"], e["arch"], e["scheme"], _cell(e)] for e in entries]
@@ -185,11 +200,11 @@ def _device_record(name: str, caps: kp.DeviceCaps) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def devices(args: argparse.Namespace, env: Mapping[str, str], out: TextIO) -> int:
+def devices(args: argparse.Namespace, env: Mapping[str, str], out: TextIO, err: TextIO) -> int:
     profiles = kp.device_profiles()
     if args.json:
         records = [_device_record(name, caps) for name, caps in profiles.items()]
-        _json({"schema_version": SCHEMA_VERSION, "devices": records}, out)
+        emit_json({"schema_version": SCHEMA_VERSION, "devices": records}, out)
         return EXIT_SELECTED
     headers = ["profile", "name", "platform", "arch", "toolkit", "torch", "fp8", "extras"]
     rows = [
@@ -202,7 +217,7 @@ def devices(args: argparse.Namespace, env: Mapping[str, str], out: TextIO) -> in
     return EXIT_SELECTED
 
 
-def kernels(args: argparse.Namespace, env: Mapping[str, str], out: TextIO) -> int:
+def kernels(args: argparse.Namespace, env: Mapping[str, str], out: TextIO, err: TextIO) -> int:
     specs = kp.default_catalog().kernels
     if args.json:
         records = [
@@ -210,7 +225,7 @@ def kernels(args: argparse.Namespace, env: Mapping[str, str], out: TextIO) -> in
              "requires": [r.render() for r in s.rules]}
             for s in specs
         ]  # fmt: skip
-        _json({"schema_version": SCHEMA_VERSION, "kernels": records}, out)
+        emit_json({"schema_version": SCHEMA_VERSION, "kernels": records}, out)
         return EXIT_SELECTED
     rows = [
         [s.id, str(s.platform), str(s.kind),
@@ -222,72 +237,12 @@ def kernels(args: argparse.Namespace, env: Mapping[str, str], out: TextIO) -> in
     return EXIT_SELECTED
 
 
-def _write_json(record: Mapping[str, Any], target: str, out: TextIO) -> None:
-    if target == "-":
-        _json(record, out)
-        return
-    with open(target, "w") as file:
-        _json(record, file)
+Command = Callable[[argparse.Namespace, Mapping[str, str], TextIO, TextIO], int]
+"""A subcommand: parsed arguments, environment, stdout and stderr in; exit status out."""
 
-
-def bench_suite(args: argparse.Namespace, out: TextIO) -> int:
-    from kernelpick.bench import SuiteConfig, render, run_suite  # imports torch
-
-    if args.quick and args.tiny:
-        raise kp.InvalidValueError("--quick/--tiny", "both", "at most one of them")
-    config = SuiteConfig.tiny() if args.tiny else SuiteConfig.quick() if args.quick else None
-    results = run_suite(config or SuiteConfig.full())
-    results["schema_version"] = SCHEMA_VERSION
-    if args.json == "-":
-        _json(results, out)
-        return EXIT_SELECTED
-    print(render(results), file=out)
-    if args.json:
-        _write_json(results, args.json, out)
-    return EXIT_SELECTED
-
-
-def bench(args: argparse.Namespace, env: Mapping[str, str], out: TextIO) -> int:
-    if args.suite:
-        return bench_suite(args, out)
-    from kernelpick.bench import bench_layer  # imports torch: only this command pays for it
-
-    if args.tokens < 1 or args.repeats < 1:
-        raise kp.InvalidValueError("--tokens/--repeats", (args.tokens, args.repeats), "positive")
-    caps = kp.probe()
-    import torch
-
-    device = torch.device("cpu") if caps.platform is kp.Platform.CPU else torch.device("cuda")
-    result = bench_layer(
-        caps, args.scheme, shape(args.shape), args.out_dtype, args.tokens, args.repeats, device
-    )
-    if args.json:
-        _write_json({"schema_version": SCHEMA_VERSION, **result.to_dict()}, args.json, out)
-        if args.json == "-":
-            return EXIT_SELECTED
-    n, k = result.shape
-    print(f"device: {caps.render()}", file=out)
-    print(f"layer:  {args.scheme}, M={result.tokens} N={n} K={k}, {result.dtype}", file=out)
-    flag = " (degraded)" if result.degraded else ""
-    kernel_time = result.seconds_kernel
-
-    def row(label: str, seconds: float, error: str) -> list[str]:
-        return [label, f"{seconds * 1e3:.3f}", f"{seconds / kernel_time:.2f}", error]
-
-    rows = [
-        row(f"{result.kernel}{flag}", kernel_time, f"{result.relative_error:.2e}"),
-        row("linear fp32", result.seconds_fp32, "0"),
-        row(f"linear {result.dtype}", result.seconds_native, "-"),
-    ]
-    headers = ["run", "median ms", "time / kernel time", "relative error vs fp32"]
-    print(text_table(headers, rows, Style.for_stream(out, env)), file=out)
-    return EXIT_SELECTED
-
-
-COMMANDS = {
+COMMANDS: dict[str, Command] = {
     "explain": explain,
     "matrix": matrix,
     "devices": devices,
     "kernels": kernels,
-    "bench": bench,
 }

@@ -1,43 +1,142 @@
-"""Terminal output: aligned tables, markdown tables, and colour only where it belongs."""
+"""Terminal output: aligned tables that fit the terminal, markdown tables, and colour only
+where it belongs.
+
+Width: ``COLUMNS`` when it is set, else the terminal's width when the output is a terminal;
+output into a pipe or a file is not wrapped, so ``grep`` sees each reason on one line.
+"""
 
 from __future__ import annotations
 
 import enum
+import re
+import shutil
 from collections.abc import Mapping, Sequence
 from typing import TextIO
 
 import attrs
 
-__all__ = ["Colour", "Style", "markdown_table", "text_table"]
+__all__ = ["Colour", "Style", "is_terminal", "markdown_table", "text_table", "wrap"]
+
+GAP = "  "  # between table columns
+INDENT = "  "  # before the continuation lines of a wrapped line
 
 
 class Colour(enum.Enum):
     GREEN = "32"
     YELLOW = "33"
     RED = "31"
-    DIM = "2"
     BOLD = "1"
+
+
+def is_terminal(stream: TextIO) -> bool:
+    """Whether ``stream`` is a terminal (a stream without ``isatty`` is not)."""
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty()) if callable(isatty) else False
+
+
+def _width(stream: TextIO, env: Mapping[str, str]) -> int | None:
+    try:
+        columns = int(env.get("COLUMNS", ""))
+    except ValueError:
+        columns = 0
+    if columns > 0:
+        return columns
+    return shutil.get_terminal_size().columns if is_terminal(stream) else None
 
 
 @attrs.frozen
 class Style:
-    """Colours text only on a terminal, and never when ``NO_COLOR`` is set (no-color.org)."""
+    """How to draw on one stream: colour only on a terminal, and never when ``NO_COLOR`` is
+    set (no-color.org); lines of at most ``width`` characters (None: no limit)."""
 
     enabled: bool
+    width: int | None = None
 
     @classmethod
     def for_stream(cls, stream: TextIO, env: Mapping[str, str]) -> Style:
-        isatty = getattr(stream, "isatty", None)
-        tty = bool(isatty()) if callable(isatty) else False
-        return cls(tty and not env.get("NO_COLOR") and env.get("TERM") != "dumb")
+        colour = is_terminal(stream) and not env.get("NO_COLOR") and env.get("TERM") != "dumb"
+        return cls(colour, _width(stream, env))
 
     def paint(self, text: str, colour: Colour | None) -> str:
         if not self.enabled or colour is None or not text:
             return text
         return f"\x1b[{colour.value}m{text}\x1b[0m"
 
+    def wrap(self, text: str, indent: str = INDENT) -> str:
+        """``text`` wrapped to the width, continuation lines indented by ``indent``."""
+        if self.width is None:
+            return text
+        return "\n".join(out for line in text.split("\n") for out in wrap(line, self.width, indent))
+
+
+def _parts(word: str) -> list[str]:
+    # Identifiers (kernel ids, dtypes, device names) may break after an underscore or a
+    # hyphen before anywhere else.
+    return re.findall(r"[^_-]*[_-]|[^_-]+", word) or [word]
+
+
+def _pieces(word: str, room: int) -> list[str]:
+    if len(word) <= room:
+        return [word]
+    # Parts between underscores and hyphens, each cut every ``room`` characters if still too
+    # long, then joined again as far as ``room`` allows.
+    parts = [part[i : i + room] for part in _parts(word) for i in range(0, len(part), room)]
+    pieces = [parts[0]]
+    for part in parts[1:]:
+        if len(pieces[-1]) + len(part) <= room:
+            pieces[-1] += part
+        else:
+            pieces.append(part)
+    return pieces
+
+
+def wrap(text: str, width: int, indent: str = INDENT) -> list[str]:
+    """``text`` in lines of at most ``width`` characters: breaks between words, then after an
+    underscore or hyphen, then anywhere; continuation lines indented (when there is room)."""
+    if len(text) <= width:
+        return [text]
+    indent = indent if width > len(indent) else ""
+    room = max(1, width - len(indent))
+    lines: list[str] = []
+    line = ""
+    for space, word in re.findall(r"(\s*)(\S+)", text):  # the spacing within a line is kept
+        for index, piece in enumerate(_pieces(word, room)):
+            separator = "" if index or not line.strip() else space
+            if len(line) + len(separator) + len(piece) <= width:
+                line += separator + piece
+            else:
+                lines.append(line)
+                line = indent + piece
+    lines.append(line)
+    return lines
+
 
 Row = Sequence[str]
+
+
+def _floors(cells: list[str], natural: int) -> list[int]:
+    # The widths a column may shrink to, in turn: whole words, the parts between underscores
+    # and hyphens, then one character a line; never wider than the column already is.
+    words = [word for cell in cells for word in cell.split()] or [""]
+    parts = [part for word in words for part in _parts(word)]
+    longest = (max(map(len, words)), max(map(len, parts)), 1)
+    return [min(natural, len(INDENT) + floor) for floor in longest]
+
+
+def _fit(columns: list[list[str]], width: int | None) -> list[int]:
+    widths = [max(len(line) for cell in cells for line in cell.split("\n")) for cells in columns]
+    if width is None:
+        return widths
+    floors = [_floors(cells, natural) for cells, natural in zip(columns, widths, strict=True)]
+    budget = width - len(GAP) * (len(widths) - 1)
+    for stage in range(3):
+        # Shrink the widest column that can still give, one character at a time.
+        while sum(widths) > budget:
+            shrinkable = [i for i, w in enumerate(widths) if w > floors[i][stage]]
+            if not shrinkable:
+                break
+            widths[max(shrinkable, key=lambda i: widths[i])] -= 1
+    return widths
 
 
 def text_table(
@@ -46,25 +145,30 @@ def text_table(
     style: Style,
     colours: Sequence[Colour | None] | None = None,
 ) -> str:
-    """Columns padded to their widest cell. A cell with newlines continues on the lines
-    below, under its own column; ``colours`` paints whole rows."""
-    widths = [len(h) for h in headers]
-    for row in rows:
-        for i, cell in enumerate(row):
-            widths[i] = max(widths[i], *(len(part) for part in cell.split("\n")))
-    lines = [_line(headers, widths, style, Colour.BOLD)]
+    """Columns padded to their widest cell, and narrowed (their cells wrapped) until a line
+    fits ``style.width``. A cell with newlines continues on the lines below, under its own
+    column; ``colours`` paints whole rows."""
+    columns = [[row[i] for row in [headers, *rows]] for i in range(len(headers))]
+    widths = _fit(columns, style.width)
+    lines = _row(headers, widths, style, Colour.BOLD)
     for index, row in enumerate(rows):
-        colour = colours[index] if colours else None
-        parts = [cell.split("\n") for cell in row]
-        for depth in range(max(len(p) for p in parts)):
-            cells = [p[depth] if depth < len(p) else "" for p in parts]
-            lines.append(_line(cells, widths, style, colour))
+        lines += _row(row, widths, style, colours[index] if colours else None)
     return "\n".join(lines)
 
 
-def _line(cells: Row, widths: Sequence[int], style: Style, colour: Colour | None) -> str:
-    padded = "  ".join(cell.ljust(width) for cell, width in zip(cells, widths, strict=True))
-    return style.paint(padded.rstrip(), colour)
+def _row(cells: Row, widths: Sequence[int], style: Style, colour: Colour | None) -> list[str]:
+    parts = [
+        [out for line in cell.split("\n") for out in wrap(line, width)]
+        for cell, width in zip(cells, widths, strict=True)
+    ]
+    lines = []
+    for depth in range(max(len(p) for p in parts)):
+        padded = GAP.join(
+            (p[depth] if depth < len(p) else "").ljust(width)
+            for p, width in zip(parts, widths, strict=True)
+        )
+        lines.append(style.paint(padded.rstrip(), colour))
+    return lines
 
 
 def markdown_table(headers: Row, rows: Sequence[Row]) -> str:

@@ -34,8 +34,18 @@ def shape(text: str) -> tuple[int, int]:
     return (int(match.group(1)), int(match.group(2)))
 
 
+def _schemes() -> str:
+    return ", ".join(s.value for s in kp.Scheme)
+
+
+def _profiles() -> str:
+    return ", ".join(kp.device_profiles())
+
+
 def _layer_options(command: argparse.ArgumentParser) -> None:
-    command.add_argument("--scheme", default="fp8_per_channel", help="default: fp8_per_channel")
+    command.add_argument(
+        "--scheme", default="fp8_per_channel", help=f"{_schemes()} (default fp8_per_channel)"
+    )
     command.add_argument(
         "--shape", default="4096,4096", help="weight shape N,K (default 4096,4096)"
     )
@@ -46,8 +56,11 @@ def parser() -> argparse.ArgumentParser:
     root = _Parser(
         prog="kernelpick",
         description="Choose the GEMM kernel for a quantized (FP8) linear layer, and say why.",
-        epilog="Exit status: 0 selected, 2 rejected, 1 bad input.",
+        epilog=f"Schemes: {_schemes()}. Device profiles: {_profiles()}; or auto, this "
+        "machine. Exit status: 0 selected, 2 rejected, 1 bad input, 141 when the reader of "
+        "the output went away (a closed pipe).",
     )
+    root.add_argument("--version", action="version", version=f"kernelpick {kp.__version__}")
     commands = root.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     explain = commands.add_parser(
@@ -57,7 +70,9 @@ def parser() -> argparse.ArgumentParser:
         "and reasons. Reads KERNELPICK_DISABLED_KERNELS, KERNELPICK_FORCE_KERNEL and "
         "KERNELPICK_STRICT; a flag wins over the environment.",
     )
-    explain.add_argument("--device", default=AUTO, help="a profile name, or auto (this machine)")
+    explain.add_argument(
+        "--device", default=AUTO, help=f"a profile ({_profiles()}), or auto: this machine (default)"
+    )
     _layer_options(explain)
     explain.add_argument("--bias", action="store_true", help="the layer has a bias")
     explain.add_argument("--disable", default=None, help="kernel ids to skip, comma-separated")
@@ -71,7 +86,7 @@ def parser() -> argparse.ArgumentParser:
         "matrix", help="every device profile x every scheme", description="The selected kernel "
         "for every device profile and scheme (N=K=4096, bfloat16), or why none fits."
     )  # fmt: skip
-    matrix.add_argument("--scheme", action="append", help="a scheme (repeatable; default all)")
+    matrix.add_argument("--scheme", action="append", help=f"{_schemes()} (repeatable; default all)")
     matrix.add_argument("--format", choices=("text", "markdown", "json"), default="text")
 
     for name, what in (("devices", "the device profiles and their facts"),
@@ -89,11 +104,9 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--tokens", type=int, default=256, help="rows M of the input (default 256)")
     bench.add_argument("--repeats", type=int, default=10, help="timed runs (default 10)")
     bench.add_argument(
-        "--suite", action="store_true",
-        help="the whole benchmark suite (decision cost, CPU kernels, memory) with its targets",
+        "-q", "--quiet", action="store_true",
+        help="no progress on stderr (a bar on a terminal, one line a stage elsewhere)",
     )  # fmt: skip
-    bench.add_argument("--quick", action="store_true", help="with --suite: under 2 minutes")
-    bench.add_argument("--tiny", action="store_true", help="with --suite: tiny sizes (a smoke run)")
     bench.add_argument(
         "--json", nargs="?", const="-", default=None, metavar="PATH",
         help="machine-readable output, to PATH or (without one) to stdout",

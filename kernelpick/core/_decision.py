@@ -34,6 +34,13 @@ class Verdict:
     def ok(self) -> bool:
         return not self.reasons
 
+    def status(self, chosen: str | None) -> str:
+        """The label of this verdict when ``chosen`` was selected (None: nothing was):
+        ``selected``, ``viable`` or ``rejected``; ``to_dict`` and the CLI both print it."""
+        if self.kernel == chosen:
+            return "selected"
+        return "viable" if self.ok else "rejected"
+
     def to_dict(self, status: str) -> dict[str, Any]:
         return {
             "kernel": self.kernel,
@@ -48,14 +55,8 @@ def _lines(reasons: tuple[Reason, ...]) -> list[str]:
     return [f"  - {reason.kernel}: {reason.render()}" for reason in reasons]
 
 
-def _status(verdict: Verdict, chosen: str | None) -> str:
-    if verdict.kernel == chosen:
-        return "selected"
-    return "viable" if verdict.ok else "rejected"
-
-
 def _trace_dict(trace: tuple[Verdict, ...], chosen: str | None) -> list[dict[str, Any]]:
-    return [v.to_dict(_status(v, chosen)) for v in trace]
+    return [v.to_dict(v.status(chosen)) for v in trace]
 
 
 @final
