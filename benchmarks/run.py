@@ -1,16 +1,62 @@
 """Run the benchmark suite: decision cost and kernel speed, side by side in one run.
 
-    python benchmarks/run.py --quick --json out.json
+    .venv/bin/python benchmarks/run.py --quick --json out.json   # from the repository root
 
-A thin entry point to ``kernelpick.bench`` (``kernelpick bench --suite`` runs the same from
-an installed wheel). The GPU figures come from ``benchmarks/gpu_check.py``.
+``--quick`` fits in about 2 minutes on 2 cores, ``--tiny`` only shows the harness works (CI),
+neither is the reported run. ``python -m benchmarks.run`` works as well. The GPU figures
+come from ``benchmarks/gpu_check.py``.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import sys
+from pathlib import Path
 
-from kernelpick.cli import main
+# Run as a script, Python puts benchmarks/ itself on the path, not the repository root that
+# the ``benchmarks`` package (and, without an install, ``kernelpick``) is imported from.
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.report import render  # noqa: E402  (needs ROOT on the path)
+from benchmarks.suite import SuiteConfig, run_suite  # noqa: E402
+
+__all__ = ["main"]
+
+# Bumped when a key of the JSON record changes meaning or goes away.
+SCHEMA_VERSION = 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="smaller repeats: about 2 minutes")
+    size.add_argument("--tiny", action="store_true", help="tiny sizes: a smoke run (CI)")
+    parser.add_argument(
+        "--json", nargs="?", const="-", default=None, metavar="PATH",
+        help="also write the results as JSON to PATH, or (without one) only JSON to stdout",
+    )  # fmt: skip
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the suite at the size asked for, print the table, write JSON if asked."""
+    args = _parser().parse_args(argv)
+    config = (
+        SuiteConfig.tiny() if args.tiny else SuiteConfig.quick() if args.quick else SuiteConfig()
+    )
+    results = {"schema_version": SCHEMA_VERSION, **run_suite(config)}
+    if args.json == "-":
+        json.dump(results, sys.stdout, indent=2, sort_keys=True)
+        print()
+        return 0
+    print(render(results))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    return 0
+
 
 if __name__ == "__main__":
-    sys.exit(main(["bench", "--suite", *sys.argv[1:]]))
+    sys.exit(main())

@@ -2,7 +2,8 @@
 
 Every figure that the targets judge is a ratio against a baseline measured in the same run
 (a dict lookup, an ``nn.Linear``, a ``clone()``), because these machines are shared and
-noisy. Absolute times are reported alongside, for people.
+noisy; ``results["baselines"]`` names each one. Absolute times are reported alongside, for
+people. Developer tooling: it lives in the source tree, not in the wheel.
 """
 
 from __future__ import annotations
@@ -12,14 +13,15 @@ import os
 import platform
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import attrs
 import torch
 
 import kernelpick as kp
+from benchmarks.memory import peak_extra_rss
 from kernelpick.bench._layer import processed_layer
-from kernelpick.bench._memory import peak_extra_rss
 from kernelpick.bench._timing import median_ns, median_seconds
 from kernelpick.core import CpuArch
 from kernelpick.integration import (
@@ -38,6 +40,11 @@ LLAMA3_8B_LAYERS = (
     ("down_proj", 4096, 14336),
 )  # fmt: skip
 CPU = torch.device("cpu")
+# The repository root: the directory the ``benchmarks`` package is imported from.
+ROOT = Path(__file__).resolve().parents[1]
+# CPU flags for bf16 arithmetic (x86 AVX-512 and AMX, Arm): where none is present, the bf16
+# nn.Linear baseline is not a native bf16 GEMM, and "vs bf16" means something else.
+BF16_UNITS = ("avx512_bf16", "amx_bf16", "bf16")
 
 
 @attrs.frozen
@@ -158,13 +165,43 @@ def _memory(config: SuiteConfig) -> dict[str, float]:
     # In a fresh process: memory the allocator kept from earlier measurements would hide
     # the peak, or inflate it.
     code = (
-        "from kernelpick.bench._suite import measure_conversion_memory as measure; "
+        "from benchmarks.suite import measure_conversion_memory as measure; "
         f"print(measure({config.hidden}, {config.memory_layers}))"
     )
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    # cwd=ROOT: ``-c`` imports from the working directory, where ``benchmarks`` must be found.
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
     extra = int(run.stdout.split()[-1])
     layer_fp32 = config.hidden * config.hidden * 4
     return {"peak_extra_memory_ratio": extra / layer_fp32, "peak_extra_memory_mib": extra / 2**20}
+
+
+def _bf16_units() -> list[str]:
+    caps = kp.probe("cpu")
+    isa = caps.arch.isa if isinstance(caps.arch, CpuArch) else frozenset()
+    return [flag for flag in BF16_UNITS if flag in isa]
+
+
+def _baselines(config: SuiteConfig) -> dict[str, Any]:
+    """What each ratio was divided by. The bf16 baseline is named with the CPU's bf16 units,
+    because with them a bf16 GEMM is several times faster than fp32 and without them slower."""
+    m, size = config.tokens, config.hidden
+    units = _bf16_units()
+    bf16 = (
+        f"native bf16 arithmetic ({', '.join(units)})"
+        if units
+        else f"no bf16 arithmetic on this CPU (none of {', '.join(BF16_UNITS)})"
+    )
+    return {
+        "cpu_bf16_native": bool(units),
+        "baselines": {
+            "dict_lookup_ns": "a hit in a one-entry dict on a str key (hash cached), timeit",
+            "cpu_fp32_linear_ms": f"fp32 nn.Linear, M={m} N=K={size}",
+            "cpu_bf16_linear_ms": f"bf16 nn.Linear, M={m} N=K={size}, {bf16}",
+            "clone_gbps": f"clone() throughput, {size}x{size} bf16 weight (fresh memory each call)",
+        },
+    }
 
 
 def _machine() -> dict[str, Any]:
@@ -180,7 +217,7 @@ def _machine() -> dict[str, Any]:
 
 def run_suite(config: SuiteConfig) -> dict[str, Any]:
     """Every CPU figure of the benchmarks issue, with the machine it ran on."""
-    results: dict[str, Any] = {"machine": _machine()}
+    results: dict[str, Any] = {"machine": _machine()} | _baselines(config)
     results |= _decisions(config)
     results |= _ptpc_layer(config)
     results |= _quantization(config)
