@@ -57,6 +57,7 @@ def _specializations() -> list[tuple[str, str]]:
     return sources
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the CUDA toolkit)")
 def test_every_specialization_compiles_for_turing_through_hopper(tmp_path: Path) -> None:
     def compile_one(item: tuple[int, tuple[str, str]]) -> str:

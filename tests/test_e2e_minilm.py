@@ -15,8 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 import torch
 from safetensors.torch import load_file
+
+pytestmark = pytest.mark.slow  # about 30 s: a real model, and a fresh process
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "quantize_minilm.py"
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # coverage-guided runs of up to 30 s each
+
 FUZZ = Path(__file__).resolve().parents[1] / "fuzz"
 TARGETS = [("fuzz_policy_env.py", "policy_env"), ("fuzz_arch.py", "arch")]
 
