@@ -7,12 +7,13 @@ dequantize, multiply in fp32. Kernels are held to it.
 
 from __future__ import annotations
 
+import attrs
 import torch
 
 import kernelpick as kp
 from kernelpick.adapters import LAUNCHES
 from kernelpick.core import Dtype, GroupShape
-from kernelpick.kernels import KernelBase
+from kernelpick.kernels import KernelBase, RowMajorKernel, WeightBundle
 
 # Relative Frobenius error allowed against the emulation, by output dtype: fp32 paths differ
 # only in summation order; a half-precision output adds one rounding of at most 2^-8 (bf16)
@@ -80,3 +81,16 @@ def on_cpu(kernel_id: str, config: kp.QuantConfig, caps: kp.DeviceCaps) -> Kerne
     gfx942): ``bind`` refuses a GPU kernel on the CPU, and these tests want exactly that."""
     spec = kp.default_catalog().kernel(kernel_id)
     return LAUNCHES[kernel_id].kernel(spec, config, caps, torch.device("cpu"))
+
+
+@attrs.frozen
+class DequantThenMatmul(RowMajorKernel):
+    """A made-up weight-only family for tests of kernels of one's own: dequantize the
+    weight, then an fp32 matmul."""
+
+    def _matmul(
+        self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        weight = bundle.weight.float() * bundle.scale
+        out = x.float() @ weight.t()
+        return (out if bias is None else out + bias.float()).to(self.out_dtype)

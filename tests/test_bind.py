@@ -3,13 +3,13 @@ or the high-precision weight. A kernel of one's own needs three declarations."""
 
 from __future__ import annotations
 
-import attrs
 import pytest
 import torch
 
 import kernelpick as kp
 from kernelpick.adapters import LAUNCHES, Launch, bind
-from kernelpick.kernels import RowMajorKernel, WeightBundle, dequantize_weight, quantize_weight
+from kernelpick.kernels import dequantize_weight, quantize_weight
+from tests.emulation import DequantThenMatmul
 
 CPU = kp.device_profile("cpu")
 CONFIG = kp.quant_config("fp8_per_channel", weight_shape=(32, 64), out_dtype="float32")
@@ -55,24 +55,12 @@ def test_the_kernel_reads_its_alignment_from_the_catalog_row() -> None:
     assert kp.default_catalog().kernel("cpu_dequant_reference").alignment is None
 
 
-@attrs.frozen
-class _HalfThenFloat(RowMajorKernel):
-    """A made-up weight-only family: dequantize, then an fp32 matmul."""
-
-    def _matmul(
-        self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None
-    ) -> torch.Tensor:
-        weight = bundle.weight.float() * bundle.scale
-        out = x.float() @ weight.t()
-        return (out if bias is None else out + bias.float()).to(self.out_dtype)
-
-
 def test_a_kernel_of_ones_own_is_three_declarations() -> None:
     # 1. the catalog row: what it needs, declared as data.
     spec = kp.KernelSpec("cpu_my_w8a16", "cpu", kp.KernelKind.W8A16, ())
     catalog = kp.Catalog((spec, *kp.default_catalog()))
-    # 2. the family: the math (_HalfThenFloat above). 3. the launch row.
-    launches = {**LAUNCHES, spec.id: Launch(_HalfThenFloat)}
+    # 2. the family: the math (tests.emulation.DequantThenMatmul). 3. the launch row.
+    launches = {**LAUNCHES, spec.id: Launch(DequantThenMatmul)}
     config = kp.quant_config("fp8_weight_only", weight_shape=(32, 64), out_dtype="float32")
     decision = kp.choose(CPU, config, catalog=catalog)
     assert isinstance(decision, kp.Selected)

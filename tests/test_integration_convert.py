@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import attrs
 import pytest
 import torch
 
@@ -18,8 +17,7 @@ from kernelpick.integration import (
     quantize_model,
     weight_loader_of,
 )
-from kernelpick.kernels import RowMajorKernel, WeightBundle
-from tests.emulation import relative_error
+from tests.emulation import DequantThenMatmul, relative_error
 from tests.snapshots import Snapshot, snapshot
 
 CPU = kp.device_profile("cpu")
@@ -163,24 +161,12 @@ def test_a_bare_linear_cannot_be_replaced_in_place() -> None:
         quantize_model(torch.nn.Linear(16, 16), caps=CPU)
 
 
-@attrs.frozen
-class _DequantThenMatmul(RowMajorKernel):
-    """A made-up weight-only family: dequantize, then a matmul in fp32."""
-
-    def _matmul(
-        self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None
-    ) -> torch.Tensor:
-        weight = bundle.weight.float() * bundle.scale
-        out = x.float() @ weight.t()
-        return (out if bias is None else out + bias.float()).to(self.out_dtype)
-
-
 def _own_kernel() -> tuple[kp.Catalog, dict[str, Launch]]:
     """A kernel of one's own: its catalog row, first so it is preferred, and its launch row."""
     spec = kp.KernelSpec("cpu_my_w8a16", "cpu", kp.KernelKind.W8A16, ())
     return kp.Catalog((spec, *kp.default_catalog())), {
         **LAUNCHES,
-        spec.id: Launch(_DequantThenMatmul),
+        spec.id: Launch(DequantThenMatmul),
     }
 
 
@@ -193,7 +179,7 @@ def test_a_kernel_of_ones_own_converts_a_model_through_its_catalog_and_launch_ro
     assert {layer.kernel for layer in report.layers} == {"cpu_my_w8a16"}
     quantize_model(reference, "fp8_weight_only", caps=CPU, policy=kp.Policy())
     assert {type(layer_state(m).kernel) for m in model.modules() if isinstance(m, Fp8Linear)} == {
-        _DequantThenMatmul
+        DequantThenMatmul
     }
     x = torch.randn(4, 64)
     assert torch.allclose(model(x), reference(x), atol=1e-5)  # the same math as the built-in
@@ -201,7 +187,7 @@ def test_a_kernel_of_ones_own_converts_a_model_through_its_catalog_and_launch_ro
     model.to(torch.bfloat16)
     state = layer_state(model.get_submodule("0.up"))
     assert state.decision.kernel == "cpu_my_w8a16"
-    assert isinstance(state.kernel, _DequantThenMatmul)
+    assert isinstance(state.kernel, DequantThenMatmul)
     assert model(x.bfloat16()).dtype == torch.bfloat16
 
 
@@ -226,14 +212,14 @@ def test_the_linear_method_runs_a_kernel_of_ones_own() -> None:
     param = layer.get_parameter("weight")
     weight_loader_of(param)(param, weight)
     method.process_weights_after_loading(layer)
-    assert isinstance(layer_state(layer).kernel, _DequantThenMatmul)
+    assert isinstance(layer_state(layer).kernel, DequantThenMatmul)
     x = torch.randn(5, 64)
     assert relative_error(method.apply(layer, x), x @ weight.t()) <= 0.06
 
 
 def test_launches_of_another_kind_are_refused_naming_what_is_valid() -> None:
-    family: object = {"cpu_my_w8a16": _DequantThenMatmul}  # a family where its row belongs
-    rows: object = [("cpu_my_w8a16", Launch(_DequantThenMatmul))]  # pairs, not a mapping
+    family: object = {"cpu_my_w8a16": DequantThenMatmul}  # a family where its row belongs
+    rows: object = [("cpu_my_w8a16", Launch(DequantThenMatmul))]  # pairs, not a mapping
     expected = r"launches.*kernel id to kernelpick\.adapters\.Launch"
     with pytest.raises(kp.InvalidValueError, match=expected):
         quantize_model(_model(depth=1), caps=CPU, launches=family)  # type: ignore[arg-type]
