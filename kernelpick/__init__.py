@@ -75,8 +75,13 @@ def bind(
 ) -> KernelBase:
     """The runnable kernel for ``choice`` (a ``Selected``, or a kernel id) on ``device``.
 
-    The kernel takes a high-precision weight (``quantize_weights``) or the canonical FP8
-    one (``prepare_weights``), and runs with ``apply``. See ``kernelpick.adapters.bind``.
+    The kernel's catalog rules are checked against ``config`` again (a choice made for one
+    layer cannot run another it cannot implement). The kernel takes a high-precision weight
+    (``quantize_weights``) or the canonical FP8 one (``prepare_weights``), and runs with
+    ``apply``. ``prepare_weights`` trusts the weight's bytes to be canonical (no -0, which
+    e4m3fnuz devices read as NaN, and no NaN byte) rather than scanning them on every
+    call: make a weight of one's own canonical with ``kernelpick.kernels.canonicalize_fp8_``.
+    See ``kernelpick.adapters.bind``.
     """
     from kernelpick.adapters import bind as bind_kernel
 
@@ -120,6 +125,23 @@ _DEPRECATED = {
     "scheme": ("kp.quant_config", quant_config),
     "CACHE_SIZE": ("kp.cache_info().maxsize", _CACHE_SIZE),
 }
+# Names 0.1 exported here that are gone from kp: an AttributeError says where they are now
+# (the whole core was re-exported then; value types and rules now have their own homes).
+_GONE = {
+    "Unmet": "kp.Reason: a rule's check() returns kp.Reason(code, needed, found)",
+    "catalog": "kp.default_catalog().ids_for(platform)",
+}
+
+
+def _moved(name: str) -> str:
+    """Where ``name`` went, as the tail of the AttributeError's message."""
+    if name in _GONE:
+        return f"; use {_GONE[name]}"
+    if name in rules.__all__:
+        return f"; it is kp.rules.{name} now"
+    from kernelpick import core
+
+    return f"; it is kernelpick.core.{name} now" if name in core.__all__ else ""
 
 
 def __getattr__(name: str) -> Any:
@@ -128,7 +150,7 @@ def __getattr__(name: str) -> Any:
         message = f"kp.{name} is deprecated; use {replacement}"
         warnings.warn(message, DeprecationWarning, stacklevel=2)
         return value
-    raise AttributeError(f"module 'kernelpick' has no attribute {name!r}")
+    raise AttributeError(f"module 'kernelpick' has no attribute {name!r}{_moved(name)}", name=name)
 
 
 def __dir__() -> list[str]:

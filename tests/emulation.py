@@ -7,6 +7,8 @@ dequantize, multiply in fp32. Kernels are held to it.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import attrs
 import torch
 
@@ -87,6 +89,8 @@ def on_cpu(kernel_id: str, config: kp.QuantConfig, caps: kp.DeviceCaps) -> Kerne
 class DequantThenMatmul(RowMajorKernel):
     """A made-up weight-only family for tests of kernels of one's own: dequantize the
     weight, then an fp32 matmul."""
+
+    KIND: ClassVar[kp.KernelKind] = kp.KernelKind.W8A16
 
     def _matmul(
         self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None

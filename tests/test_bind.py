@@ -3,12 +3,22 @@ or the high-precision weight. A kernel of one's own needs three declarations."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import attrs
 import pytest
 import torch
 
 import kernelpick as kp
 from kernelpick.adapters import LAUNCHES, Launch, bind
-from kernelpick.kernels import dequantize_weight, quantize_weight
+from kernelpick.core import Dtype
+from kernelpick.kernels import (
+    ReferenceW8A8,
+    ReferenceW8A16,
+    RowMajorKernel,
+    dequantize_weight,
+    quantize_weight,
+)
 from tests.emulation import DequantThenMatmul
 
 CPU = kp.device_profile("cpu")
@@ -74,3 +84,141 @@ def test_a_kernel_of_ones_own_is_three_declarations() -> None:
     # Without its launch row, binding names the ids that have one.
     with pytest.raises(kp.UnknownNameError, match="launchable kernel id"):
         bind(decision, config, CPU, catalog=catalog)
+
+
+# --- bind re-checks the choice against the config it is given ------------------------------
+
+WEIGHT_ONLY = kp.quant_config("fp8_weight_only", weight_shape=(32, 64))
+PER_TENSOR = kp.quant_config("fp8_per_tensor", weight_shape=(32, 64))
+
+
+def test_a_choice_for_one_config_cannot_be_bound_to_a_config_its_kernel_cannot_run() -> None:
+    # The vLLM 61316 combination, back through bind: a weight-only layer's choice bound to a
+    # per-token (PTPC) layer would run W8A16 where W8A8 per-token was asked for.
+    decision = kp.choose(CPU, WEIGHT_ONLY)
+    assert isinstance(decision, kp.Selected)
+    assert decision.kernel == "cpu_w8a16_reference"
+    with pytest.raises(kp.InvalidValueError) as info:
+        bind(decision, CONFIG, CPU)
+    assert info.value.what == "config"
+    assert (
+        "  - cpu_w8a16_reference: weight-only (W8A16) kernel cannot honour per-token "
+        "activation quantization"
+    ) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kernel", "config", "reasons"),
+    [
+        ("cpu_rowwise_scaled_mm", PER_TENSOR, ["requires per-token activation or per-channel"]),
+        ("cpu_dequant_reference", WEIGHT_ONLY, ["quantizes activations (W8A8)"]),
+        (
+            "cpu_tensorwise_scaled_mm",
+            CONFIG,
+            ["supports per-tensor activation scales", "supports per-tensor weight scales"],
+        ),
+    ],
+)
+def test_binding_a_kernel_id_lists_every_reason_its_rules_give(
+    kernel: str, config: kp.QuantConfig, reasons: list[str]
+) -> None:
+    with pytest.raises(kp.InvalidValueError) as info:
+        bind(kernel, config, CPU)
+    lines = [line for line in str(info.value).splitlines() if line.startswith("  - ")]
+    assert len(lines) == len(reasons)
+    for line, reason in zip(lines, reasons, strict=True):
+        assert line.startswith(f"  - {kernel}: {reason}")
+
+
+def test_a_degraded_but_valid_pair_still_binds() -> None:
+    # A weight-only kernel for a per-tensor activation config: the W8A16 fallback.
+    kernel = bind("cpu_w8a16_reference", PER_TENSOR, CPU)
+    assert kernel.kernel_id == "cpu_w8a16_reference"
+    # Policy does not apply at bind: a kernel the default policy would not pick binds.
+    assert bind("cpu_dequant_reference", CONFIG, CPU).kernel_id == "cpu_dequant_reference"
+
+
+def test_bind_reads_the_rules_of_the_catalog_it_is_given() -> None:
+    base = kp.default_catalog().kernel("cpu_dequant_reference")
+    spec = attrs.evolve(base, requires=(*base.requires, kp.rules.Alignment(128)))
+    catalog = kp.Catalog((spec,))
+    with pytest.raises(kp.InvalidValueError, match="multiples of 128"):
+        bind("cpu_dequant_reference", CONFIG, CPU, catalog=catalog)
+
+
+# --- the launch row and the family --------------------------------------------------------
+
+
+def test_bind_refuses_a_family_of_another_kind_than_the_catalog_row() -> None:
+    # A weight-only family under a W8A8 row would skip the activation quantization.
+    launches = {**LAUNCHES, "cpu_rowwise_scaled_mm": Launch(ReferenceW8A16)}
+    with pytest.raises(kp.InvalidValueError, match="a W8A8 family") as info:
+        bind("cpu_rowwise_scaled_mm", CONFIG, CPU, launches=launches)
+    assert "ReferenceW8A16" in str(info.value)
+
+
+def test_every_family_declares_the_kind_of_its_rows() -> None:
+    for kernel_id, row in LAUNCHES.items():
+        assert row.family.KIND is kp.default_catalog().kernel(kernel_id).kind
+
+
+@attrs.frozen
+class NoKind(RowMajorKernel):
+    """A family that forgot its KIND."""
+
+
+@pytest.mark.parametrize("family", [int, object, "ReferenceW8A8", None, NoKind])
+def test_a_launch_row_takes_only_a_kernel_family_declaring_its_kind(family: object) -> None:
+    with pytest.raises(kp.InvalidValueError, match="Launch family"):
+        Launch(family)  # type: ignore[arg-type]
+
+
+def test_a_launch_row_parses_its_dtypes_and_checks_its_flag() -> None:
+    row = Launch(ReferenceW8A8, fused_bias=["bfloat16"])
+    assert row.fused_bias == frozenset({Dtype.BFLOAT16})
+    assert Launch(ReferenceW8A8, fused_bias="fp16").fused_bias == frozenset({Dtype.FLOAT16})
+    with pytest.raises(kp.UnknownNameError):
+        Launch(ReferenceW8A8, fused_bias=["bf61"])
+    with pytest.raises(kp.InvalidValueError, match="fused_quant"):
+        Launch(ReferenceW8A8, fused_quant="no")  # type: ignore[arg-type]
+
+
+# --- bind's arguments ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "what"),
+    [
+        ({"config": "fp8_per_channel"}, "config"),
+        ({"caps": "cpu"}, "caps"),
+        ({"catalog": kp.default_catalog().kernels}, "catalog"),
+        ({"launches": [1]}, "launches"),
+        (
+            {"launches": {"cpu_rowwise_scaled_mm": ReferenceW8A8}},
+            "launches['cpu_rowwise_scaled_mm']",
+        ),
+        ({"device": 3.5}, "device"),
+        ({"device": True}, "device"),
+        ({"device": b"cpu"}, "device"),
+        ({"device": "gpu"}, "device"),
+        ({"device": "cuda:x"}, "device"),
+        ({"device": -1}, "device"),
+    ],
+)
+def test_bind_refuses_arguments_of_the_wrong_type_by_name(
+    kwargs: dict[str, object], what: str
+) -> None:
+    arguments: dict[str, Any] = {"choice": "cpu_rowwise_scaled_mm", "config": CONFIG, "caps": CPU}
+    arguments.update(kwargs)
+    with pytest.raises(kp.InvalidValueError) as info:
+        bind(**arguments)
+    assert info.value.what == what
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where torch sees no GPU")
+def test_binding_a_gpu_kernel_without_a_gpu_says_there_is_none() -> None:
+    config = kp.quant_config("fp8_per_channel", weight_shape=(32, 64))
+    with pytest.raises(kp.InvalidValueError, match="torch sees none"):
+        bind("cuda_rowwise_scaled_mm", config, kp.device_profile("h100"))
+    with pytest.raises(kp.InvalidValueError, match="torch sees none"):
+        bind("cuda_rowwise_scaled_mm", config, kp.device_profile("h100"), "cuda")

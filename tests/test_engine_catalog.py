@@ -8,11 +8,14 @@ per-token rule is the core's, keyed on the declared W8A16 kind.
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 import pytest
 
 import kernelpick as kp
-from kernelpick.core import CudaArch, Dtype, GroupShape
+from kernelpick.core import CudaArch, Dtype, GroupShape, evaluate
+from kernelpick.core._requirements import WeightOnlyActivation
 
 CUDA, W8A8, W8A16 = kp.Platform.CUDA, kp.KernelKind.W8A8, kp.KernelKind.W8A16
 SM75, SM89, SM90, SM100 = (
@@ -204,3 +207,175 @@ def test_extending_the_default_catalog_keeps_the_kind_rule() -> None:
     assert isinstance(decision, kp.Rejected)
     mine = [r.code for r in decision.reasons if r.kernel == "my_w8a16"]
     assert mine == [kp.RejectCode.WEIGHT_ONLY_ACTIVATION]
+
+
+# --- rule fields, checked when a rule is built --------------------------------------------
+
+PTPC = kp.quant_config("fp8_per_channel", weight_shape=SHAPE)
+H100 = kp.device_profile("h100")
+
+
+def test_rule_fields_given_as_names_are_parsed_so_they_can_match() -> None:
+    assert kp.rules.MinComputeCapability("9.0") == kp.rules.MinComputeCapability(CudaArch(9, 0))
+    assert kp.rules.MinComputeCapability("sm_90").arch == CudaArch(9, 0)
+    assert kp.rules.Fp8Dtypes({"float8_e4m3fn"}).dtypes == frozenset({Dtype.FLOAT8_E4M3FN})
+    assert kp.rules.OutDtypes({"bfloat16"}).dtypes == frozenset({Dtype.BFLOAT16})
+    assert kp.rules.InputDtypes(["bf16", "fp16"]).dtypes == {Dtype.BFLOAT16, Dtype.FLOAT16}
+    # A rule built from names selects as one built from members does.
+    rules = (
+        kp.rules.MinComputeCapability("9.0"),
+        kp.rules.Fp8Dtypes({"float8_e4m3fn"}),
+        kp.rules.OutDtypes({"bfloat16"}),
+    )
+    catalog = kp.Catalog((kp.KernelSpec("mine", CUDA, W8A8, rules),))
+    assert isinstance(kp.choose(H100, PTPC, catalog=catalog), kp.Selected)
+
+
+@pytest.mark.parametrize(
+    ("make", "what"),
+    [
+        (lambda: kp.rules.MinComputeCapability(9.0), "CUDA compute capability"),
+        (lambda: kp.rules.MinComputeCapability("9"), "CUDA compute capability"),
+        (lambda: kp.rules.Alignment(0), "Alignment multiple"),
+        (lambda: kp.rules.Alignment(-16), "Alignment multiple"),
+        (lambda: kp.rules.Alignment("16"), "Alignment multiple"),  # type: ignore[arg-type]
+        (lambda: kp.rules.Alignment(True), "Alignment multiple"),
+        (lambda: kp.rules.Alignment(16.0), "Alignment multiple"),  # type: ignore[arg-type]
+        (lambda: kp.rules.Fp8Dtypes({"bfloat16"}), "FP8 dtypes"),
+        (lambda: kp.rules.Fp8Dtypes("float8_e4m3fn"), "FP8 dtypes"),  # a bare string
+        (lambda: kp.rules.Fp8Dtypes(frozenset()), "FP8 dtypes"),
+        (lambda: kp.rules.OutDtypes({"float8_e4m3fn"}), "OutDtypes dtypes"),
+        (lambda: kp.rules.OutDtypes("bfloat16"), "OutDtypes dtypes"),
+        (lambda: kp.rules.InputDtypes(frozenset()), "InputDtypes dtypes"),
+        (lambda: kp.rules.ActivationScales({(1, -1)}), "ActivationScales groups"),
+        (lambda: kp.rules.ActivationScales(GroupShape.PER_TOKEN), "ActivationScales groups"),
+        (lambda: kp.rules.WeightScales(frozenset()), "WeightScales groups"),
+        (lambda: kp.rules.NeedsLibrary(("cupy",)), "library"),  # type: ignore[arg-type]
+        (lambda: kp.rules.NeedsLibrary(""), "library"),
+        (lambda: kp.rules.NeedsTorchFeature(1, "x"), "feature"),  # type: ignore[arg-type]
+        (lambda: kp.rules.NeedsTorchFeature("scaled_mm", None), "meaning"),  # type: ignore[arg-type]
+    ],
+)
+def test_rule_fields_are_validated_when_built(make: object, what: str) -> None:
+    with pytest.raises(kp.KernelpickError) as info:
+        make()  # type: ignore[operator]
+    assert isinstance(info.value, (kp.InvalidValueError, kp.UnknownNameError))
+    assert what in str(info.value)
+
+
+def test_an_unknown_dtype_name_in_a_rule_is_named() -> None:
+    with pytest.raises(kp.UnknownNameError, match="bfloat61"):
+        kp.rules.OutDtypes({"bfloat61"})
+
+
+def test_a_spec_needs_every_alignment_so_its_alignment_is_their_lcm() -> None:
+    spec = kp.KernelSpec("mine", CUDA, W8A8, (kp.rules.Alignment(16), kp.rules.Alignment(24)))
+    assert spec.alignment == 48
+    catalog = kp.Catalog((spec,))
+    for n, k, ok in ((48, 96, True), (24, 24, False), (16, 16, False), (96, 48, True)):
+        config = kp.quant_config("fp8_per_channel", weight_shape=(n, k))
+        assert isinstance(kp.choose(H100, config, catalog=catalog), kp.Selected) is ok
+        assert (n % spec.alignment == 0 and k % spec.alignment == 0) is ok
+
+
+def test_a_spec_refuses_one_rule_where_a_tuple_is_due() -> None:
+    for requires in (kp.rules.Alignment(16), "abc", 16):
+        with pytest.raises(kp.InvalidValueError, match="a tuple of requirements"):
+            kp.KernelSpec("mine", CUDA, W8A8, requires)  # type: ignore[arg-type]
+
+
+def test_the_kind_rules_are_read_only() -> None:
+    # Cached decisions were made under them; a change would split cached from fresh.
+    table: Any = kp.rules.KIND_RULES
+    with pytest.raises(TypeError):
+        table[W8A16] = ()
+    assert kp.rules.KIND_RULES[W8A16] == (WeightOnlyActivation(),)
+
+
+# --- rules of one's own that misbehave ----------------------------------------------------
+
+
+@attrs.frozen
+class ReturnsFalse:
+    def check(self, caps: kp.DeviceCaps, config: kp.QuantConfig) -> Any:
+        return False
+
+    def render(self) -> str:
+        return "returns False"
+
+
+@attrs.frozen
+class ReturnsText:
+    def check(self, caps: kp.DeviceCaps, config: kp.QuantConfig) -> Any:
+        return "too old"
+
+    def render(self) -> str:
+        return "returns a string"
+
+
+@pytest.mark.parametrize("rule", [ReturnsFalse(), ReturnsText()])
+def test_a_rule_returning_other_than_a_reason_or_none_is_named(rule: object) -> None:
+    catalog = kp.Catalog((kp.KernelSpec("mine", CUDA, W8A8, (rule,)),))  # type: ignore[arg-type]
+    kp.clear_cache()
+    with pytest.raises(kp.InvalidValueError, match=r"mine's rule .*Returns") as info:
+        kp.choose(H100, PTPC, catalog=catalog)
+    assert info.value.expected == "a kp.Reason or None"
+
+
+@attrs.frozen
+class PerTokenOnly:
+    """Written for W8A8 configs, as a W8A8-only engine would: reads config.activation
+    unguarded, so it raises on a weight-only config."""
+
+    def check(self, caps: kp.DeviceCaps, config: kp.QuantConfig) -> kp.Reason | None:
+        assert config.activation is not None, "a W8A8 config"
+        if config.activation.scale.group == GroupShape.PER_TOKEN:
+            return None
+        found = str(config.activation.scale.group)
+        return kp.Reason(kp.RejectCode.ACTIVATION_SCALES, "per-token", found)
+
+    def render(self) -> str:
+        return "per-token only"
+
+
+def test_a_rule_raising_on_a_scheme_a_hint_asks_about_costs_that_hint_only() -> None:
+    spec = kp.KernelSpec("mine", CUDA, W8A8, (PerTokenOnly(), SM100))
+    catalog = kp.Catalog((spec,))
+    kp.clear_cache()
+    decision = kp.choose(H100, PTPC, catalog=catalog)
+    assert isinstance(decision, kp.Rejected)
+    assert decision.trace == evaluate(H100, PTPC, catalog=catalog)
+    # fp8_weight_only, where the rule raises, is left out; the device hint stays.
+    assert decision.hints == (
+        "move to a device with compute capability 10.0 or higher, where mine runs",
+    )
+    # The config asked about is not a hint: a rule raising on it still raises.
+    with pytest.raises(AssertionError, match="a W8A8 config"):
+        kp.choose(H100, kp.quant_config("fp8_weight_only", weight_shape=SHAPE), catalog=catalog)
+
+
+@pytest.mark.parametrize(
+    ("archs", "text"),
+    [
+        (
+            {"gfx942": None, "gfx950": "7.0", "gfx1200": "7.0"},
+            "gfx942, or gfx950/gfx1200 with ROCm >= 7.0",
+        ),
+        (
+            {"gfx942": None, "gfx950": "7.0", "gfx1250": "7.2"},
+            "gfx942, gfx950 with ROCm >= 7.0, or gfx1250 with ROCm >= 7.2",
+        ),
+        ({"gfx90a": None, "gfx942": None}, "gfx90a or gfx942"),
+        ({"gfx950": "7.0"}, "gfx950 with ROCm >= 7.0"),
+    ],
+)
+def test_an_arch_reason_names_the_rocm_each_arch_needs(
+    archs: dict[str, str | None], text: str
+) -> None:
+    # The device hint is made from this text: it must not offer gfx950 to a ROCm 6 stack.
+    rule = kp.rules.RocmArchs(archs)
+    assert rule.render() == f"arch {text}"
+    rdna3 = attrs.evolve(kp.device_profile("mi250x"), arch=kp.core.RocmArch("gfx1100"))
+    reason = rule.check(rdna3, PTPC)
+    assert reason is not None
+    assert (reason.code, reason.needed) == (kp.RejectCode.GPU_ARCH, text)

@@ -219,3 +219,123 @@ def test_group_quantization_round_trips_any_group_shape() -> None:
         chunked, chunked_scale = quantize_in_chunks(w, group, Dtype.FLOAT8_E4M3FN, chunk_rows=64)
         assert torch.equal(whole.view(torch.uint8), chunked.view(torch.uint8)), group
         assert torch.equal(whole_scale, chunked_scale), group
+
+
+# --- quantize_weights: values, autograd ---------------------------------------------------
+
+
+def test_quantize_weights_keeps_no_autograd_history() -> None:
+    # An nn.Linear's weight requires grad; the bundle must not hold its graph (and with it
+    # fp32 copies of the weight).
+    impl = _bound("cpu_rowwise_scaled_mm", "fp8_per_channel")
+    linear = torch.nn.Linear(64, 32, bias=False)
+    assert linear.weight.requires_grad
+    bundle = impl.quantize_weights(linear.weight)
+    assert not bundle.weight.requires_grad
+    assert bundle.weight.grad_fn is None
+    assert not bundle.scale.requires_grad
+    out = impl.apply(torch.randn(2, 64, dtype=torch.bfloat16), bundle)
+    assert not out.requires_grad
+
+
+@pytest.mark.parametrize("scheme", ["fp8_per_tensor", "fp8_per_channel", "fp8_weight_only"])
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_quantize_weights_refuses_a_non_finite_weight(scheme: str, bad: float) -> None:
+    kernel = {
+        "fp8_per_tensor": "cpu_tensorwise_scaled_mm",
+        "fp8_weight_only": "cpu_w8a16_reference",
+    }
+    impl = _bound(kernel.get(scheme, "cpu_rowwise_scaled_mm"), scheme)
+    w = torch.randn(32, 64, dtype=torch.bfloat16)
+    w[7, 9] = bad
+    with pytest.raises(kp.KernelInputError, match="row 7 has NaN or Inf"):
+        impl.quantize_weights(w)
+
+
+@pytest.mark.parametrize("value", [0.0, -0.02, float("nan"), float("inf")])
+def test_quantize_weights_refuses_a_static_input_scale_that_is_not_positive_and_finite(
+    value: float,
+) -> None:
+    impl = _bound("cpu_tensorwise_scaled_mm", "fp8_per_tensor_static")
+    with pytest.raises(kp.KernelInputError, match="input_scale") as info:
+        impl.quantize_weights(torch.randn(32, 64), torch.tensor(value))
+    assert "positive, finite" in info.value.expected
+    assert impl.quantize_weights(torch.randn(32, 64), torch.tensor(0.01)).input_scale is not None
+
+
+# --- apply: the bundle's layout ------------------------------------------------------------
+
+
+def test_apply_refuses_a_bundle_another_family_prepared_even_on_a_square_layer() -> None:
+    # The same bytes, [N, K] as stored against the [K, N] transpose _scaled_mm reads: every
+    # dtype and extent matches on a square layer, and the product would be x @ W.
+    scaled_mm = _bound("cpu_tensorwise_scaled_mm", "fp8_per_tensor", n=64, k=64)
+    reference = _bound("cpu_dequant_reference", "fp8_per_tensor", n=64, k=64)
+    w = torch.randn(64, 64, generator=torch.Generator().manual_seed(3))
+    row_major, column_major = reference.quantize_weights(w), scaled_mm.quantize_weights(w)
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    with pytest.raises(kp.KernelInputError, match=r"bundle\.weight") as info:
+        scaled_mm.apply(x, row_major)
+    assert "strides (1, 64)" in info.value.expected
+    with pytest.raises(kp.KernelInputError, match=r"bundle\.weight") as info:
+        reference.apply(x, column_major)
+    assert "strides (64, 1)" in info.value.expected
+    # Their own bundles run.
+    assert scaled_mm.apply(x, column_major).shape == reference.apply(x, row_major).shape
+
+
+def test_apply_refuses_a_bundle_whose_scale_has_another_shape() -> None:
+    per_tensor = _bound("cpu_dequant_reference", "fp8_per_tensor")
+    per_channel = _bound("cpu_dequant_reference", "fp8_per_channel")
+    bundle = per_channel.quantize_weights(torch.randn(32, 64))
+    with pytest.raises(kp.KernelInputError, match=r"bundle.scale: got shape \[32, 1\]"):
+        per_tensor.apply(torch.randn(4, 64, dtype=torch.bfloat16), bundle)
+
+
+def test_apply_accepts_any_stride_on_an_extent_of_one() -> None:
+    impl = _bound("cpu_dequant_reference", "fp8_per_channel", n=1, k=64)
+    bundle = impl.quantize_weights(torch.randn(1, 64))
+    odd = torch.empty((5, 64), dtype=bundle.weight.dtype)[:1]
+    odd.copy_(bundle.weight)
+    restrided = bundle._replace(weight=odd.as_strided((1, 64), (999, 1)))
+    x = torch.ones(2, 64, dtype=torch.bfloat16)
+    assert torch.equal(impl.apply(x, restrided), impl.apply(x, bundle))
+
+
+# --- canonical bytes ------------------------------------------------------------------------
+
+
+def _tiny_negatives() -> torch.Tensor:
+    # Each row's amax is 1, so -1e-6 quantizes to -0 (byte 0x80) unless it is made +0.
+    w = torch.randn(32, 64, generator=torch.Generator().manual_seed(5)).clamp(-1, 1)
+    w[:, 0] = 1.0
+    w[:, 1::2] = -1e-6
+    return w
+
+
+@pytest.mark.parametrize("scheme", ["fp8_weight_only", "fp8_per_tensor", "fp8_per_channel"])
+def test_quantize_weights_writes_canonical_bytes_so_fnuz_reads_no_nan(scheme: str) -> None:
+    # MI300X (gfx942) rereads the bytes as e4m3fnuz, where -0 (0x80) is NaN.
+    kernel = "rocm_w8a16_torch" if scheme == "fp8_weight_only" else "rocm_channelwise_unfused"
+    if scheme == "fp8_per_tensor":
+        kernel = "rocm_tensorwise_scaled_mm"
+    impl = _bound(kernel, scheme)
+    assert impl.fp8_format is Dtype.FLOAT8_E4M3FNUZ
+    w = _tiny_negatives()
+    assert int((w.to(torch.float8_e4m3fn).view(torch.uint8) == 0x80).sum()) > 0  # -0 is real
+    bundle = impl.quantize_weights(w)
+    assert int((bundle.weight.contiguous().view(torch.uint8) == 0x80).sum()) == 0
+    assert not bool(bundle.weight.float().isnan().any())
+
+
+def test_canonicalize_fp8_is_exported_and_makes_a_weight_of_ones_own_safe_on_fnuz() -> None:
+    from kernelpick.kernels import canonicalize_fp8_
+
+    impl = _bound("rocm_w8a16_torch", "fp8_weight_only")
+    w = _tiny_negatives()
+    scale = w.abs().amax(dim=1, keepdim=True) / 448
+    fp8 = (w / scale).to(torch.float8_e4m3fn)  # a plain cast: holds -0
+    x = torch.randn(2, 64, dtype=torch.bfloat16)
+    assert bool(impl.apply(x, impl.prepare_weights(fp8, scale)).isnan().any())  # the precondition
+    canonicalize_fp8_("weight", fp8)
+    assert not bool(impl.apply(x, impl.prepare_weights(fp8, scale)).isnan().any())

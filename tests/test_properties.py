@@ -5,6 +5,7 @@ docs/design.md#the-catalog-and-its-hardware-facts)."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -13,7 +14,15 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import kernelpick as kp
-from kernelpick.core import SCHEMA_VERSION, GroupShape, Verdict, evaluate
+from kernelpick.core import (
+    SCHEMA_VERSION,
+    CudaArch,
+    GroupShape,
+    RocmArch,
+    Verdict,
+    Version,
+    evaluate,
+)
 
 CATALOG = kp.default_catalog()
 IDS = CATALOG.ids
@@ -22,6 +31,7 @@ IDS = CATALOG.ids
 CATALOGS = {"default": CATALOG, "reversed": kp.Catalog(tuple(reversed(CATALOG.kernels)))}
 PROFILES = kp.device_profiles()
 HEADER = "Failed to find a kernel that can implement the ScaledMM linear layer. Reasons:"
+PTPC_4096 = kp.quant_config(kp.Scheme.FP8_PER_CHANNEL, weight_shape=(4096, 4096))
 
 PROPERTY_SETTINGS = settings(
     max_examples=300,
@@ -397,3 +407,95 @@ def test_cache_is_bounded() -> None:
     kp.choose(caps, oldest)
     assert kp.cache_info().misses == misses + 1
     kp.clear_cache()
+
+
+# --- device hints ------------------------------------------------------------------------
+
+# Each profile as it is, and with one fact of its stack changed, so that device hints come
+# up for toolkits, libraries, torch versions and features as well as for archs.
+STACK_CHANGES: dict[str, Callable[[kp.DeviceCaps], kp.DeviceCaps]] = {
+    "as is": lambda caps: caps,
+    "ROCm 6.2": lambda caps: attrs.evolve(caps, toolkit_version=Version(6, 2)),
+    "ROCm 6.4": lambda caps: attrs.evolve(caps, toolkit_version=Version(6, 4)),
+    "no libraries": lambda caps: attrs.evolve(caps, libraries=frozenset()),
+    "torch 2.6": lambda caps: attrs.evolve(caps, torch_version=Version(2, 6)),
+    "no features": lambda caps: attrs.evolve(caps, features=frozenset()),
+}
+_DEVICE_HINT = re.compile(r"(?:or )?move to a device with (.+), where (\S+) runs")
+Change = Callable[[kp.DeviceCaps], kp.DeviceCaps]
+
+
+def _move_to(arch: RocmArch, least: Version | None) -> Change:
+    """To ``arch``, and to ROCm ``least`` when the hint names one (else ROCm unchanged)."""
+
+    def change(caps: kp.DeviceCaps) -> kp.DeviceCaps:
+        moved = attrs.evolve(caps, arch=arch)
+        return moved if least is None else attrs.evolve(moved, toolkit_version=least)
+
+    return change
+
+
+def _alternatives(part: str, spec: kp.KernelSpec) -> list[Change]:
+    """The devices one part of a device hint names, each as the facts it changes: a part
+    names one device fact, or (for archs) several alternatives, each claimed to pass."""
+    if match := re.fullmatch(r"compute capability (\S+) or higher", part):
+        arch = CudaArch.parse(match[1])
+        return [lambda caps: attrs.evolve(caps, arch=arch)]
+    if match := re.fullmatch(r"GPU architecture (.+)", part):
+        found: list[Change] = []
+        for option in re.split(r", or |, | or ", match[1]):
+            parsed = re.fullmatch(r"([\w/]+)(?: with ROCm >= (\S+))?", option)
+            assert parsed is not None, f"an arch option the test cannot read: {option!r}"
+            least = None if parsed[2] is None else Version.parse(parsed[2])
+            found += [_move_to(RocmArch(name), least) for name in parsed[1].split("/")]
+        return found
+    if match := re.fullmatch(r"ROCm (\S+) or newer on \w+", part):
+        version = Version.parse(match[1])
+        return [lambda caps: attrs.evolve(caps, toolkit_version=version)]
+    if match := re.fullmatch(r"torch (\S+) or newer", part):
+        version = Version.parse(match[1])
+        return [lambda caps: attrs.evolve(caps, torch_version=version)]
+    features = {
+        r.meaning: r.feature for r in spec.rules if isinstance(r, kp.rules.NeedsTorchFeature)
+    }
+    if part in features:
+        return [lambda caps: attrs.evolve(caps, features=caps.features | {features[part]})]
+    libraries = {r.library for r in spec.rules if isinstance(r, kp.rules.NeedsLibrary)}
+    assert part in libraries, f"a device hint part the test cannot read: {part!r}"
+    return [lambda caps: attrs.evolve(caps, libraries=caps.libraries | {part})]
+
+
+def _hinted_devices(caps: kp.DeviceCaps, needs: str, spec: kp.KernelSpec) -> list[kp.DeviceCaps]:
+    devices = [caps]
+    for part in needs.split(" and "):
+        devices = [change(device) for device in devices for change in _alternatives(part, spec)]
+    return devices
+
+
+@PROPERTY_SETTINGS
+@given(
+    profile=profile_names,
+    stack=st.sampled_from(sorted(STACK_CHANGES)),
+    config=configs,
+)
+@example(profile="mi250x", stack="ROCm 6.2", config=PTPC_4096)
+@example(profile="mi355x", stack="ROCm 6.4", config=PTPC_4096)
+@example(profile="a100", stack="no libraries", config=PTPC_4096)
+@example(profile="cpu", stack="no features", config=PTPC_4096)
+@example(profile="h100", stack="torch 2.6", config=PTPC_4096)
+def test_every_device_hint_holds_on_the_device_it_names(
+    profile: str, stack: str, config: kp.QuantConfig
+) -> None:
+    # Change only the facts the hint names, and the kernel it names passes all its rules.
+    caps = STACK_CHANGES[stack](PROFILES[profile])
+    decision = kp.choose(caps, config)
+    if not isinstance(decision, kp.Rejected):
+        return
+    for hint in decision.hints:
+        match = _DEVICE_HINT.fullmatch(hint)
+        if match is None:
+            continue
+        spec = CATALOG.kernel(match[2])
+        for device in _hinted_devices(caps, match[1], spec):
+            verdict = next(v for v in evaluate(device, config) if v.kernel == spec.id)
+            assert verdict.ok, (hint, device, [r.render() for r in verdict.reasons])

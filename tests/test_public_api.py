@@ -91,3 +91,33 @@ def test_import_kernelpick_does_not_import_torch() -> None:
     code = "import sys, kernelpick; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(
+    ("name", "where"),
+    [
+        ("Dtype", "kernelpick.core.Dtype"),
+        ("Version", "kernelpick.core.Version"),
+        ("evaluate", "kernelpick.core.evaluate"),
+        ("GroupShape", "kernelpick.core.GroupShape"),
+        ("CudaArch", "kernelpick.core.CudaArch"),
+        ("Verdict", "kernelpick.core.Verdict"),
+        ("Alignment", "kp.rules.Alignment"),
+        ("KIND_RULES", "kp.rules.KIND_RULES"),
+        ("Unmet", "kp.Reason"),
+        ("catalog", "kp.default_catalog().ids_for(platform)"),
+    ],
+)
+def test_a_name_gone_from_kp_says_where_it_lives_now(name: str, where: str) -> None:
+    with pytest.raises(AttributeError) as info:
+        getattr(kp, name)
+    assert where in str(info.value)
+    assert not hasattr(kp, name)
+    assert name not in dir(kp)
+
+
+def test_an_unknown_name_is_a_plain_attribute_error() -> None:
+    name = "no_such_name"
+    with pytest.raises(AttributeError) as info:
+        getattr(kp, name)
+    assert str(info.value) == "module 'kernelpick' has no attribute 'no_such_name'"

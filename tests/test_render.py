@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 import kernelpick as kp
-from kernelpick.core import SCHEMA_VERSION
+from kernelpick.core import SCHEMA_VERSION, Verdict
 
 PTPC = kp.quant_config("fp8_per_channel", weight_shape=(4096, 4096))
 
@@ -100,3 +102,59 @@ def test_to_dict_statuses_for_a_selection() -> None:
         "cuda_w8a16_cupy": "rejected",
         "cuda_w8a16_torch": "rejected",
     }
+
+
+def test_selected_text_says_where_each_other_viable_kernel_stands() -> None:
+    # Least preferred first: the degraded W8A16 kernel precedes the W8A8 one chosen over it.
+    catalog = kp.Catalog(tuple(reversed(kp.default_catalog().kernels)))
+    config = kp.quant_config("fp8_per_tensor", weight_shape=(64, 64))
+    decision = kp.choose(kp.device_profile("cpu"), config, catalog=catalog)
+    assert isinstance(decision, kp.Selected)
+    assert [v.kernel for v in decision.trace] == [
+        "cpu_w8a16_reference",
+        "cpu_dequant_reference",
+        "cpu_tensorwise_scaled_mm",
+        "cpu_rowwise_scaled_mm",
+    ]
+    assert decision.kernel == "cpu_dequant_reference"
+    lines = decision.render().splitlines()
+    assert (
+        "  - cpu_w8a16_reference: also viable, but degraded: a non-degraded kernel is preferred"
+        in lines
+    )
+    assert "  - cpu_tensorwise_scaled_mm: also viable (later in preference order)" in lines
+    assert not any("cpu_w8a16_reference: also viable (later" in line for line in lines)
+
+
+def test_a_degraded_kernel_after_the_choice_is_marked_so() -> None:
+    config = kp.quant_config("fp8_per_tensor", weight_shape=(64, 64))
+    decision = kp.choose(kp.device_profile("cpu"), config)
+    assert isinstance(decision, kp.Selected)
+    assert "  - cpu_w8a16_reference: also viable (later in preference order; degraded)" in (
+        decision.render().splitlines()
+    )
+
+
+def test_rejected_hints_are_a_tuple_of_sentences_never_a_bare_string() -> None:
+    decision = kp.choose(kp.device_profile("a100"), PTPC)
+    assert isinstance(decision, kp.Rejected)
+    with pytest.raises(kp.InvalidValueError, match="hints"):
+        kp.Rejected(decision.trace, "some hint")
+    with pytest.raises(kp.InvalidValueError, match="hints"):
+        kp.Rejected(decision.trace, (1,))
+    assert kp.Rejected(decision.trace, ["a", "b"]).hints == ("a", "b")
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        ("k", "W8A8", (), False),
+        ("k", kp.KernelKind.W8A8, [], False),
+        ("k", kp.KernelKind.W8A8, (), "no"),
+        (None, kp.KernelKind.W8A8, (), False),
+        ("k", kp.KernelKind.W8A8, ("a reason",), False),
+    ],
+)
+def test_a_verdict_refuses_fields_of_the_wrong_type(fields: tuple[object, ...]) -> None:
+    with pytest.raises(kp.InvalidValueError, match="verdict"):
+        Verdict(*fields)  # type: ignore[arg-type]

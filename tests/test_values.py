@@ -862,3 +862,86 @@ def test_reason_renders_its_template(code: kp.RejectCode) -> None:
     }
     # What a rule returns differs only in the kernel the selector fills in.
     assert kp.Reason(code, "NEEDED-{x}", "FOUND-{y}").render() == message
+
+
+@pytest.mark.parametrize(
+    ("make", "what"),
+    [
+        # The order before 0.2, Reason(kernel, code, needed, found): refused, not misread.
+        (lambda: kp.Reason("cuda_x", kp.RejectCode.OUT_DTYPE, "bf16", "fp16"), "reason code"),  # type: ignore[arg-type]
+        (lambda: kp.Reason("compute_capability", "9.0", "8.0"), "reason code"),  # type: ignore[arg-type]
+        (lambda: kp.Reason(kp.RejectCode.UNSUPPORTED, CudaArch(9, 0), "8.0"), "reason needed"),  # type: ignore[arg-type]
+        (lambda: kp.Reason(kp.RejectCode.UNSUPPORTED, "9.0", None), "reason found"),  # type: ignore[arg-type]
+        (lambda: kp.Reason(kp.RejectCode.UNSUPPORTED, "9.0", "8.0", 5), "reason kernel"),  # type: ignore[arg-type]
+    ],
+)
+def test_reason_fields_are_validated(make: Callable[[], object], what: str) -> None:
+    with pytest.raises(kp.InvalidValueError) as info:
+        make()
+    assert info.value.what == what
+
+
+# --- ordering of subclasses --------------------------------------------------------------
+
+
+class _MyVersion(Version):
+    """An engine's own version type."""
+
+
+class _MyArch(CudaArch):
+    """An engine's own arch type."""
+
+
+COMPARISONS: list[Callable[[Any, Any], bool]] = [
+    lambda a, b: a <= b,
+    lambda a, b: a >= b,
+    lambda a, b: a < b,
+    lambda a, b: a > b,
+]
+
+
+@pytest.mark.parametrize("compare", COMPARISONS)
+@pytest.mark.parametrize(
+    ("base", "sub"), [(Version(2, 8), _MyVersion(2, 8)), (CudaArch(9, 0), _MyArch(9, 0))]
+)
+def test_ordering_against_a_subclass_is_refused_like_equality(
+    compare: Callable[[Any, Any], bool], base: object, sub: object
+) -> None:
+    # attrs' == needs the exact class; <, <=, >= must agree with it, not half-answer.
+    assert base != sub
+    with pytest.raises(TypeError):
+        compare(base, sub)
+    with pytest.raises(TypeError):
+        compare(sub, base)
+
+
+def test_parse_turns_a_subclass_into_the_core_type() -> None:
+    assert type(Version.parse(_MyVersion(2, 8))) is Version
+    assert type(CudaArch.parse(_MyArch(9, 0))) is CudaArch
+    # So a rule built from one compares with the device's facts.
+    caps = attrs.evolve(kp.device_profile("h100"), torch_version=Version(2, 8))
+    config = kp.quant_config("fp8_per_channel", weight_shape=(64, 64))
+    assert kp.rules.MinTorch(_MyVersion(2, 8)).check(caps, config) is None
+    assert kp.rules.MinComputeCapability(_MyArch(9, 0)).check(caps, config) is None
+
+
+# --- KernelKind --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "kind"),
+    [
+        ("W8A8", kp.KernelKind.W8A8),
+        ("w8a16", kp.KernelKind.W8A16),
+        (" W8A16 ", kp.KernelKind.W8A16),
+        (kp.KernelKind.W8A8, kp.KernelKind.W8A8),
+    ],
+)
+def test_kernel_spec_parses_its_kind(value: object, kind: kp.KernelKind) -> None:
+    assert kp.KernelSpec("x", "cuda", value).kind is kind
+
+
+def test_kernel_spec_refuses_an_unknown_kind_by_name() -> None:
+    with pytest.raises(kp.UnknownNameError, match="kernel kind") as info:
+        kp.KernelSpec("x", "cuda", "W8A4")
+    assert info.value.closest in ("W8A8", "W8A16")

@@ -8,7 +8,7 @@ repeated here: the kernel reads it from the catalog row's ``Alignment`` rule.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
 import attrs
@@ -18,6 +18,7 @@ from kernelpick.core import (
     Catalog,
     DeviceCaps,
     InvalidValueError,
+    KernelKind,
     KernelSpec,
     Platform,
     QuantConfig,
@@ -27,6 +28,8 @@ from kernelpick.core import (
     default_catalog,
 )
 from kernelpick.core._dtypes import HIGH_PRECISION, Dtype
+from kernelpick.core._errors import is_bool
+from kernelpick.core._select import rule_reasons
 from kernelpick.kernels import (
     ChannelwiseUnfused,
     CupyGemvW8A16,
@@ -41,24 +44,41 @@ from kernelpick.kernels import (
 __all__ = ["LAUNCHES", "Launch", "bind"]
 
 
+def _family(_inst: object, attribute: attrs.Attribute[type[KernelBase]], value: object) -> None:
+    if not (isinstance(value, type) and issubclass(value, KernelBase)):
+        raise InvalidValueError("Launch family", value, "a subclass of KernelBase (a class)")
+    if not isinstance(getattr(value, "KIND", None), KernelKind):
+        expected = "a family declaring KIND: ClassVar[KernelKind] (W8A8 or W8A16)"
+        raise InvalidValueError("Launch family", value.__name__, expected)
+
+
+def _dtypes(value: Iterable[Dtype | str] | Dtype | str) -> frozenset[Dtype]:
+    items = [value] if isinstance(value, (Dtype, str)) else value
+    if not isinstance(items, Iterable):
+        raise InvalidValueError("Launch fused_bias", value, "a set of output dtypes")
+    return frozenset(Dtype.parse(item) for item in items)
+
+
 @attrs.frozen
 class Launch:
     """How one catalog id runs: its kernel family plus the traits its GEMM library has.
 
+    ``family``: a ``KernelBase`` subclass whose ``KIND`` is the catalog row's kind.
     ``fused_bias``: the output dtypes for which the op takes the bias itself (others get it
-    added after the op). ``fused_quant``: quantize per-token activations with the cupy
-    kernel, used only where the device's cupy is usable.
+    added after the op); names such as ``"bfloat16"`` are parsed. ``fused_quant``: quantize
+    per-token activations with the cupy kernel, used only where the device's cupy is usable.
     """
 
-    family: type[KernelBase] = attrs.field(validator=attrs.validators.instance_of(type))
-    fused_bias: frozenset[Dtype] = HIGH_PRECISION
-    fused_quant: bool = False
+    family: type[KernelBase] = attrs.field(validator=_family)
+    fused_bias: frozenset[Dtype] = attrs.field(default=HIGH_PRECISION, converter=_dtypes)
+    fused_quant: bool = attrs.field(default=False, validator=is_bool)
 
     def kernel(
         self, spec: KernelSpec, config: QuantConfig, caps: DeviceCaps, device: torch.device
     ) -> KernelBase:
-        """The family bound to one catalog row, one layer and one device, unchecked:
-        ``bind`` checks the platform and device first."""
+        """The family bound to one catalog row, one layer and one device. The family checks
+        its kind against the row's; ``bind`` checks the platform, the device and the row's
+        rules against the config first."""
         fused_quant = self.fused_quant and "cupy" in caps.libraries
         return self.family(spec, config, device, caps.fp8_format, self.fused_bias, fused_quant)
 
@@ -90,21 +110,32 @@ LAUNCHES: Mapping[str, Launch] = MappingProxyType(
 
 # torch names ROCm devices "cuda" as well.
 _DEVICE_TYPE = {Platform.CPU: "cpu", Platform.CUDA: "cuda", Platform.ROCM: "cuda"}
+_DEVICE_FORMS = "None, 'cpu', 'cuda', 'cuda:N', a GPU index N >= 0 or a torch.device"
 
 
-def _device(
-    kernel_id: str, platform: Platform, device: torch.device | str | int | None
-) -> torch.device:
+def _parse_device(device: object) -> torch.device:
+    # bool is an int subclass: True would be GPU 1.
+    if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
+        raise InvalidValueError("device", device, _DEVICE_FORMS)
+    if isinstance(device, int) and device < 0:
+        raise InvalidValueError("device", device, _DEVICE_FORMS)
+    try:
+        return torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    except (RuntimeError, ValueError, TypeError):  # torch's own parse error for 'gpu', 'cuda:x'
+        raise InvalidValueError("device", device, _DEVICE_FORMS) from None
+
+
+def _device(kernel_id: str, platform: Platform, device: object) -> torch.device:
     wanted = _DEVICE_TYPE[platform]
-    if device is None:
-        if wanted == "cpu":
-            return torch.device("cpu")
-        return torch.device("cuda", torch.cuda.current_device())
-    resolved = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    resolved = torch.device(wanted) if device is None else _parse_device(device)
     if resolved.type != wanted:
         expected = f"a {wanted} device, since {kernel_id} runs on {platform}"
         raise InvalidValueError("device", str(device), expected)
     if resolved.type == "cuda" and resolved.index is None:
+        # The current GPU; torch would raise a bare AssertionError on a build without one.
+        if not torch.cuda.is_available():
+            expected = f"a GPU for {kernel_id}, but torch sees none on this machine"
+            raise InvalidValueError("device", device, expected)
         resolved = torch.device("cuda", torch.cuda.current_device())
     return resolved
 
@@ -136,15 +167,46 @@ def bind(
     ``caps`` supplies the device's facts (its FP8 format, whether cupy is usable);
     ``device`` is where the tensors live, by default the CPU or the current GPU. A kernel of
     your own is found in ``catalog`` (its spec) and ``launches`` (its row), both defaulting
-    to kernelpick's. Raises ``UnknownNameError`` for an id with no spec or no launch row,
-    and ``InvalidValueError`` for a rejection or a kernel of another platform than caps'.
+    to kernelpick's.
+
+    The kernel's catalog rules (its kind's and its own) are checked against ``config`` on
+    ``caps`` again, since a ``Selected`` does not carry the config it was chosen for: a
+    choice made for one layer cannot run another layer it cannot implement. A degraded but
+    valid pair (a W8A16 kernel for a per-tensor activation config) is allowed; policy is
+    not applied here. Raises ``UnknownNameError`` for an id with no spec or no launch row,
+    and ``InvalidValueError`` for a rejection, an argument of the wrong type, a kernel of
+    another platform than caps', a config the kernel's rules turn down (with every
+    reason), or a launch row whose family is of another kind than the catalog row.
+
+    The kernel's ``prepare_weights`` takes canonical FP8 bytes (no -0, no NaN byte: on
+    gfx94x they are reread as e4m3fnuz, where -0 is NaN) and does not scan for them on
+    each call; ``kernelpick.kernels.canonicalize_fp8_`` makes a weight of one's own canonical.
     """
     kernel_id = _kernel_id(choice)
+    _check_arguments(config, caps, catalog, launches)
     rows = LAUNCHES if launches is None else launches
     spec = (default_catalog() if catalog is None else catalog).kernel(kernel_id)
     row = rows.get(kernel_id)
     if row is None:
-        raise UnknownNameError("launchable kernel id", kernel_id, sorted(rows))
+        raise UnknownNameError("launchable kernel id", kernel_id, sorted(map(str, rows)))
+    if not isinstance(row, Launch):
+        raise InvalidValueError(f"launches[{kernel_id!r}]", row, "a kernelpick.adapters.Launch")
     if spec.platform is not caps.platform:
         raise InvalidValueError("caps", caps.name, f"a {spec.platform} device for {kernel_id}")
+    failing = rule_reasons(spec, caps, config)
+    if failing:
+        lines = "".join(f"\n  - {reason.kernel}: {reason.render()}" for reason in failing)
+        expected = f"a config {kernel_id} can implement on {caps.name}; its rules say:{lines}"
+        raise InvalidValueError("config", config.render(), expected)
     return row.kernel(spec, config, caps, _device(kernel_id, spec.platform, device))
+
+
+def _check_arguments(config: object, caps: object, catalog: object, launches: object) -> None:
+    if not isinstance(config, QuantConfig):
+        raise InvalidValueError("config", config, "a kp.QuantConfig")
+    if not isinstance(caps, DeviceCaps):
+        raise InvalidValueError("caps", caps, "a kp.DeviceCaps")
+    if catalog is not None and not isinstance(catalog, Catalog):
+        raise InvalidValueError("catalog", catalog, "a kp.Catalog or None")
+    if launches is not None and not isinstance(launches, Mapping):
+        raise InvalidValueError("launches", launches, "a mapping of kernel ids to Launch rows")

@@ -65,15 +65,24 @@ class Version:
     patch: int = attrs.field(default=0, validator=_non_negative_int)
 
     def __lt__(self, other: object) -> bool:
-        if not isinstance(other, Version):
+        # The exact class, as attrs' __eq__ requires: with isinstance, a subclass would
+        # compare <= and >= but not ==, and total_ordering would disagree with itself.
+        if not isinstance(other, Version) or type(other) is not type(self):
             return NotImplemented
         return (self.major, self.minor, self.patch) < (other.major, other.minor, other.patch)
 
+    def __ge__(self, other: object) -> bool:
+        # Spelled out, not derived by total_ordering: MinTorch asks >= on every decision.
+        if not isinstance(other, Version) or type(other) is not type(self):
+            return NotImplemented
+        return (self.major, self.minor, self.patch) >= (other.major, other.minor, other.patch)
+
     @classmethod
     def parse(cls, value: object) -> Version:
-        """From a Version or text such as ``"12.8"``, ``"2.13.0+cpu"``, ``"7.0.51831-abc"``."""
+        """From a Version or text such as ``"12.8"``, ``"2.13.0+cpu"``, ``"7.0.51831-abc"``.
+        An instance of a subclass comes back as this class, so it compares with the rest."""
         if isinstance(value, Version):
-            return value
+            return value if type(value) is cls else cls(value.major, value.minor, value.patch)
         match = _VERSION.match(str(value)) if isinstance(value, str) else None
         if match is None:
             raise InvalidValueError("version", value, "text such as '12.8' or '2.13.0+cpu'")
@@ -119,15 +128,22 @@ class CudaArch:
     minor: int = attrs.field(validator=_cuda_minor)
 
     def __lt__(self, other: object) -> bool:
-        if not isinstance(other, CudaArch):
+        if not isinstance(other, CudaArch) or type(other) is not type(self):  # as for Version
             return NotImplemented
         return (self.major, self.minor) < (other.major, other.minor)
 
+    def __ge__(self, other: object) -> bool:
+        # Spelled out, as for Version: MinComputeCapability asks >= on every decision.
+        if not isinstance(other, CudaArch) or type(other) is not type(self):
+            return NotImplemented
+        return (self.major, self.minor) >= (other.major, other.minor)
+
     @classmethod
     def parse(cls, value: object) -> CudaArch:
-        """From a CudaArch, ``"8.9"``, ``"sm_89"`` or ``"sm_90a"``."""
+        """From a CudaArch, ``"8.9"``, ``"sm_89"`` or ``"sm_90a"``; an instance of a
+        subclass comes back as this class."""
         if isinstance(value, CudaArch):
-            return value
+            return value if type(value) is cls else cls(value.major, value.minor)
         text = value.strip().lower() if isinstance(value, str) else ""
         match = _CUDA_DOTTED.match(text) or _CUDA_SM.match(text)
         expected = "'major.minor' such as '8.9', or 'sm_89'"

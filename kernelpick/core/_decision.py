@@ -6,6 +6,7 @@ from typing import Any, final
 
 import attrs
 
+from kernelpick.core._errors import InvalidValueError
 from kernelpick.core._reasons import Reason
 from kernelpick.core._specs import KernelKind
 
@@ -30,6 +31,27 @@ class Verdict:
     reasons: tuple[Reason, ...]
     degraded: bool
 
+    def __attrs_post_init__(self) -> None:
+        # One check for all four fields, with exact type tests: a verdict is built for every
+        # kernel of every uncached decision, whose budget is 3000 dict lookups.
+        ok = (
+            type(self.kernel) is str
+            and type(self.kind) is KernelKind
+            and type(self.reasons) is tuple
+            and type(self.degraded) is bool
+        )
+        if ok:
+            for reason in self.reasons:
+                if not isinstance(reason, Reason):
+                    ok = False
+        if not ok:
+            raise InvalidValueError(
+                "verdict",
+                self,
+                "Verdict(kernel: str, kind: KernelKind, reasons: tuple of kp.Reason, "
+                "degraded: bool)",
+            )
+
     @property
     def ok(self) -> bool:
         return not self.reasons
@@ -49,6 +71,22 @@ class Verdict:
             "degraded": self.degraded,
             "reasons": [reason.to_dict() for reason in self.reasons],
         }
+
+
+def _hints(value: object) -> tuple[str, ...]:
+    # A bare string is refused: iterated, it would become one hint per character.
+    if not isinstance(value, (tuple, list)) or not all(isinstance(item, str) for item in value):
+        raise InvalidValueError("hints", value, "a tuple of sentences (strings)")
+    return tuple(value)
+
+
+def _viable(verdict: Verdict, before_chosen: bool, chosen_degraded: bool) -> str:
+    # The chosen kernel is the first viable one that is not degraded, or else the first
+    # degraded one: a viable kernel ahead of it was passed over for being degraded.
+    if before_chosen and verdict.degraded and not chosen_degraded:
+        return "also viable, but degraded: a non-degraded kernel is preferred"
+    place = "earlier" if before_chosen else "later"
+    return f"also viable ({place} in preference order{'; degraded' if verdict.degraded else ''})"
 
 
 def _lines(reasons: tuple[Reason, ...]) -> list[str]:
@@ -81,9 +119,14 @@ class Selected:
         others = [v for v in self.trace if v.kernel != self.kernel]
         if others:
             lines.append("Other kernels:")
-        for verdict in others:
+        before = True  # still ahead of the chosen kernel in the trace
+        for verdict in self.trace:
+            if verdict.kernel == self.kernel:
+                before = False
+                continue
             if verdict.ok:
-                lines.append(f"  - {verdict.kernel}: also viable (later in preference order)")
+                text = _viable(verdict, before, self.degraded)
+                lines.append(f"  - {verdict.kernel}: {text}")
             lines.extend(_lines(verdict.reasons))
         return "\n".join(lines)
 
@@ -108,7 +151,7 @@ class Rejected:
     """
 
     trace: tuple[Verdict, ...]
-    hints: tuple[str, ...] = ()
+    hints: tuple[str, ...] = attrs.field(default=(), converter=_hints)
 
     @property
     def reasons(self) -> tuple[Reason, ...]:

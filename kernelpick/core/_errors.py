@@ -88,10 +88,16 @@ def parse_enum(cls: type[E], value: object, kind: str) -> E:
     """The member of a string-valued enum from a member or its value, case and spaces ignored."""
     if isinstance(value, cls):
         return value
+    text = str(value).strip().lower()
     try:
-        return cls(str(value).strip().lower())
+        return cls(text)
     except ValueError:
-        raise UnknownNameError(kind, value, [str(member.value) for member in cls]) from None
+        pass
+    # Values that are not lower case themselves (KernelKind's "W8A8") are matched this way.
+    for member in cls:
+        if str(member.value).lower() == text:
+            return member
+    raise UnknownNameError(kind, value, [str(member.value) for member in cls])
 
 
 class KernelInputError(KernelpickError):

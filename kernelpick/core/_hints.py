@@ -28,7 +28,7 @@ _DEVICE_NEEDS: dict[RejectCode, Callable[[Reason], str]] = {
 
 
 def _other_schemes(
-    caps: DeviceCaps, config: QuantConfig, decide: Callable[[QuantConfig], Decision]
+    caps: DeviceCaps, config: QuantConfig, decide: Callable[[QuantConfig], Decision | None]
 ) -> list[str]:
     own = scheme_of(config)
     found: list[tuple[Scheme, str]] = []
@@ -64,10 +64,11 @@ def hints(
     caps: DeviceCaps,
     config: QuantConfig,
     trace: tuple[Verdict, ...],
-    decide: Callable[[QuantConfig], Decision],
+    decide: Callable[[QuantConfig], Decision | None],
 ) -> tuple[str, ...]:
     """What would work on ``caps`` instead of ``config``, and on which device ``config``
-    would work, as one sentence each; ``decide`` answers for another config."""
+    would work, as one sentence each; ``decide`` answers for another config (None: it could
+    not, and that scheme is left out)."""
     schemes = _other_schemes(caps, config, decide)
     device = _device_fix(trace)
     found = []

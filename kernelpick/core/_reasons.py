@@ -10,6 +10,8 @@ import enum
 
 import attrs
 
+from kernelpick.core._errors import InvalidValueError
+
 __all__ = ["Reason", "RejectCode"]
 
 
@@ -76,14 +78,38 @@ TEMPLATES: dict[RejectCode, str] = {
 class Reason:
     """One reason a kernel was turned down: a code, what was needed and what was found.
 
-    A rule returns one without ``kernel``; the selector fills in the kernel it judged. Test
-    on ``code``; show ``render()``, the sentence (``decision.render()`` adds the kernel).
+    ``Reason(code, needed, found, kernel="")``: a rule returns one without ``kernel``, and
+    the selector fills in the kernel it judged. ``needed`` and ``found`` are short phrases
+    (strings), set into the code's sentence. Test on ``code``; show ``render()``, the
+    sentence (``decision.render()`` adds the kernel), or ``to_dict()``.
     """
 
     code: RejectCode
     needed: str
     found: str
     kernel: str = ""
+
+    def __attrs_post_init__(self) -> None:
+        # One check of all four fields, exact types first: a reason is built twice per
+        # failing rule of every uncached decision, and four attrs validators cost twice
+        # as much (the budget is 3000 dict lookups a decision). Subclasses of str pass.
+        if (
+            type(self.code) is not RejectCode
+            or type(self.needed) is not str
+            or type(self.found) is not str
+            or type(self.kernel) is not str
+        ):
+            self._refuse()
+
+    def _refuse(self) -> None:
+        # RejectCode is an enum with members: it has no subclasses to allow for.
+        if type(self.code) is not RejectCode:
+            expected = "a kp.RejectCode, e.g. RejectCode.UNSUPPORTED"
+            raise InvalidValueError("reason code", self.code, expected)
+        for name in ("needed", "found", "kernel"):
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise InvalidValueError(f"reason {name}", value, "a string (a short phrase)")
 
     def render(self) -> str:
         """The sentence, from the template of the code."""

@@ -14,9 +14,9 @@ from kernelpick.core._hints import hints
 from kernelpick.core._policy import Policy
 from kernelpick.core._quant import QuantConfig
 from kernelpick.core._reasons import Reason, RejectCode
-from kernelpick.core._specs import KIND_RULES, Catalog, KernelKind, KernelSpec
+from kernelpick.core._specs import Catalog, KernelKind, KernelSpec
 
-__all__ = ["CACHE_SIZE", "KIND_RULES", "cache_info", "choose", "clear_cache", "evaluate"]
+__all__ = ["CACHE_SIZE", "cache_info", "choose", "clear_cache", "evaluate", "rule_reasons"]
 
 # Distinct (device, config, policy, catalog) questions kept. A model has a few dozen
 # distinct layer shapes, so this holds many models' worth; least recently used goes first.
@@ -25,12 +25,25 @@ CACHE_SIZE = 4096
 _DEFAULT_POLICY = Policy()
 
 
-def _verdict(spec: KernelSpec, caps: DeviceCaps, config: QuantConfig, policy: Policy) -> Verdict:
+def rule_reasons(spec: KernelSpec, caps: DeviceCaps, config: QuantConfig) -> list[Reason]:
+    """Why ``spec``'s rules (its kind's and its own) turn down ``config`` on ``caps``, each
+    reason naming the kernel; empty when they all hold. Policy is not applied."""
     reasons = []
     for rule in spec.rules:
         failed = rule.check(caps, config)
         if failed is not None:
+            if not isinstance(failed, Reason):
+                # A rule of one's own returning False or a string would otherwise fail far
+                # from here, or be read as a pass.
+                raise InvalidValueError(
+                    f"result of {spec.id}'s rule {rule!r}", failed, "a kp.Reason or None"
+                )
             reasons.append(Reason(failed.code, failed.needed, failed.found, spec.id))
+    return reasons
+
+
+def _verdict(spec: KernelSpec, caps: DeviceCaps, config: QuantConfig, policy: Policy) -> Verdict:
+    reasons = rule_reasons(spec, caps, config)
     # A weight-only kernel serving an activation-quantized config skips that quantization.
     degraded = spec.kind is KernelKind.W8A16 and config.activation is not None
     if spec.id in policy.disabled:
@@ -87,8 +100,14 @@ def _choose(caps: DeviceCaps, config: QuantConfig, policy: Policy, catalog: Cata
     decision = _decide(evaluate(caps, config, policy, catalog))
     if isinstance(decision, Rejected):
 
-        def decide(other: QuantConfig) -> Decision:
-            return _decide(evaluate(caps, other, policy, catalog))
+        def decide(other: QuantConfig) -> Decision | None:
+            # A hint asks about configs nobody asked about, so a rule of one's own written
+            # for the asked kind of config (say, one that reads config.activation) may raise
+            # on them. That costs the hint, not the decision: evaluate answered without it.
+            try:
+                return _decide(evaluate(caps, other, policy, catalog))
+            except Exception:
+                return None
 
         return Rejected(decision.trace, hints(caps, config, decision.trace, decide))
     return decision

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import enum
+import math
 import re
 from collections.abc import Iterable, Iterator, Mapping
+from types import MappingProxyType
 
 import attrs
 
 from kernelpick.core._arch import Platform, as_platform
-from kernelpick.core._errors import InvalidValueError, UnknownNameError
+from kernelpick.core._errors import InvalidValueError, UnknownNameError, parse_enum
 from kernelpick.core._requirements import (
     ActivationQuantized,
     Alignment,
@@ -29,14 +31,27 @@ class KernelKind(enum.Enum):
     def __str__(self) -> str:
         return self.value
 
+    @classmethod
+    def parse(cls, value: object) -> KernelKind:
+        """From a member or its name, ``"W8A8"`` or ``"w8a16"``."""
+        return parse_enum(cls, value, "kernel kind")
+
+
+def as_kind(value: object) -> KernelKind:
+    """``KernelKind.parse`` as a plain function, for use as an attrs converter."""
+    return KernelKind.parse(value)
+
 
 # Rules every kernel of a kind obeys, whatever its spec declares. Keyed on the declared
 # kind, so a new weight-only kernel cannot forget the per-token check that vLLM issue
-# 61316's Marlin and Humming lacked (docs/design.md#the-problem).
-KIND_RULES: Mapping[KernelKind, tuple[Requirement, ...]] = {
-    KernelKind.W8A8: (ActivationQuantized(),),
-    KernelKind.W8A16: (WeightOnlyActivation(),),
-}
+# 61316's Marlin and Humming lacked (docs/design.md#the-problem). Read-only: decisions are
+# cached, so a change here would leave cached and fresh answers disagreeing.
+KIND_RULES: Mapping[KernelKind, tuple[Requirement, ...]] = MappingProxyType(
+    {
+        KernelKind.W8A8: (ActivationQuantized(),),
+        KernelKind.W8A16: (WeightOnlyActivation(),),
+    }
+)
 
 _KERNEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
@@ -49,6 +64,9 @@ def _kernel_id(_inst: object, attribute: attrs.Attribute[str], value: str) -> No
 
 
 def _requirements(value: Iterable[Requirement]) -> tuple[Requirement, ...]:
+    # One rule on its own (or a string, iterable by character) is a likely slip for a tuple.
+    if isinstance(value, (str, bytes, Requirement)) or not isinstance(value, Iterable):
+        raise InvalidValueError("requires", value, "a tuple of requirements, e.g. (rule,)")
     items = tuple(value)
     for item in items:
         if not isinstance(item, Requirement):
@@ -78,20 +96,26 @@ class KernelSpec:
 
     id: str = attrs.field(validator=_kernel_id)
     platform: Platform = attrs.field(converter=as_platform)
-    kind: KernelKind = attrs.field(validator=attrs.validators.instance_of(KernelKind))
+    kind: KernelKind = attrs.field(converter=as_kind)
     requires: tuple[Requirement, ...] = attrs.field(default=(), converter=_requirements)
     summary: str = attrs.field(default="", validator=_summary)
+    # Derived once: every uncached decision reads it for every kernel of the platform.
+    _rules: tuple[Requirement, ...] = attrs.field(init=False, eq=False, hash=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "_rules", KIND_RULES[self.kind] + self.requires)
 
     @property
     def alignment(self) -> int | None:
-        """The multiple K and N must be, as the spec's ``Alignment`` rule states (None: any)."""
+        """The multiple K and N must be, as the spec's ``Alignment`` rules state (None: any).
+        Every rule must hold, so with several it is their least common multiple."""
         multiples = [rule.multiple for rule in self.requires if isinstance(rule, Alignment)]
-        return max(multiples, default=None)
+        return math.lcm(*multiples) if multiples else None
 
     @property
     def rules(self) -> tuple[Requirement, ...]:
         """Everything the kernel is checked against: its kind's rules, then its own."""
-        return KIND_RULES[self.kind] + self.requires
+        return self._rules
 
 
 def _specs(value: Iterable[KernelSpec]) -> tuple[KernelSpec, ...]:

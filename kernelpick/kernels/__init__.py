@@ -2,12 +2,13 @@
 
 A family is the math of a kernel, the same on every device; ``kernelpick.adapters`` binds
 a family to a catalog id, a layer's config and a device. Depends on ``kernelpick.core``
-only. A new family subclasses ``KernelBase`` (or ``RowMajorKernel``) and defines
-``_matmul``; see docs/adding-a-kernel.md.
+only. A new family subclasses ``KernelBase`` (or ``RowMajorKernel``), declares its
+``KIND`` and defines ``_matmul``; see docs/adding-a-kernel.md. ``canonicalize_fp8_`` makes
+an FP8 weight of one's own canonical (no -0, no NaN byte) before ``prepare_weights``.
 """
 
 from kernelpick.kernels._base import Kernel, KernelBase, RowMajorKernel, WeightBundle
-from kernelpick.kernels._canonical import dequantize_weight, quantize_weight
+from kernelpick.kernels._canonical import canonicalize_fp8_, dequantize_weight, quantize_weight
 from kernelpick.kernels._reference import ReferenceW8A8, ReferenceW8A16
 from kernelpick.kernels._scaled_mm import ChannelwiseUnfused, RowwiseScaledMM, TensorwiseScaledMM
 from kernelpick.kernels._w8a16 import CupyGemvW8A16, DequantMatmul
@@ -24,6 +25,7 @@ __all__ = [
     "RowwiseScaledMM",
     "TensorwiseScaledMM",
     "WeightBundle",
+    "canonicalize_fp8_",
     "dequantize_weight",
     "quantize_weight",
 ]

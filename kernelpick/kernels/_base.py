@@ -1,4 +1,4 @@
-"""What every kernel shares: the weight bundle, device traits and input checks.
+"""What every kernel shares: the weight bundle, its layout, and the input checks.
 
 A kernel is bound to one catalog row, one layer's QuantConfig and one device, and works
 through two calls: ``prepare_weights`` derives its bundle from the layer's canonical tensors
@@ -7,16 +7,17 @@ through two calls: ``prepare_weights`` derives its bundle from the layer's canon
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from typing import ClassVar
 
 import attrs
 import torch
 
 from kernelpick.core._dtypes import HIGH_PRECISION, Dtype
-from kernelpick.core._errors import KernelInputError
+from kernelpick.core._errors import InvalidValueError, KernelInputError
 from kernelpick.core._quant import GroupShape, QuantConfig
-from kernelpick.core._specs import KernelSpec
-from kernelpick.kernels._canonical import CANONICAL_FP8, quantize_weight
+from kernelpick.core._specs import KernelKind, KernelSpec
+from kernelpick.kernels._bundle import Kernel, WeightBundle
+from kernelpick.kernels._canonical import CANONICAL_FP8, check_finite, quantize_weight
 from kernelpick.kernels._cupy_ops import quantize_per_token_cupy
 from kernelpick.kernels._fnuz import as_fnuz
 from kernelpick.kernels._quantize import (
@@ -31,46 +32,6 @@ __all__ = ["Kernel", "KernelBase", "RowMajorKernel", "WeightBundle"]
 _FLOATS = tuple(torch_dtype(d) for d in sorted(HIGH_PRECISION, key=lambda d: d.value))
 _F32 = (torch.float32,)
 _CANONICAL = (torch_dtype(CANONICAL_FP8),)
-
-
-class WeightBundle(NamedTuple):
-    """A layer's weights as its kernel reads them, derived from the canonical tensors.
-
-    ``weight`` is FP8 in the kernel's layout and the device's flavour (a ``[K, N]``
-    column-major view for ``_scaled_mm``; e4m3fnuz on gfx94x); ``scale`` is fp32, ``[N, 1]``
-    per channel, 0-dim per tensor, or one per block; ``input_scale`` is the static activation
-    scale (0-dim), if any. A NamedTuple rather than an attrs class, because it is built on the
-    hot path and ``torch.compile`` traces a NamedTuple without a graph break.
-    """
-
-    weight: torch.Tensor
-    scale: torch.Tensor
-    input_scale: torch.Tensor | None = None
-
-
-class Kernel(Protocol):
-    """A launchable kernel, bound to one layer's config and one device."""
-
-    @property
-    def kernel_id(self) -> str: ...
-
-    @property
-    def device(self) -> torch.device: ...
-
-    def prepare_weights(
-        self,
-        weight: torch.Tensor,
-        weight_scale: torch.Tensor,
-        input_scale: torch.Tensor | None = None,
-    ) -> WeightBundle: ...
-
-    def quantize_weights(
-        self, weight: torch.Tensor, input_scale: torch.Tensor | None = None
-    ) -> WeightBundle: ...
-
-    def apply(
-        self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None = None
-    ) -> torch.Tensor: ...
 
 
 def _one_value(name: str, scale: torch.Tensor) -> torch.Tensor:
@@ -92,12 +53,39 @@ class KernelBase:
     per row) instead of torch ops.
     """
 
+    # Whether the family quantizes activations (W8A8) or only weights (W8A16). A family
+    # declares it, and is bound only to catalog rows of the same kind: a weight-only family
+    # under a W8A8 row would silently skip the activation quantization the rules vouched
+    # for (vLLM issue 61316).
+    KIND: ClassVar[KernelKind]
+
     spec: KernelSpec
     config: QuantConfig
     device: torch.device
     fp8_format: Dtype
     fused_bias: frozenset[Dtype] = HIGH_PRECISION
     fused_quant: bool = False
+    # The bundle.weight shape and strides this family's prepare_weights makes (None: any
+    # stride, for an extent of 1), derived once: apply compares every bundle with them.
+    _layout: tuple[tuple[int, ...], tuple[int | None, ...]] = attrs.field(
+        init=False, eq=False, repr=False
+    )
+
+    def __attrs_post_init__(self) -> None:
+        kind = getattr(type(self), "KIND", None)
+        if kind is not self.spec.kind:
+            name = type(self).__name__
+            raise InvalidValueError(
+                "kernel family",
+                f"{name} (KIND {kind})",
+                f"a {self.spec.kind} family, as {self.spec.id}'s catalog row declares",
+            )
+        n, k = self.config.weight_shape
+        view = self._arrange(torch.empty((n, k), dtype=self.fp8, device="meta"))
+        strides = tuple(
+            s if e != 1 else None for e, s in zip(view.shape, view.stride(), strict=True)
+        )
+        object.__setattr__(self, "_layout", (tuple(view.shape), strides))
 
     @property
     def kernel_id(self) -> str:
@@ -130,9 +118,19 @@ class KernelBase:
         weight_scale: torch.Tensor,
         input_scale: torch.Tensor | None = None,
     ) -> WeightBundle:
-        """Check a layer's canonical tensors (see ``kernels.canonical``) and derive the
+        """Check a layer's canonical tensors (see ``kernels._canonical``) and derive the
         kernel's bundle from them: views, with no copy of the weight, so it is cheap enough
-        to derive on every call and can never go stale."""
+        to derive on every call and can never go stale.
+
+        Checked: dtypes, shapes, contiguity, alignment and device. Not checked, because it
+        would cost a scan of the weight (or a device sync) on every call: the values. The
+        caller guarantees them, as ``quantize_weights`` and kernelpick's loaders do:
+
+        - ``weight`` holds canonical bytes: no -0 (0x80) and no NaN byte (0x7F, 0xFF). On
+          an e4m3fnuz device (gfx94x) the bytes are reread as e4m3fnuz, where 0x80 is NaN;
+          ``kernelpick.kernels.canonicalize_fp8_`` makes a weight of one's own canonical.
+        - ``weight_scale`` and a static ``input_scale`` are positive and finite.
+        """
         n, k = self.config.weight_shape
         check_tensor("weight", weight, dtypes=_CANONICAL, shape=(n, k), device=self.device)
         if not weight.is_contiguous():
@@ -151,10 +149,22 @@ class KernelBase:
     ) -> WeightBundle:
         """A high-precision ``weight [N, K]`` quantized to the canonical layout for this
         layer's config, then prepared as ``prepare_weights`` does. The bundle holds the only
-        reference to the FP8 weight: keep the bundle, not ``weight``."""
+        reference to the FP8 weight: keep the bundle, not ``weight``.
+
+        Refuses NaN or Inf in ``weight`` and a static ``input_scale`` that is not positive
+        and finite (both would give NaN or zero outputs). The bundle carries no autograd
+        history, even from an ``nn.Linear``'s weight, which requires grad.
+        """
         shape = self.config.weight_shape
         check_tensor("weight", weight, dtypes=_FLOATS, shape=shape, device=self.device)
-        fp8, scale = quantize_weight(weight, self.config)
+        static = self._input_scale(input_scale)
+        if static is not None and not bool(torch.isfinite(static) & (static > 0)):
+            expected = f"a positive, finite scale, not {float(static)}"
+            raise reject("input_scale", static, expected)
+        with torch.no_grad():
+            detached = weight.detach()
+            check_finite("weight", detached)
+            fp8, scale = quantize_weight(detached, self.config)
         return self.prepare_weights(fp8, scale, input_scale)
 
     def _weight_scale(self, scale: torch.Tensor) -> torch.Tensor:
@@ -208,6 +218,7 @@ class KernelBase:
         # A bundle whose tensors were cast (say by a model-wide .half()) must not run.
         check_tensor("bundle.weight", bundle.weight, dtypes=(self.fp8,))
         check_tensor("bundle.scale", bundle.scale, dtypes=_F32)
+        self._check_layout(bundle)
         check_tensor("x", x, dtypes=(torch_dtype(self.config.input_dtype),), device=device)
         if x.dim() == 0 or x.shape[-1] != k:
             raise reject("x", x, f"last dimension K={k}")
@@ -218,6 +229,33 @@ class KernelBase:
         if rows.shape[0] == 0:  # an empty batch: GEMM libraries refuse M=0
             return torch.empty((*lead, n), dtype=self.out_dtype, device=device)
         return self._matmul(rows, bundle, bias).view(*lead, n)
+
+    def _check_layout(self, bundle: WeightBundle) -> None:
+        # Metadata only. A bundle another family prepared holds the same bytes in another
+        # view ([N, K] against the [K, N] transpose): on a square layer every dtype and
+        # extent matches, and the product would be x @ W instead of x @ W^T.
+        shape, strides = self._layout
+        weight = bundle.weight
+        got = weight.stride()
+        if tuple(weight.shape) != shape or (
+            got != strides
+            and any(w is not None and g != w for g, w in zip(got, strides, strict=True))
+        ):
+            wanted = ", ".join("*" if w is None else str(w) for w in strides)
+            expected = (
+                f"shape {list(shape)} with strides ({wanted}), as {self.kernel_id}'s "
+                f"prepare_weights makes it: a bundle from this kernel, strides {list(got)} came"
+            )
+            raise reject("bundle.weight", weight, expected)
+        scale_shape = self._bundle_scale_shape()
+        if tuple(bundle.scale.shape) != scale_shape:
+            expected = f"shape {list(scale_shape)}, as {self.kernel_id}'s prepare_weights makes it"
+            raise reject("bundle.scale", bundle.scale, expected)
+
+    def _bundle_scale_shape(self) -> tuple[int, ...]:
+        """What ``_weight_scale`` makes: 0-dim per tensor, else the stored shape."""
+        shape = self.config.weight_scale_shape
+        return () if shape == (1,) else shape
 
 
 @attrs.frozen

@@ -6,9 +6,12 @@ about 7x slower (measured on a 2-core AVX2 machine, torch 2.13).
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import attrs
 import torch
 
+from kernelpick.core._specs import KernelKind
 from kernelpick.kernels._base import RowMajorKernel, WeightBundle
 from kernelpick.kernels._quantize import dequantize, quantize
 
@@ -29,6 +32,8 @@ class ReferenceW8A8(RowMajorKernel):
     """Quantize the activation as the config says (any group shape), dequantize both
     operands to fp32 and multiply."""
 
+    KIND: ClassVar[KernelKind] = KernelKind.W8A8
+
     def _matmul(
         self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None
     ) -> torch.Tensor:
@@ -47,6 +52,8 @@ class ReferenceW8A8(RowMajorKernel):
 @attrs.frozen
 class ReferenceW8A16(RowMajorKernel):
     """Dequantize the weight to fp32 and multiply the unquantized activation."""
+
+    KIND: ClassVar[KernelKind] = KernelKind.W8A16
 
     def _matmul(
         self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None

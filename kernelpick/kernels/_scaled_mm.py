@@ -1,14 +1,18 @@
 """The ``torch._scaled_mm`` family: row-wise, tensor-wise and channel-wise unfused.
 
-The math is shared by CPU, CUDA and ROCm; what differs (FP8 flavour, alignment, whether
-the op takes the bias) comes in through the kernel's fields, set by its launch row.
+The math is shared by CPU, CUDA and ROCm; what differs comes in through the kernel's
+fields: the FP8 flavour from the device, the alignment from the catalog row's
+``Alignment`` rule, and whether the op takes the bias from the launch row.
 """
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import attrs
 import torch
 
+from kernelpick.core._specs import KernelKind
 from kernelpick.kernels._base import KernelBase, WeightBundle
 
 __all__ = ["ChannelwiseUnfused", "RowwiseScaledMM", "TensorwiseScaledMM", "scaled_mm"]
@@ -57,6 +61,8 @@ def _columns(scale: torch.Tensor, n: int) -> torch.Tensor:
 class RowwiseScaledMM(KernelBase):
     """Per-token or per-tensor activations x per-channel or per-tensor weights, in one op."""
 
+    KIND: ClassVar[KernelKind] = KernelKind.W8A8
+
     def _matmul(
         self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None
     ) -> torch.Tensor:
@@ -69,6 +75,8 @@ class RowwiseScaledMM(KernelBase):
 @attrs.frozen
 class TensorwiseScaledMM(KernelBase):
     """Per-tensor activation and weight scales: the op's scalar-scale path."""
+
+    KIND: ClassVar[KernelKind] = KernelKind.W8A8
 
     def _matmul(
         self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None
@@ -86,6 +94,8 @@ class ChannelwiseUnfused(KernelBase):
     Serves what the row-wise op cannot, such as an fp16 output on ROCm (hipBLASLt row-wise
     is bf16 only), at the cost of an fp32 ``[M, N]`` intermediate.
     """
+
+    KIND: ClassVar[KernelKind] = KernelKind.W8A8
 
     def _matmul(
         self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None

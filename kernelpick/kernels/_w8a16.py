@@ -6,9 +6,12 @@ degraded W8A16 fallback used on GPUs without FP8 tensor cores: the selector mark
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import attrs
 import torch
 
+from kernelpick.core._specs import KernelKind
 from kernelpick.kernels._base import RowMajorKernel, WeightBundle
 from kernelpick.kernels._cupy_ops import GEMV_MAX_M, w8a16_gemv_cupy
 
@@ -18,6 +21,8 @@ __all__ = ["CupyGemvW8A16", "DequantMatmul"]
 @attrs.frozen
 class DequantMatmul(RowMajorKernel):
     """Dequantize ``[N, K]`` to the input dtype and run ``F.linear`` (cuBLAS / hipBLASLt)."""
+
+    KIND: ClassVar[KernelKind] = KernelKind.W8A16
 
     def _matmul(
         self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None

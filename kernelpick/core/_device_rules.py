@@ -1,0 +1,128 @@
+"""The rules that read the device: its arch, toolkit, torch, features and libraries.
+
+A failing one is what a different device (or software stack) fixes, so the hints name
+its ``needed`` as the device to move to: each says exactly what would pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+
+from kernelpick.core._arch import CudaArch, RocmArch, Version, as_version
+from kernelpick.core._device import DeviceCaps
+from kernelpick.core._quant import QuantConfig
+from kernelpick.core._reasons import Reason, RejectCode
+from kernelpick.core._rule_fields import as_cuda_arch, either, non_empty_text
+
+__all__ = ["MinComputeCapability", "MinTorch", "NeedsLibrary", "NeedsTorchFeature", "RocmArchs"]
+
+
+@attrs.frozen
+class MinComputeCapability:
+    """The device's CUDA compute capability is at least ``arch`` (``"8.9"`` is parsed)."""
+
+    arch: CudaArch = attrs.field(converter=as_cuda_arch)
+
+    def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
+        if isinstance(caps.arch, CudaArch) and caps.arch >= self.arch:
+            return None
+        return Reason(RejectCode.COMPUTE_CAPABILITY, str(self.arch), str(caps.arch))
+
+    def render(self) -> str:
+        return f"compute capability >= {self.arch}"
+
+
+def _rocm_table(
+    value: Mapping[str, Version | str | None],
+) -> tuple[tuple[str, Version | None], ...]:
+    # Declared order is kept: it is the order a person reads in the reason.
+    return tuple(
+        (RocmArch.parse(k).name, None if v is None else Version.parse(v)) for k, v in value.items()
+    )
+
+
+@attrs.frozen
+class RocmArchs:
+    """The device is one of these AMD archs, each with the least ROCm version it needs (or None)."""
+
+    archs: tuple[tuple[str, Version | None], ...] = attrs.field(converter=_rocm_table)
+
+    def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
+        table = dict(self.archs)
+        name = caps.arch.name if isinstance(caps.arch, RocmArch) else str(caps.arch)
+        if name not in table:
+            return Reason(RejectCode.GPU_ARCH, self._archs(), name)
+        least = table[name]
+        if least is not None and (caps.toolkit_version is None or caps.toolkit_version < least):
+            return Reason(
+                RejectCode.TOOLKIT_VERSION, f"ROCm {least} or newer on {name}", caps.toolkit
+            )
+        return None
+
+    def _archs(self) -> str:
+        """``gfx942, or gfx950/gfx1200/gfx1201 with ROCm >= 7.0``: each arch with the least
+        ROCm it needs, so that a reason, and the device hint made from it, never offers an
+        arch the device's ROCm would still be turned down on."""
+        by_floor: dict[Version | None, list[str]] = {}
+        for name, least in self.archs:
+            by_floor.setdefault(least, []).append(name)
+        parts = by_floor.pop(None, [])
+        parts += ["/".join(names) + f" with ROCm >= {v}" for v, names in by_floor.items()]
+        if by_floor and len(parts) > 1:  # ", or": the ROCm floor binds to the last group only
+            return f"{', '.join(parts[:-1])}, or {parts[-1]}"
+        return either(parts)
+
+    def render(self) -> str:
+        return "arch " + self._archs()
+
+
+@attrs.frozen
+class MinTorch:
+    """The device's torch is at least ``version``."""
+
+    version: Version = attrs.field(converter=as_version)
+
+    def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
+        if caps.torch_version >= self.version:
+            return None
+        return Reason(RejectCode.TORCH_VERSION, str(self.version), str(caps.torch_version))
+
+    def render(self) -> str:
+        return f"torch >= {self.version}"
+
+
+@attrs.frozen
+class NeedsTorchFeature:
+    """The torch build has ``feature``, a fact found by trial on the device (``FEATURE_*``);
+    ``meaning`` says it in words."""
+
+    feature: str = attrs.field(validator=non_empty_text)
+    meaning: str = attrs.field(validator=non_empty_text)
+
+    def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
+        if self.feature in caps.features:
+            return None
+        found = "a trial call found this torch build lacks it"
+        return Reason(RejectCode.TORCH_FEATURE, self.meaning, found)
+
+    def render(self) -> str:
+        return self.meaning
+
+
+@attrs.frozen
+class NeedsLibrary:
+    """An optional library (its name, e.g. ``"cupy"``) is usable on the device: installed,
+    and its driver answers."""
+
+    library: str = attrs.field(validator=non_empty_text)
+
+    def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
+        if self.library in caps.libraries:
+            return None
+        found = f"{self.library} is not usable (not installed, or no driver)"
+        return Reason(RejectCode.LIBRARY_UNAVAILABLE, self.library, found)
+
+    def render(self) -> str:
+        return f"{self.library} usable"
