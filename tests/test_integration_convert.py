@@ -195,9 +195,31 @@ def test_a_kernel_of_ones_own_without_its_launch_row_is_refused_before_any_chang
     catalog, _ = _own_kernel()
     model = _model(depth=1)
     before = snapshot(model)
-    with pytest.raises(ModelConversionError, match="launchable kernel id") as info:
+    with pytest.raises(kp.UnknownNameError, match="launchable kernel id 'cpu_my_w8a16'") as info:
         quantize_model(model, "fp8_weight_only", caps=CPU, policy=kp.Policy(), catalog=catalog)
-    assert all(isinstance(error, kp.UnknownNameError) for _, error in info.value.failures)
+    assert info.value.choices == tuple(sorted(LAUNCHES))  # the ids that have a row
+    _assert_untouched(model, before)
+
+
+def test_the_linear_method_refuses_a_catalog_id_without_a_row_before_any_layer() -> None:
+    # Found when the method is made, not once an engine has allocated and loaded weights.
+    catalog, _ = _own_kernel()
+    with pytest.raises(kp.UnknownNameError, match="launchable kernel id 'cpu_my_w8a16'"):
+        Fp8LinearMethod("fp8_weight_only", CPU, kp.Policy(), catalog=catalog)
+
+
+def test_a_table_missing_the_kernels_a_cast_would_select_is_refused_before_any_change() -> None:
+    # Only the own kernel's row: fp32 runs it, but a cast to bf16 would select a built-in
+    # kernel in the middle of torch's walk, after the modules before the layer were cast.
+    catalog, launches = _own_kernel()
+    only_mine = {"cpu_my_w8a16": launches["cpu_my_w8a16"]}
+    model = torch.nn.Sequential(torch.nn.LayerNorm(64), _model(depth=1))
+    before = snapshot(model)
+    with pytest.raises(kp.UnknownNameError, match=r"launchable kernel id .*cpu_my_w8a16$"):
+        quantize_model(
+            model, "fp8_weight_only", caps=CPU, policy=kp.Policy(), catalog=catalog,
+            launches=only_mine,
+        )  # fmt: skip
     _assert_untouched(model, before)
 
 
@@ -218,10 +240,32 @@ def test_the_linear_method_runs_a_kernel_of_ones_own() -> None:
 
 
 def test_launches_of_another_kind_are_refused_naming_what_is_valid() -> None:
-    family: object = {"cpu_my_w8a16": DequantThenMatmul}  # a family where its row belongs
     rows: object = [("cpu_my_w8a16", Launch(DequantThenMatmul))]  # pairs, not a mapping
-    expected = r"launches.*kernel id to kernelpick\.adapters\.Launch"
-    with pytest.raises(kp.InvalidValueError, match=expected):
-        quantize_model(_model(depth=1), caps=CPU, launches=family)  # type: ignore[arg-type]
-    with pytest.raises(kp.InvalidValueError, match=expected):
+    with pytest.raises(kp.InvalidValueError, match=r"launches.*kernel id to .*\.Launch"):
         Fp8LinearMethod(caps=CPU, launches=rows)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("row", "found", "example"),
+    [(DequantThenMatmul, "class DequantThenMatmul", "DequantThenMatmul"),
+     ("DequantThenMatmul", "str", "YourKernelFamily")],
+    ids=["a family where its row belongs", "a name"],
+)  # fmt: skip
+def test_a_bad_launches_entry_is_named_with_what_it_is(
+    row: object, found: str, example: str
+) -> None:
+    # A table has a dozen rows: the error names the one that is wrong, and what it is.
+    launches: object = {**LAUNCHES, "cpu_my_w8a16": row}
+    expected = (
+        f"invalid launches['cpu_my_w8a16'] '{found}': "
+        f"expected a kernelpick.adapters.Launch, e.g. Launch({example})"
+    )
+    with pytest.raises(kp.InvalidValueError) as info:
+        quantize_model(_model(depth=1), caps=CPU, launches=launches)  # type: ignore[arg-type]
+    assert str(info.value) == expected
+
+
+def test_a_launches_key_that_is_not_an_id_is_named() -> None:
+    launches: object = {1: Launch(DequantThenMatmul)}
+    with pytest.raises(kp.InvalidValueError, match=r"invalid launches key 1: expected a kernel id"):
+        Fp8LinearMethod(caps=CPU, launches=launches)  # type: ignore[arg-type]

@@ -1,27 +1,25 @@
-"""What the integration says while it works: one log record per (device, config) selected,
-a warning for a degraded choice, the full trace at DEBUG, no handler of its own, and a
-progress bar over quantize_model's layers that changes nothing else."""
+"""What the integration logs while it works: one record per (device, config) a layer really
+gets, a warning for a degraded choice, the full trace at DEBUG (turned on now or later), and
+no handler of its own. The progress bar is in test_progress_bar.py."""
 
 from __future__ import annotations
 
-import io
 import logging
-import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
-from tqdm import tqdm
 
 import kernelpick as kp
 from kernelpick.integration import (
-    Fp8Linear,
     Fp8LinearMethod,
     ModelConversionError,
     layer_state,
+    load_quantized,
     quantize_model,
+    save_quantized,
 )
-from kernelpick.integration import _convert as convert_module
 from kernelpick.integration import _log as log_module
 from kernelpick.integration import _swap as swap
 
@@ -137,6 +135,78 @@ def test_a_selection_nobody_heard_is_logged_once_someone_listens(
     assert len(_records(caplog, logging.INFO)) == 3
 
 
+def test_debug_turned_on_later_gets_the_trace_held_back(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="kernelpick")
+    quantize_model(_model(copies=1), caps=CPU, policy=kp.Policy(), progress=False)
+    assert len(_records(caplog, logging.INFO)) == 3
+    assert not _records(caplog, logging.DEBUG)
+    caplog.clear()
+    caplog.set_level(logging.DEBUG, logger="kernelpick")
+    quantize_model(_model(copies=1), caps=CPU, policy=kp.Policy(), progress=False)
+    assert len(_records(caplog, logging.DEBUG)) == 3  # the traces, not the summaries again
+    assert not _records(caplog, logging.INFO)
+    caplog.clear()
+    quantize_model(_model(copies=1), caps=CPU, policy=kp.Policy(), progress=False)
+    assert not caplog.records  # everything the logger lets through was said
+
+
+def test_a_refused_conversion_logs_nothing_and_the_call_that_converts_does(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="kernelpick")
+    model = _model(copies=1)
+    weight = model["b0_2"].get_parameter("weight")
+    with torch.no_grad():
+        weight[0, 0] = float("nan")
+    with pytest.raises(ModelConversionError):
+        quantize_model(model, caps=CPU, policy=kp.Policy(), progress=False)
+    assert not caplog.records  # no layer got a kernel
+    with torch.no_grad():
+        weight[0, 0] = 0.0
+    quantize_model(model, caps=CPU, policy=kp.Policy(), progress=False)
+    assert len(_records(caplog, logging.INFO)) == 3
+
+
+def test_a_stopped_conversion_logs_the_layers_it_converted(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caplog.set_level(logging.INFO, logger="kernelpick")
+    real = swap.Swaps.replace
+
+    def replace(self: swap.Swaps, path: str, new: torch.nn.Module) -> None:
+        if path == "b0_1":
+            raise KeyboardInterrupt
+        real(self, path, new)
+
+    monkeypatch.setattr(swap.Swaps, "replace", replace)
+    model = _model(copies=1)
+    with pytest.raises(ModelConversionError):
+        quantize_model(model, caps=CPU, policy=kp.Policy(), progress=False)
+    assert ["'b0_0'" in r.getMessage() for r in _records(caplog, logging.INFO)] == [True]
+    caplog.clear()
+    monkeypatch.setattr(swap.Swaps, "replace", real)
+    quantize_model(model, caps=CPU, policy=kp.Policy(), progress=False)
+    logged = [r.getMessage() for r in _records(caplog, logging.INFO)]
+    assert [("'b0_1'" in m, "'b0_2'" in m) for m in logged] == [(True, False), (False, True)]
+
+
+def test_a_loaded_checkpoint_and_a_cast_log_the_kernels_their_layers_get(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    model = _model(copies=1)
+    quantize_model(model, caps=CPU, policy=kp.Policy(), progress=False)
+    save_quantized(model, tmp_path)
+    log_module.forget_logged()
+    caplog.set_level(logging.INFO, logger="kernelpick")
+    load_quantized(_model(copies=1, seed=1), tmp_path, CPU, kp.Policy())
+    assert len(_records(caplog, logging.INFO)) == 3
+    caplog.clear()
+    model.to(torch.bfloat16)  # a new config for each layer: selected again, and logged
+    logged = [r.getMessage() for r in _records(caplog, logging.INFO)]
+    assert len(logged) == 3
+    assert all("bfloat16 -> bfloat16" in message for message in logged)
+
+
 def test_kernelpick_adds_no_handler_and_sets_no_level() -> None:
     quantize_model(_model(copies=1), "fp8_per_tensor", caps=CPU, policy=W8A8_OFF, progress=False)
     for name in ("kernelpick", "kernelpick.integration"):
@@ -144,91 +214,3 @@ def test_kernelpick_adds_no_handler_and_sets_no_level() -> None:
         assert logger.handlers == []
         assert logger.level == logging.NOTSET
         assert logger.propagate
-
-
-# -- the progress bar -------------------------------------------------------------------
-
-
-class _Terminal(io.StringIO):
-    def isatty(self) -> bool:
-        return True
-
-
-def test_progress_true_draws_a_bar_of_the_layers(capsys: pytest.CaptureFixture[str]) -> None:
-    quantize_model(_model(copies=2), caps=CPU, policy=kp.Policy(), progress=True)
-    err = capsys.readouterr().err
-    assert "quantize_model" in err
-    assert "6/6" in err
-    assert "layer" in err
-
-
-def test_progress_none_draws_nothing_where_stderr_is_not_a_terminal(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    assert not sys.stderr.isatty()
-    quantize_model(_model(copies=2), caps=CPU, policy=kp.Policy())
-    assert capsys.readouterr().err == ""
-
-
-@pytest.mark.parametrize(("progress", "drawn"), [(None, True), (False, False)])
-def test_on_a_terminal_the_bar_is_drawn_unless_turned_off(
-    monkeypatch: pytest.MonkeyPatch, progress: bool | None, drawn: bool
-) -> None:
-    terminal = _Terminal()
-    monkeypatch.setattr(sys, "stderr", terminal)
-    quantize_model(_model(copies=2), caps=CPU, policy=kp.Policy(), progress=progress)
-    assert ("6/6" in terminal.getvalue()) is drawn
-    assert (terminal.getvalue() == "") is not drawn
-
-
-def test_progress_of_another_type_is_refused_before_anything_changes() -> None:
-    model = _model(copies=1)
-    with pytest.raises(kp.InvalidValueError, match=r"progress.*True, False, or None"):
-        quantize_model(model, caps=CPU, policy=kp.Policy(), progress="yes")  # type: ignore[arg-type]
-    assert all(type(module) is torch.nn.Linear for module in model.values())
-
-
-def test_the_bar_changes_nothing_the_conversion_does() -> None:
-    shown, hidden = _model(copies=2), _model(copies=2)
-    with_bar = quantize_model(shown, caps=CPU, policy=kp.Policy(), progress=True)
-    without = quantize_model(hidden, caps=CPU, policy=kp.Policy(), progress=False)
-    assert with_bar == without
-    for (name, a), (_, b) in zip(
-        shown.state_dict().items(), hidden.state_dict().items(), strict=True
-    ):
-        assert a.dtype == b.dtype
-        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
-
-
-def test_an_interrupt_closes_the_bar_and_leaves_whole_layers(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    closed: list[float] = []
-
-    class Recording(tqdm):  # type: ignore[type-arg]
-        def close(self) -> None:
-            if not self.disable:
-                closed.append(self.n)
-            super().close()
-
-    real, calls = swap.Swaps.replace, []
-
-    def replace(self: swap.Swaps, path: str, new: torch.nn.Module) -> None:
-        calls.append(path)
-        if len(calls) == 4:
-            raise KeyboardInterrupt
-        real(self, path, new)
-
-    monkeypatch.setattr(convert_module, "tqdm", Recording)
-    monkeypatch.setattr(swap.Swaps, "replace", replace)
-    model = _model(copies=2)
-    with pytest.raises(ModelConversionError) as info:
-        quantize_model(model, caps=CPU, policy=kp.Policy(), progress=True)
-    assert isinstance(info.value.__cause__, KeyboardInterrupt)
-    assert closed == [3]  # closed, having counted the three layers converted
-    kinds = [type(module) for module in model.values()]
-    assert kinds == [Fp8Linear] * 3 + [torch.nn.Linear] * 3
-    monkeypatch.setattr(swap.Swaps, "replace", real)
-    report = quantize_model(model, caps=CPU, policy=kp.Policy(), progress=True)
-    assert len(report.layers) == 3
-    assert closed == [3, 3]

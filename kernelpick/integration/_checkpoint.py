@@ -179,6 +179,8 @@ def load_quantized(
         before = model_bytes(model)
         modules, tensors = build(checkpoint, steps, planned, target)
     _commit(model, planned, modules, tensors)
+    for layer in planned.layers:  # logged once in place, as quantize_model does
+        steps.log(layer.state)
     layers = tuple(LayerReport.of(layer.paths[0], layer.state) for layer in planned.layers)
     return ConversionReport(
         scheme.value, caps.name, layers, tuple(planned.skipped), before, model_bytes(model)

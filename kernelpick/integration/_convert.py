@@ -13,13 +13,10 @@ from ``_layer_steps``.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Mapping
-from typing import NoReturn
 
 import attrs
 import torch
-from tqdm import tqdm
 
 from kernelpick.adapters import Launch
 from kernelpick.core._device import DeviceCaps
@@ -30,6 +27,7 @@ from kernelpick.core._specs import Catalog
 from kernelpick.integration._errors import ModelConversionError
 from kernelpick.integration._layer_steps import LayerSteps, install
 from kernelpick.integration._modules import Fp8Linear
+from kernelpick.integration._progress import ProgressBar
 from kernelpick.integration._report import ConversionReport, LayerReport, SkippedLayer
 from kernelpick.integration._state import LayerState
 from kernelpick.integration._swap import Swaps, dropped_by_swap, model_bytes
@@ -149,13 +147,6 @@ def _plan_all(steps: LayerSteps, groups: list[list[Found]]) -> list[list[_Layer]
     return plans
 
 
-def _progress_bar(progress: bool | None, total: int) -> tqdm[NoReturn]:  # iterates nothing
-    """A bar over the layers to convert, on stderr; None shows it where stderr is a
-    terminal, so logs and CI output get no carriage-return noise."""
-    shown = sys.stderr.isatty() if progress is None else progress
-    return tqdm(total=total, desc="quantize_model", unit="layer", disable=not shown)
-
-
 def quantize_model(
     model: torch.nn.Module,
     scheme: Scheme | str = Scheme.FP8_PER_CHANNEL,
@@ -176,10 +167,12 @@ def quantize_model(
     too, and the report says so; ``untie=True`` converts it into a separate FP8 copy.
     ``caps`` defaults to a probe of the device the first layer lives on. A kernel of your
     own is selected from ``catalog`` and run through its row in ``launches`` (both default
-    to kernelpick's; see ``kernelpick.adapters.bind``). Forward hooks and pre-hooks on a
+    to kernelpick's; see ``kernelpick.adapters.bind``); a catalog id without a row raises
+    ``UnknownNameError`` before the model changes. Forward hooks and pre-hooks on a
     replaced linear carry over to its ``Fp8Linear``. ``progress`` shows a bar of the layers
-    converted on stderr: None (the default) where stderr is a terminal, True always, False
-    never.
+    converted on stderr: None (the default) where stderr is a terminal, True wherever stderr
+    is open, False never; a stderr that fails to draw turns the bar off, never the
+    conversion.
 
     Raises ``ModelConversionError``: naming every layer that cannot be converted, with the
     model untouched; or, when an exception of any kind stops the swap phase, naming the
@@ -208,22 +201,31 @@ def quantize_model(
     plans = _plan_all(steps, groups)
     before = model_bytes(model)
     reports: list[LayerReport] = []
-    bar = _progress_bar(progress, sum(len(layers) for layers in plans))
+    bar = ProgressBar(progress, sum(len(layers) for layers in plans))
     try:
         while plans:  # popped, so each replaced nn.Linear is freed as soon as it is swapped out
             layers = plans.pop(0)
             swaps = Swaps(model)
             try:
                 _convert(steps, swaps, layers)
-                bar.update(len(layers))  # inside: an interrupt while drawing undoes this group
+                # Inside: an interrupt while drawing undoes this group. A stream that fails
+                # to draw turns the bar off, never the conversion (see _progress).
+                bar.update(len(layers))
             except BaseException as error:
                 swaps.undo()
                 converted = [report.name for report in reports]
                 raise ModelConversionError.stopped(layers[0].paths[0], converted, error) from error
             reports.extend(LayerReport.of(layer.paths[0], layer.state) for layer in layers)
+            # Logged once swapped in, not when planned: a conversion refused or stopped
+            # would otherwise report kernels its layers never got, and the call that
+            # converts them would then stay silent (each selection is logged once). The
+            # loop names states: a name left bound to a _Layer would keep its nn.Linear alive.
+            for state in [layer.state for layer in layers]:
+                steps.log(state)
             del layers, swaps
     finally:
-        bar.close()  # on an interrupt too, so the terminal is left on a fresh line
+        bar.close()  # on an interrupt too, so the terminal is left on a fresh line; it
+        # raises no drawing error, which would hide the ModelConversionError raised above
     return ConversionReport(
         steps.scheme.value, caps.name, tuple(reports), (*skipped, *tied), before,
         model_bytes(model),

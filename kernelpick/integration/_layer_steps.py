@@ -14,11 +14,12 @@ from collections.abc import Mapping, Sequence
 import attrs
 import torch
 
-from kernelpick.adapters import Launch, bind
+from kernelpick.adapters import LAUNCHES, Launch, bind
+from kernelpick.core import default_catalog
 from kernelpick.core._decision import Rejected, Selected
 from kernelpick.core._device import DeviceCaps
 from kernelpick.core._dtypes import Dtype
-from kernelpick.core._errors import InvalidValueError
+from kernelpick.core._errors import InvalidValueError, UnknownNameError
 from kernelpick.core._policy import Policy
 from kernelpick.core._quant import QuantConfig
 from kernelpick.core._schemes import Scheme, quant_config
@@ -60,14 +61,33 @@ def frozen(tensor: torch.Tensor) -> torch.nn.Parameter:
 def _launches(launches: object) -> dict[str, Launch] | None:
     if launches is None:
         return None
+    if not isinstance(launches, Mapping):
+        expected = "None or a mapping of kernel id to kernelpick.adapters.Launch (LAUNCHES)"
+        raise InvalidValueError("launches", type(launches).__name__, expected)
+    for key, row in launches.items():  # the first bad entry, named: a table has dozens
+        if not isinstance(key, str):
+            raise InvalidValueError("launches key", key, "a kernel id (a str) of the catalog")
+        if not isinstance(row, Launch):
+            family = row.__name__ if isinstance(row, type) else "YourKernelFamily"
+            found = f"class {row.__name__}" if isinstance(row, type) else type(row).__name__
+            raise InvalidValueError(
+                f"launches[{key!r}]", found, f"a kernelpick.adapters.Launch, e.g. Launch({family})"
+            )
     # Copied into a plain dict: a later change to the caller's table cannot reach layers
     # already made, and a model holding it can still be deep-copied (a mappingproxy cannot).
-    if isinstance(launches, Mapping) and all(
-        isinstance(key, str) and isinstance(row, Launch) for key, row in launches.items()
-    ):
-        return dict(launches)
-    expected = "None or a mapping of kernel id to kernelpick.adapters.Launch (LAUNCHES)"
-    raise InvalidValueError("launches", type(launches).__name__, expected)
+    return dict(launches)
+
+
+def _check_rows(catalog: Catalog | None, launches: Mapping[str, Launch] | None) -> None:
+    """Every kernel ``catalog`` may select has a row in ``launches``, or ``UnknownNameError``
+    naming the first that has none and the ids that have one. Checked for the whole catalog
+    once, not per selection: a cast or a move selects again in the middle of torch's walk
+    over the model, after the modules before the layer changed, so the tables must be
+    known to fit before the first layer is made."""
+    rows = LAUNCHES if launches is None else launches
+    for spec in (default_catalog() if catalog is None else catalog).kernels:
+        if spec.id not in rows:
+            raise UnknownNameError("launchable kernel id", spec.id, sorted(rows))
 
 
 @attrs.frozen(eq=False)  # compared by identity: it holds a dict, which cannot be hashed
@@ -98,7 +118,7 @@ class LayerSteps:
         """The steps for ``scheme``. ``online`` steps quantize high-precision weights, so
         the scheme must be one of ``ONLINE_SCHEMES``. ``caps`` defaults to a probe of the
         current device, ``policy`` to ``Policy.from_env(os.environ)`` (so ``KERNELPICK_*``
-        variables reach engines)."""
+        variables reach engines). Every catalog id needs a row in ``launches``."""
         parsed = Scheme.parse(scheme)
         if online and parsed not in ONLINE_SCHEMES:
             valid = ", ".join(s.value for s in ONLINE_SCHEMES)
@@ -111,6 +131,7 @@ class LayerSteps:
         if not isinstance(chunk_rows, int) or isinstance(chunk_rows, bool) or chunk_rows < 1:
             raise InvalidValueError("chunk_rows", chunk_rows, "a positive integer")
         rows = _launches(launches)
+        _check_rows(catalog, rows)
         if caps is None:
             from kernelpick import probe  # the facade's probe, shared with kp.probe's cache
 
@@ -129,14 +150,18 @@ class LayerSteps:
     def select(
         self, config: QuantConfig, layer: str = "", caps: DeviceCaps | None = None
     ) -> Selected:
-        """The kernel for ``config`` on ``caps`` (these steps' by default), logged (see
-        ``_log``), or ``KernelSelectionError`` with every reason."""
+        """The kernel for ``config`` on ``caps`` (these steps' by default), or
+        ``KernelSelectionError`` with every reason. Not logged: each path logs with ``log``
+        when its layer really gets the kernel."""
         caps = self.caps if caps is None else caps
         decision = choose(caps, config, self.policy, self.catalog)
         if isinstance(decision, Rejected):
             raise KernelSelectionError(self.scheme.value, decision, layer)
-        log_selection(self.scheme.value, caps, config, decision, layer)
         return decision
+
+    def log(self, state: LayerState) -> None:
+        """Tell the ``kernelpick`` logger which kernel ``state``'s layer got (see ``_log``)."""
+        log_selection(self.scheme.value, state.caps, state.config, state.decision, state.prefix)
 
     def state(self, config: QuantConfig, prefix: str, shards: Sequence[int]) -> LayerState:
         """A layer's state, its kernel selected; or ``KernelSelectionError``."""

@@ -22,21 +22,32 @@ LOGGER = logging.getLogger("kernelpick.integration")
 
 # A model repeats a handful of layer shapes many times (224 layers of 7 shapes), so each
 # (device, config, kernel) is logged once per process. Bounded, oldest forgotten first, so
-# a long-running server that sees endless shapes does not grow without limit.
+# a long-running server that sees endless shapes does not grow without limit. The value is
+# the most verbose level already logged for the key: DEBUG turned on later still gets the
+# trace of a selection first logged at INFO.
 _MAX_REMEMBERED = 1024
-_logged: OrderedDict[Hashable, None] = OrderedDict()
+_logged: OrderedDict[Hashable, int] = OrderedDict()
 _lock = threading.Lock()  # engines may create layers from several threads
 
 
-def _first_time(key: Hashable) -> bool:
+def _still_to_log(key: Hashable, summary: int) -> tuple[bool, bool]:
+    """Whether to log ``key``'s summary (at level ``summary``) and its DEBUG trace now: each
+    once per process, and only once the logger lets it through, so a selection nobody
+    listened to is logged when someone does."""
+    trace = LOGGER.isEnabledFor(logging.DEBUG)
+    if not trace and not LOGGER.isEnabledFor(summary):
+        return False, False
+    wanted = logging.DEBUG if trace else summary
     with _lock:
-        if key in _logged:
+        done = _logged.get(key)
+        if done is not None:
             _logged.move_to_end(key)
-            return False
-        _logged[key] = None
+            if done <= wanted:
+                return False, False
+        _logged[key] = wanted
         if len(_logged) > _MAX_REMEMBERED:
             _logged.popitem(last=False)
-        return True
+    return done is None, trace
 
 
 def forget_logged() -> None:
@@ -51,23 +62,19 @@ def log_selection(
     """Log one selection, the first time this process sees its (device, config, kernel):
     WARNING for a degraded choice, INFO for any other, then the full trace at DEBUG."""
     level = logging.WARNING if decision.degraded else logging.INFO
-    # Checked before remembering: a selection nobody listened to is logged once someone does.
-    if not LOGGER.isEnabledFor(level):
-        return
-    if not _first_time((caps, config, decision.kernel)):
-        return
+    summary, trace = _still_to_log((caps, config, decision.kernel), level)
     where = f" (first at layer {layer!r})" if layer else ""
-    if decision.degraded:
+    if summary and decision.degraded:
         LOGGER.warning(
             'quantization="%s": %s selected on %s for %s%s, %s',
             scheme, decision.kernel, caps.name, config.render(), where, DEGRADED_NOTE,
         )  # fmt: skip
-    else:
+    elif summary:
         LOGGER.info(
             'quantization="%s": %s selected on %s for %s%s',
             scheme, decision.kernel, caps.name, config.render(), where,
         )  # fmt: skip
-    if LOGGER.isEnabledFor(logging.DEBUG):
+    if trace:
         LOGGER.debug(
             'quantization="%s" on %s for %s:\n%s',
             scheme, caps.render(), config.render(), decision.render(),

@@ -60,7 +60,8 @@ class Fp8LinearMethod:
     receive: ``"high_precision"`` float weights, quantized after loading (one of
     ``ONLINE_SCHEMES``), or ``"fp8"`` weights already in the canonical layout (any scheme).
     A kernel of the engine's own is selected from ``catalog`` and run through its row in
-    ``launches`` (both default to kernelpick's; see ``kernelpick.adapters.bind``).
+    ``launches`` (both default to kernelpick's; see ``kernelpick.adapters.bind``); a catalog
+    id without a row raises ``UnknownNameError`` here, before any layer is made.
     """
 
     def __init__(
@@ -160,6 +161,10 @@ class Fp8LinearMethod:
                 setattr(param, key, value)
             layer.register_parameter(name, param)
         attach(layer, state)
+        # Logged now, at selection, not once the weights are processed: an engine builds
+        # every layer before loading any weight, and this is when it wants to know the
+        # kernel; what goes wrong later is raised to it by process_weights_after_loading.
+        steps.log(state)
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         """Bring the loaded weights to the canonical layout and bind the kernel.

@@ -122,6 +122,7 @@ class Fp8Linear(torch.nn.Module):
         if self.bias is not None and bias is not None:
             self.bias.data = bias
         attach(self, retargeted)
+        self.steps.log(retargeted)  # once the layer runs it: a refused cast logs nothing
         return self
 
     def _load_from_state_dict(
