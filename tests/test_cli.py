@@ -2,41 +2,26 @@
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-import torch
 
 import kernelpick as kp
-from kernelpick.bench import STAGES, median_seconds
 from kernelpick.cli import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_REJECTED, EXIT_SELECTED, main
 from kernelpick.cli._output import wrap
 from kernelpick.core import ENV_DISABLED, SCHEMA_VERSION
+from tests.cli_run import assert_fits, joined, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-class _Tty(io.StringIO):
-    def isatty(self) -> bool:
-        return True
-
-
-def _run(*argv: str, env: dict[str, str] | None = None, tty: bool = False) -> tuple[int, str, str]:
-    out: io.StringIO = _Tty() if tty else io.StringIO()
-    err = io.StringIO()
-    status = main(list(argv), env={} if env is None else env, out=out, err=err)
-    return status, out.getvalue(), err.getvalue()
-
-
 def test_a100_ptpc_is_rejected_and_names_every_cuda_kernel() -> None:
-    status, out, _ = _run("explain", "--device", "a100", "--scheme", "fp8_per_channel")
+    status, out, _ = run_cli("explain", "--device", "a100", "--scheme", "fp8_per_channel")
     assert status == EXIT_REJECTED
     lines = out.splitlines()
     for kernel in kp.default_catalog().ids_for("cuda"):
@@ -48,14 +33,14 @@ def test_a100_ptpc_is_rejected_and_names_every_cuda_kernel() -> None:
 
 
 def test_h100_ptpc_selects_rowwise() -> None:
-    status, out, _ = _run("explain", "--device", "h100")
+    status, out, _ = run_cli("explain", "--device", "h100")
     assert status == EXIT_SELECTED
     assert "=> selected cuda_rowwise_scaled_mm" in out
     assert any("cuda_rowwise_scaled_mm" in line and "SELECTED" in line for line in out.splitlines())
 
 
 def test_a_degraded_choice_is_flagged() -> None:
-    status, out, _ = _run("explain", "--device", "a100", "--scheme", "fp8_per_tensor")
+    status, out, _ = run_cli("explain", "--device", "a100", "--scheme", "fp8_per_tensor")
     assert status == EXIT_SELECTED
     assert "SELECTED (degraded)" in out
     assert "=> selected cuda_w8a16_cupy (degraded" in out
@@ -63,7 +48,7 @@ def test_a_degraded_choice_is_flagged() -> None:
 
 def test_json_parses_and_its_decision_matches_choose() -> None:
     args = ("explain", "--device", "mi300x", "--shape", "1024,512", "--out-dtype", "float16")
-    status, out, _ = _run(*args, "--json")
+    status, out, _ = run_cli(*args, "--json")
     record = json.loads(out)
     expected = kp.choose(
         kp.device_profile("mi300x"),
@@ -77,17 +62,17 @@ def test_json_parses_and_its_decision_matches_choose() -> None:
 
 def test_environment_policy_applies_and_a_flag_wins() -> None:
     env = {ENV_DISABLED: "cuda_rowwise_scaled_mm"}
-    _, out, _ = _run("explain", "--device", "h100", env=env)
+    _, out, _ = run_cli("explain", "--device", "h100", env=env)
     assert "=> selected cuda_channelwise_unfused" in out
     assert "policy: disabled cuda_rowwise_scaled_mm" in out
-    _, out, _ = _run("explain", "--device", "h100", "--disable", "", env=env)
+    _, out, _ = run_cli("explain", "--device", "h100", "--disable", "", env=env)
     assert "=> selected cuda_rowwise_scaled_mm" in out
 
 
 def test_strict_and_force_flags() -> None:
     args = ("explain", "--device", "a100", "--scheme", "fp8_per_tensor")
-    assert _run(*args, "--strict")[0] == EXIT_REJECTED
-    status, out, _ = _run("explain", "--device", "h100", "--force", "cuda_channelwise_unfused")
+    assert run_cli(*args, "--strict")[0] == EXIT_REJECTED
+    status, out, _ = run_cli("explain", "--device", "h100", "--force", "cuda_channelwise_unfused")
     assert status == EXIT_SELECTED
     assert "not forced: policy forces cuda_channelwise_unfused" in out
 
@@ -109,7 +94,7 @@ BAD_INPUT = [
 
 @pytest.mark.parametrize(("argv", "needles"), BAD_INPUT)
 def test_bad_input_exits_1_naming_the_valid_choices(argv: list[str], needles: list[str]) -> None:
-    status, out, err = _run(*argv)
+    status, out, err = run_cli(*argv)
     assert status == EXIT_BAD_INPUT
     assert out == ""
     assert err.startswith("kernelpick: error: ")
@@ -118,7 +103,7 @@ def test_bad_input_exits_1_naming_the_valid_choices(argv: list[str], needles: li
 
 
 def test_matrix_json_covers_every_profile_and_scheme() -> None:
-    status, out, _ = _run("matrix", "--format", "json")
+    status, out, _ = run_cli("matrix", "--format", "json")
     record = json.loads(out)
     assert status == EXIT_SELECTED
     pairs = {(e["device"], e["scheme"]) for e in record["entries"]}
@@ -135,13 +120,13 @@ def test_matrix_json_covers_every_profile_and_scheme() -> None:
 
 
 def test_matrix_can_pick_schemes() -> None:
-    _, out, _ = _run("matrix", "--scheme", "fp8_weight_only")
+    _, out, _ = run_cli("matrix", "--scheme", "fp8_weight_only")
     assert "fp8_weight_only" in out
     assert "fp8_per_channel" not in out
 
 
 def test_the_committed_support_matrix_is_current() -> None:
-    _, out, _ = _run("matrix", "--format", "markdown")
+    _, out, _ = run_cli("matrix", "--format", "markdown")
     committed = (ROOT / "docs" / "support-matrix.md").read_text()
     assert committed == out, (
         "regenerate: kernelpick matrix --format markdown > docs/support-matrix.md"
@@ -150,25 +135,25 @@ def test_the_committed_support_matrix_is_current() -> None:
 
 
 def test_devices_and_kernels_list_the_profiles_and_the_catalog() -> None:
-    _, out, _ = _run("devices", "--json")
+    _, out, _ = run_cli("devices", "--json")
     devices = json.loads(out)["devices"]
     assert [d["profile"] for d in devices] == list(kp.device_profiles())
     assert next(d for d in devices if d["profile"] == "mi300x")["fp8_format"] == "float8_e4m3fnuz"
-    _, out, _ = _run("kernels", "--json")
+    _, out, _ = run_cli("kernels", "--json")
     kernels = json.loads(out)["kernels"]
     assert [k["id"] for k in kernels] == list(kp.default_catalog().ids)
     cupy = next(k for k in kernels if k["id"] == "cuda_w8a16_cupy")
     assert cupy["kind"] == "W8A16"
     assert "cupy usable" in cupy["requires"]
-    _, text, _ = _run("kernels")
+    _, text, _ = run_cli("kernels")
     assert "activation none, or per-tensor (degraded)" in text
 
 
 def test_colour_only_on_a_tty_and_never_with_no_color() -> None:
     wide = {"COLUMNS": "1000"}  # a terminal's output is wrapped to its width: fix the width
-    plain = _run("explain", "--device", "h100", env=wide)[1]
-    coloured = _run("explain", "--device", "h100", env=wide, tty=True)[1]
-    muted = _run("explain", "--device", "h100", env={"NO_COLOR": "1", **wide}, tty=True)[1]
+    plain = run_cli("explain", "--device", "h100", env=wide)[1]
+    coloured = run_cli("explain", "--device", "h100", env=wide, tty=True)[1]
+    muted = run_cli("explain", "--device", "h100", env={"NO_COLOR": "1", **wide}, tty=True)[1]
     assert "\x1b[" not in plain
     assert "\x1b[32m" in coloured
     assert muted == plain
@@ -176,7 +161,7 @@ def test_colour_only_on_a_tty_and_never_with_no_color() -> None:
 
 def test_rejected_rows_are_drawn_at_normal_intensity() -> None:
     args = ("explain", "--device", "a100", "--scheme", "fp8_per_channel")
-    _, out, _ = _run(*args, env={"COLUMNS": "1000"}, tty=True)
+    _, out, _ = run_cli(*args, env={"COLUMNS": "1000"}, tty=True)
     assert "\x1b[1m" in out  # colour is on: the header is bold
     assert "\x1b[2m" not in out  # and nothing is faint
     rows = [line for line in out.splitlines() if "  rejected  " in line]
@@ -186,15 +171,15 @@ def test_rejected_rows_are_drawn_at_normal_intensity() -> None:
 
 def test_text_and_json_give_each_kernel_the_same_status() -> None:
     for device in ("h100", "a100"):
-        _, text, _ = _run("explain", "--device", device, "--scheme", "fp8_per_tensor")
-        _, raw, _ = _run("explain", "--device", device, "--scheme", "fp8_per_tensor", "--json")
+        _, text, _ = run_cli("explain", "--device", device, "--scheme", "fp8_per_tensor")
+        _, raw, _ = run_cli("explain", "--device", device, "--scheme", "fp8_per_tensor", "--json")
         for entry in json.loads(raw)["trace"]:
             row = next(line for line in text.splitlines() if f"  {entry['kernel']}  " in line)
             assert row.split()[3].lower() == entry["status"], row
 
 
 def test_version_prints_the_package_version() -> None:
-    assert _run("--version") == (EXIT_SELECTED, f"kernelpick {kp.__version__}\n", "")
+    assert run_cli("--version") == (EXIT_SELECTED, f"kernelpick {kp.__version__}\n", "")
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["explain", "--help"]])
@@ -202,7 +187,7 @@ def test_help_lists_the_schemes_and_the_device_profiles(
     argv: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("COLUMNS", "1000")  # argparse wraps help, and may break at a hyphen
-    status, out, _ = _run(*argv)
+    status, out, _ = run_cli(*argv)
     assert status == EXIT_SELECTED
     for name in [*(s.value for s in kp.Scheme), *kp.device_profiles()]:
         assert name in out, name
@@ -215,15 +200,11 @@ def test_explain_prints_the_hints_that_choose_computes() -> None:
     )
     assert isinstance(decision, kp.Rejected)
     assert decision.hints
-    _, out, _ = _run(*args)
+    _, out, _ = run_cli(*args)
     lines = out.splitlines()
     assert lines[-len(decision.hints) :] == [f"hint: {hint}" for hint in decision.hints]
-    _, raw, _ = _run(*args, "--json")
+    _, raw, _ = run_cli(*args, "--json")
     assert json.loads(raw)["hints"] == list(decision.hints)
-
-
-def _words(text: str) -> str:
-    return " ".join(text.split())
 
 
 EXPLAIN_A100 = ["explain", "--device", "a100", "--scheme", "fp8_per_channel"]
@@ -239,58 +220,54 @@ NARROW = [
 
 @pytest.mark.parametrize("argv", NARROW, ids=" ".join)
 @pytest.mark.parametrize("tty", [False, True])
-def test_text_output_fits_80_columns(argv: list[str], tty: bool) -> None:
-    _, out, _ = _run(*argv, env={"COLUMNS": "80", "NO_COLOR": "1"}, tty=tty)
+@pytest.mark.parametrize("width", [80, 40, 20])
+def test_text_output_fits_the_width_without_cuttingwords(
+    argv: list[str], tty: bool, width: int
+) -> None:
+    _, out, _ = run_cli(*argv, env={"COLUMNS": str(width), "NO_COLOR": "1"}, tty=tty)
     assert out
-    too_wide = [line for line in out.splitlines() if len(line) > 80]
-    assert not too_wide
+    assert_fits(out, width, run_cli(*argv)[1])
+    if width == 80:  # every word fits in 80 columns
+        assert max(len(line) for line in out.splitlines()) <= 80
 
 
-def test_wrapped_text_keeps_every_word() -> None:
-    _, out, _ = _run(*EXPLAIN_A100, env={"COLUMNS": "80"})
+@pytest.mark.parametrize("width", [80, 40, 20])
+def test_wrapped_text_keeps_every_word(width: int) -> None:
+    env = {"COLUMNS": str(width)}
+    _, out, _ = run_cli(*EXPLAIN_A100, env=env)
     decision = kp.choose(
         kp.device_profile("a100"), kp.quant_config("fp8_per_channel", weight_shape=(4096, 4096))
     )
     assert isinstance(decision, kp.Rejected)
     # Each reason's continuation lines hold nothing else, so its words follow one another.
     for text in [r.render() for r in decision.reasons] + [f"hint: {h}" for h in decision.hints]:
-        assert _words(text) in _words(out), text
-    _, out, _ = _run("kernels", env={"COLUMNS": "80"})
+        assert joined(text) in joined(out), text
+    _, out, _ = run_cli("kernels", env=env)
     for spec in kp.default_catalog().kernels:
         for rule in spec.rules:
-            assert _words(rule.render()) in _words(out), rule.render()
-    _, out, _ = _run("matrix", env={"COLUMNS": "80"})
-    for entry in json.loads(_run("matrix", "--format", "json")[1])["entries"]:
+            assert joined(rule.render()) in joined(out), rule.render()
+    _, out, _ = run_cli("matrix", env=env)
+    for entry in json.loads(run_cli("matrix", "--format", "json")[1])["entries"]:
         if entry["reason"]:
-            assert _words(entry["reason"]["message"]) in _words(out), entry
+            assert joined(entry["reason"]["message"]) in joined(out), entry
 
 
 def test_output_into_a_pipe_is_not_wrapped() -> None:
-    _, out, _ = _run(*EXPLAIN_A100)  # no COLUMNS and not a terminal: a file or a pipe
+    _, out, _ = run_cli(*EXPLAIN_A100)  # no COLUMNS and not a terminal: a file or a pipe
     per_token = "weight-only (W8A16) kernel cannot honour per-token activation quantization"
     assert max(len(line) for line in out.splitlines()) > 80
     assert any(per_token in line for line in out.splitlines())
 
 
 @pytest.mark.parametrize("width", [1, 2, 3, 7, 12, 30])
-def test_wrap_breaks_words_only_where_it_must(width: int) -> None:
+def test_wrap_breaks_words_only_where_it_may(width: int) -> None:
     text = "requires  cuda_rowwise_scaled_mm on NVIDIA A100-SXM4-80GB; has 8.0"
     lines = wrap(text, width)
-    assert all(len(line) <= width for line in lines)
+    assert_fits("\n".join(lines), width, text)
     assert "".join("".join(lines).split()) == "".join(text.split())
+    assert all(line.strip() for line in lines)
     if width >= 2 + len("cuda_rowwise_scaled_mm"):
         assert any("cuda_rowwise_scaled_mm" in line for line in lines)
-
-
-def test_bench_runs_on_this_machine() -> None:
-    status, out, _ = _run("bench", "--shape", "64,64", "--tokens", "8", "--repeats", "1", "--json")
-    record = json.loads(out)
-    assert status == EXIT_SELECTED
-    decision = kp.choose(kp.probe(), kp.quant_config("fp8_per_channel", weight_shape=(64, 64)))
-    assert isinstance(decision, kp.Selected)
-    assert record["kernel"] == decision.kernel
-    assert record["relative_error"] < 0.1
-    assert record["seconds_kernel"] > 0
 
 
 def _subprocess(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -317,18 +294,24 @@ def test_explaining_a_profile_does_not_import_torch() -> None:
 
 @pytest.mark.parametrize(
     "argv",
-    [["matrix"], EXPLAIN_A100, ["kernels"], ["devices", "--json"], ["--help"], ["--version"]],
+    [
+        ["matrix"], EXPLAIN_A100, ["kernels"], ["devices", "--json"],
+        ["--help"], ["--version"], ["matrix", "--help"],
+    ],
     ids=" ".join,
-)
-def test_a_closed_pipe_ends_the_command_quietly(argv: list[str]) -> None:
+)  # fmt: skip
+@pytest.mark.parametrize("unbuffered", [False, True], ids=["buffered", "unbuffered"])
+def test_a_closed_pipe_ends_the_command_quietly(argv: list[str], unbuffered: bool) -> None:
     # `kernelpick matrix | head -1`, with the reader gone before the first write, so that
     # the write fails every time (a reader that leaves after one line may be too late).
+    # Unbuffered, the first write fails at once, inside argparse for --help and --version.
+    env = {"PATH": "", "PYTHONPATH": str(ROOT)} | ({"PYTHONUNBUFFERED": "1"} if unbuffered else {})
     read, write = os.pipe()
     os.close(read)
     try:
         result = subprocess.run(
             [sys.executable, "-m", "kernelpick", *argv], stdout=write, stderr=subprocess.PIPE,
-            text=True, check=False, cwd=ROOT, env={"PATH": "", "PYTHONPATH": str(ROOT)},
+            text=True, check=False, cwd=ROOT, env=env,
         )  # fmt: skip
     finally:
         os.close(write)
@@ -336,66 +319,40 @@ def test_a_closed_pipe_ends_the_command_quietly(argv: list[str]) -> None:
     assert result.returncode == EXIT_BROKEN_PIPE
 
 
-def test_bench_reports_each_stage_on_stderr() -> None:
-    args = ("bench", "--shape", "64,64", "--tokens", "8", "--repeats", "1")
-    status, out, err = _run(*args)
-    assert status == EXIT_SELECTED
-    kernel = next(line.split()[0] for line in out.splitlines() if "e-" in line)
-    lines = err.splitlines()
-    assert [line.split("] ")[0] for line in lines] == [
-        f"kernelpick bench: [{number}/{STAGES}" for number in range(1, STAGES + 1)
-    ]
-    assert f"timing {kernel} at M=8 N=64 K=64" in lines[1]
-    assert _run(*args, "--quiet")[2] == ""
+def _shell(command: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    # ``command`` runs in sh, "$@" standing for ``python -m kernelpick ARGV``: a stream can be
+    # closed there (2>&-) as a user closes it, which Python then gives as sys.stderr = None.
+    return subprocess.run(
+        ["/bin/sh", "-c", command, "sh", sys.executable, "-m", "kernelpick", *argv],
+        capture_output=True, text=True, check=False, cwd=ROOT,
+        env={"PATH": "", "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
 
 
-def test_bench_draws_a_bar_on_a_terminal_and_wipes_it() -> None:
-    out, err = io.StringIO(), _Tty()
-    args = ["bench", "--shape", "64,64", "--tokens", "8", "--repeats", "1"]
-    assert main(args, env={}, out=out, err=err) == EXIT_SELECTED
-    frames = err.getvalue().split("\r")
-    assert "kernelpick bench: [" not in err.getvalue()  # not the plain lines
-    assert any(f"quantizing the 64x64 weight  [0/{STAGES} done" in frame for frame in frames)
-    assert any(f"[{STAGES - 1}/{STAGES} done" in frame for frame in frames)
-    assert frames[-1] == ""  # the bar is gone once the results are printed
-    assert frames[-2].strip() == ""
+BENCH_TINY = ("bench", "--shape", "64,64", "--tokens", "8", "--repeats", "1")
 
 
-class _FakeEvent:
-    """A CUDA event on a clock that only the timed work advances."""
-
-    clock = 0.0
-
-    def __init__(self, enable_timing: bool = False) -> None:
-        assert enable_timing
-        self.stamp = -1.0
-
-    def record(self) -> None:
-        self.stamp = _FakeEvent.clock
-
-    def synchronize(self) -> None:
-        assert self.stamp >= 0
-
-    def elapsed_time(self, end: _FakeEvent) -> float:
-        return end.stamp - self.stamp  # milliseconds
+def test_with_stderr_closed_json_on_stdout_is_only_json() -> None:
+    result = _shell('exec "$@" 2>&-', *BENCH_TINY, "--json")
+    assert result.returncode == EXIT_SELECTED
+    assert json.loads(result.stdout)["tokens"] == 8  # no progress line before it
+    result = _shell('exec "$@" 2>&-', "explain", "--shape", "0,1")
+    assert (result.returncode, result.stdout) == (EXIT_BAD_INPUT, "")  # no error line either
+    # Descriptor 2 closed after Python started: sys.stderr is there, its writes would fail.
+    code = "import os, sys; os.close(2); from kernelpick.cli import main; sys.exit(main())"
+    result = _subprocess("-c", code, *BENCH_TINY, "--json")
+    assert result.returncode == EXIT_SELECTED
+    assert json.loads(result.stdout)["tokens"] == 8
 
 
-def test_gpu_timing_uses_cuda_events(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
-    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
-
-    def run() -> None:
-        _FakeEvent.clock += 3.0  # 3 ms of GPU work, and no host time worth measuring
-
-    assert median_seconds(run, 5, torch.device("cuda")) == pytest.approx(0.003)
-    assert median_seconds(run, 5, torch.device("cuda", 1)) == pytest.approx(0.003)
+def test_with_stdout_closed_a_command_ends_without_a_traceback() -> None:
+    result = _shell('exec "$@" >&-', "kernels")
+    assert (result.returncode, result.stderr) == (EXIT_SELECTED, "")
 
 
-def test_cpu_timing_uses_the_host_clock(monkeypatch: pytest.MonkeyPatch) -> None:
-    def no_events(*args: object, **kwargs: object) -> None:
-        raise AssertionError("CUDA events on a CPU")
-
-    monkeypatch.setattr(torch.cuda, "Event", no_events)
-    seconds = median_seconds(lambda: time.sleep(0.002), 3, torch.device("cpu"))
-    assert 0.002 <= seconds < 1.0
+def test_a_closed_stream_given_to_main_takes_nothing() -> None:
+    err = io.StringIO()
+    err.close()
+    out = io.StringIO()
+    assert main(["explain", "--shape", "0,1"], env={}, out=out, err=err) == EXIT_BAD_INPUT
+    assert out.getvalue() == ""

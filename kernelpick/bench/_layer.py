@@ -77,13 +77,15 @@ def bench_layer(
     n, k = shape
     parsed = Dtype.parse(dtype)
     name, native = parsed.value, torch_dtype(parsed)
+    # Made (the scheme read, the kernel selected) before the first stage is announced: a
+    # bad scheme is an error on its own, not one that follows "[1/4] quantizing".
+    method = Fp8LinearMethod(scheme, caps)
     sizes = f"M={tokens} N={n} K={k}"
     tell = progress or (lambda stage, number, total: None)
     tell(f"quantizing the {n}x{k} weight", 1, STAGES)
     generator = torch.Generator().manual_seed(0)
     weight = (torch.randn(n, k, generator=generator) / k**0.5).to(device)
     x = torch.randn(tokens, k, generator=generator).to(device)
-    method = Fp8LinearMethod(scheme, caps)
     layer = processed_layer(method, weight.to(native), device)
     x_native, w_native = x.to(native), weight.to(native)
     decision = layer_state(layer).decision

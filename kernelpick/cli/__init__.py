@@ -5,12 +5,15 @@ kernel was turned down, 1 on bad input, usage errors included, so that argparse'
 status 2 is never read as a rejection. 141 (128 + SIGPIPE, what a shell reports for a C
 tool killed by the signal) when stdout was closed early, as in ``kernelpick matrix | head
 -1``: the command stops quietly, without a traceback, and ``set -o pipefail`` still sees
-that the output was cut short.
+that the output was cut short. A stream closed before the command starts (``2>&-``, ``>&-``)
+takes nothing, as /dev/null would: without a stderr, progress and errors are dropped, never
+sent to stdout.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -51,8 +54,8 @@ def main(
 ) -> int:
     """Run the command line and return its exit status (the console script exits with it)."""
     env = os.environ if env is None else env
-    out = sys.stdout if out is None else out
-    err = sys.stderr if err is None else err
+    out = _open_or_discard(sys.stdout if out is None else out)
+    err = _open_or_discard(sys.stderr if err is None else err)
     try:
         status = _run(argv, env, out, err)
         out.flush()  # here, not at exit, so that a closed pipe is caught below
@@ -75,6 +78,30 @@ def _run(argv: Sequence[str] | None, env: Mapping[str, str], out: TextIO, err: T
         return _COMMANDS[args.command](args, env, out, err)
     except kp.KernelpickError as error:
         return _fail(error, err)
+
+
+class _DevNull(io.StringIO):
+    """A stream that drops what it is given, as /dev/null does."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+
+def _open_or_discard(stream: TextIO | None) -> TextIO:
+    # A stream closed from the start (``2>&-``) is None in sys, and print(file=None) writes to
+    # sys.stdout: bench's progress and the error lines would land in the --json a script
+    # reads. A closed stream, or one whose descriptor is closed, takes nothing either.
+    if stream is None or stream.closed:
+        return _DevNull()
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (a StringIO): it can take text
+        return stream
+    try:
+        os.fstat(fd)
+    except OSError:
+        return _DevNull()
+    return stream
 
 
 def _discard(out: TextIO) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from collections.abc import Iterator, Mapping
+import os
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TextIO
 
 import kernelpick as kp
@@ -22,12 +23,42 @@ if TYPE_CHECKING:
 __all__ = ["bench", "progress_to"]
 
 
-def _write_json(record: Mapping[str, Any], target: str, out: TextIO) -> None:
-    if target == "-":
-        emit_json(record, out)
-        return
-    with open(target, "w") as file:
-        emit_json(record, file)
+@contextlib.contextmanager
+def _json_file(target: str) -> Iterator[Callable[[Mapping[str, Any]], None]]:
+    """A writer of the record to ``target``, opened before the benchmark runs: a path that
+    cannot be written is an error in the first second, not after the run. The file is
+    emptied only as the record is written, and a new one is removed if none was."""
+    existed = os.path.lexists(target)
+    try:
+        file = open(target, "a")  # noqa: SIM115 (closed below; "a": not emptied yet)
+    except OSError as error:
+        raise _unwritable(target, error) from None
+    written = False
+
+    def write(record: Mapping[str, Any]) -> None:
+        nonlocal written
+        try:
+            if file.seekable():  # not a pipe, such as /dev/stdout into one
+                file.seek(0)
+                file.truncate()
+            emit_json(record, file)
+            file.flush()  # here, so that a full disk is reported as this path's fault
+        except OSError as error:
+            raise _unwritable(target, error) from None
+        written = True
+
+    try:
+        with file:
+            yield write
+    finally:
+        if not written and not existed:
+            with contextlib.suppress(OSError):
+                os.remove(target)
+
+
+def _unwritable(target: str, error: OSError) -> kp.InvalidValueError:
+    reason = error.strerror or type(error).__name__
+    return kp.InvalidValueError("--json", target, f"a path that can be written ({reason})")
 
 
 class _Bar:
@@ -64,7 +95,9 @@ def progress_to(err: TextIO, quiet: bool = False) -> Iterator[Progress | None]:
     elif not is_terminal(err):
 
         def line(stage: str, number: int, total: int) -> None:
-            print(f"kernelpick bench: [{number}/{total}] {stage}", file=err, flush=True)
+            # write, not print(file=err): print sends to stdout when err is None.
+            err.write(f"kernelpick bench: [{number}/{total}] {stage}\n")
+            err.flush()
 
         yield line
     else:
@@ -76,25 +109,43 @@ def progress_to(err: TextIO, quiet: bool = False) -> Iterator[Progress | None]:
 
 
 def bench(args: argparse.Namespace, env: Mapping[str, str], out: TextIO, err: TextIO) -> int:
-    from kernelpick.bench import bench_layer  # imports torch: only this command pays for it
-
     if args.tokens < 1 or args.repeats < 1:
         raise kp.InvalidValueError("--tokens/--repeats", (args.tokens, args.repeats), "positive")
+    # Every option is read before the first progress line, and before torch is imported.
+    weight_shape, scheme = shape(args.shape), kp.Scheme.parse(args.scheme)
+    kp.quant_config(scheme, weight_shape=weight_shape, out_dtype=args.out_dtype)
+    from kernelpick.bench import bench_layer  # imports torch: only this command pays for it
+    from kernelpick.integration import ONLINE_SCHEMES
+
+    if scheme not in ONLINE_SCHEMES:
+        # The Python API would load its scales from a checkpoint; the command has none.
+        online = ", ".join(s.value for s in ONLINE_SCHEMES)
+        expected = (
+            f"one of {online}: bench quantizes a random layer, and {scheme.value} needs "
+            f"activation scales calibrated on data; 'kernelpick explain --device auto "
+            f"--scheme {scheme.value}' gives the kernel it would select here"
+        )
+        raise kp.InvalidValueError("--scheme", args.scheme, expected)
     caps = kp.probe()
     import torch
 
     device = torch.device("cpu") if caps.platform is kp.Platform.CPU else torch.device("cuda")
-    layer = (caps, args.scheme, shape(args.shape), args.out_dtype, args.tokens, args.repeats)
-    with progress_to(err, args.quiet) as progress:
-        result = bench_layer(*layer, device, progress=progress)
-    if args.json:
-        _write_json({"schema_version": SCHEMA_VERSION, **result.to_dict()}, args.json, out)
-        if args.json == "-":
-            return EXIT_SELECTED
+    layer = (caps, args.scheme, weight_shape, args.out_dtype, args.tokens, args.repeats)
+    to_file = args.json not in (None, "-")
+    with _json_file(args.json) if to_file else contextlib.nullcontext() as write:
+        with progress_to(err, args.quiet) as progress:
+            result = bench_layer(*layer, device, progress=progress)
+        record = {"schema_version": SCHEMA_VERSION, **result.to_dict()}
+        if write is not None:
+            write(record)
+    if args.json == "-":
+        emit_json(record, out)
+        return EXIT_SELECTED
     n, k = result.shape
     style = Style.for_stream(out, env)
     print(style.wrap(f"device: {caps.render()}", " " * 8), file=out)
-    print(f"layer:  {args.scheme}, M={result.tokens} N={n} K={k}, {result.dtype}", file=out)
+    layer_line = f"layer:  {args.scheme}, M={result.tokens} N={n} K={k}, {result.dtype}"
+    print(style.wrap(layer_line, " " * 8), file=out)
     flag = " (degraded)" if result.degraded else ""
     kernel_time = result.seconds_kernel
 

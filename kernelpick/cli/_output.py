@@ -29,9 +29,12 @@ class Colour(enum.Enum):
 
 
 def is_terminal(stream: TextIO) -> bool:
-    """Whether ``stream`` is a terminal (a stream without ``isatty`` is not)."""
+    """Whether ``stream`` is a terminal (a stream without ``isatty``, or closed, is not)."""
     isatty = getattr(stream, "isatty", None)
-    return bool(isatty()) if callable(isatty) else False
+    try:
+        return bool(isatty()) if callable(isatty) else False
+    except (OSError, ValueError):  # ValueError: a closed file
+        return False
 
 
 def _width(stream: TextIO, env: Mapping[str, str]) -> int | None:
@@ -71,16 +74,16 @@ class Style:
 
 def _parts(word: str) -> list[str]:
     # Identifiers (kernel ids, dtypes, device names) may break after an underscore or a
-    # hyphen before anywhere else.
+    # hyphen; nothing breaks anywhere else, so that no word is cut into fragments.
     return re.findall(r"[^_-]*[_-]|[^_-]+", word) or [word]
 
 
 def _pieces(word: str, room: int) -> list[str]:
     if len(word) <= room:
         return [word]
-    # Parts between underscores and hyphens, each cut every ``room`` characters if still too
-    # long, then joined again as far as ``room`` allows.
-    parts = [part[i : i + room] for part in _parts(word) for i in range(0, len(part), room)]
+    # Parts between underscores and hyphens, joined again as far as ``room`` allows; a part
+    # longer than ``room`` stays whole, and its line runs past the width.
+    parts = _parts(word)
     pieces = [parts[0]]
     for part in parts[1:]:
         if len(pieces[-1]) + len(part) <= room:
@@ -92,7 +95,8 @@ def _pieces(word: str, room: int) -> list[str]:
 
 def wrap(text: str, width: int, indent: str = INDENT) -> list[str]:
     """``text`` in lines of at most ``width`` characters: breaks between words, then after an
-    underscore or hyphen, then anywhere; continuation lines indented (when there is room)."""
+    underscore or hyphen, never inside a part (one longer than the width has a line of its
+    own, and runs past it); continuation lines indented (when there is room)."""
     if len(text) <= width:
         return [text]
     indent = indent if width > len(indent) else ""
@@ -102,7 +106,7 @@ def wrap(text: str, width: int, indent: str = INDENT) -> list[str]:
     for space, word in re.findall(r"(\s*)(\S+)", text):  # the spacing within a line is kept
         for index, piece in enumerate(_pieces(word, room)):
             separator = "" if index or not line.strip() else space
-            if len(line) + len(separator) + len(piece) <= width:
+            if not line.strip() or len(line) + len(separator) + len(piece) <= width:
                 line += separator + piece
             else:
                 lines.append(line)
@@ -115,28 +119,31 @@ Row = Sequence[str]
 
 
 def _floors(cells: list[str], natural: int) -> list[int]:
-    # The widths a column may shrink to, in turn: whole words, the parts between underscores
-    # and hyphens, then one character a line; never wider than the column already is.
+    # The widths a column may shrink to, in turn: its longest word, then its longest part
+    # between underscores and hyphens (room for the continuation indent included); never
+    # wider than the column already is.
     words = [word for cell in cells for word in cell.split()] or [""]
     parts = [part for word in words for part in _parts(word)]
-    longest = (max(map(len, words)), max(map(len, parts)), 1)
+    longest = (max(map(len, words)), max(map(len, parts)))
     return [min(natural, len(INDENT) + floor) for floor in longest]
 
 
-def _fit(columns: list[list[str]], width: int | None) -> list[int]:
+def _fit(columns: list[list[str]], width: int | None) -> list[int] | None:
+    """Column widths whose lines fit ``width``, or None when no column may narrow enough
+    without cutting a word."""
     widths = [max(len(line) for cell in cells for line in cell.split("\n")) for cells in columns]
     if width is None:
         return widths
     floors = [_floors(cells, natural) for cells, natural in zip(columns, widths, strict=True)]
     budget = width - len(GAP) * (len(widths) - 1)
-    for stage in range(3):
+    for stage in range(2):
         # Shrink the widest column that can still give, one character at a time.
         while sum(widths) > budget:
             shrinkable = [i for i, w in enumerate(widths) if w > floors[i][stage]]
             if not shrinkable:
                 break
             widths[max(shrinkable, key=lambda i: widths[i])] -= 1
-    return widths
+    return widths if sum(widths) <= budget else None
 
 
 def text_table(
@@ -147,13 +154,36 @@ def text_table(
 ) -> str:
     """Columns padded to their widest cell, and narrowed (their cells wrapped) until a line
     fits ``style.width``. A cell with newlines continues on the lines below, under its own
-    column; ``colours`` paints whole rows."""
+    column; ``colours`` paints whole rows. Columns too many for the width become one
+    ``header: cell`` block a row, rather than columns of fragments."""
     columns = [[row[i] for row in [headers, *rows]] for i in range(len(headers))]
     widths = _fit(columns, style.width)
+    if widths is None:
+        return _records(headers, rows, style, colours)
     lines = _row(headers, widths, style, Colour.BOLD)
     for index, row in enumerate(rows):
         lines += _row(row, widths, style, colours[index] if colours else None)
     return "\n".join(lines)
+
+
+def _records(
+    headers: Row, rows: Sequence[Row], style: Style, colours: Sequence[Colour | None] | None
+) -> str:
+    width = style.width or 0
+    blocks = []
+    for index, row in enumerate(rows):
+        lines: list[str] = []
+        for header, cell in zip(headers, row, strict=True):
+            if "\n" not in cell:
+                lines += wrap(f"{header}: {cell}".rstrip(), width)
+                continue
+            # One line a cell line, indented under the header, as the table's column has it.
+            lines += wrap(f"{header}:", width)
+            room = max(1, width - len(INDENT))
+            lines += [INDENT + out for line in cell.split("\n") for out in wrap(line, room)]
+        colour = colours[index] if colours else None
+        blocks.append("\n".join(style.paint(line, colour) for line in lines))
+    return "\n\n".join(blocks)
 
 
 def _row(cells: Row, widths: Sequence[int], style: Style, colour: Colour | None) -> list[str]:

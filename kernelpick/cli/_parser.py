@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import argparse
 import re
-from typing import NoReturn
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import kernelpick as kp
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
 
 __all__ = ["AUTO", "UsageError", "parser", "shape"]
 
@@ -24,6 +29,29 @@ class _Parser(argparse.ArgumentParser):
     # rejection; raising lets main() exit 1 instead.
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see '{self.prog} --help')")
+
+    # argparse's own printing swallows OSError, so that --help into a closed pipe would exit
+    # 0. Written here, BrokenPipeError reaches main(), which exits 141 as for any command.
+    def print_help(self, file: SupportsWrite[str] | None = None) -> None:
+        (sys.stdout if file is None else file).write(self.format_help())
+
+
+class _Version(argparse.Action):
+    """--version, printed as --help is (argparse's "version" action swallows OSError)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        kwargs.setdefault("help", "show the version and exit")
+        super().__init__(option_strings, argparse.SUPPRESS, nargs=0, **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> NoReturn:
+        sys.stdout.write(f"kernelpick {kp.__version__}\n")
+        parser.exit()
 
 
 def shape(text: str) -> tuple[int, int]:
@@ -60,7 +88,7 @@ def parser() -> argparse.ArgumentParser:
         "machine. Exit status: 0 selected, 2 rejected, 1 bad input, 141 when the reader of "
         "the output went away (a closed pipe).",
     )
-    root.add_argument("--version", action="version", version=f"kernelpick {kp.__version__}")
+    root.add_argument("--version", action=_Version)
     commands = root.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     explain = commands.add_parser(

@@ -1,0 +1,168 @@
+"""``kernelpick bench``: it runs here, reports progress, refuses bad options early, and times
+GPU work with CUDA events."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import kernelpick as kp
+from kernelpick.bench import STAGES, median_seconds
+from kernelpick.cli import EXIT_BAD_INPUT, EXIT_SELECTED, main
+from tests.cli_run import Tty, assert_fits, joined, run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH_TINY = ("bench", "--shape", "64,64", "--tokens", "8", "--repeats", "1")
+
+
+def test_bench_runs_on_this_machine() -> None:
+    status, out, _ = run_cli(
+        "bench", "--shape", "64,64", "--tokens", "8", "--repeats", "1", "--json"
+    )
+    record = json.loads(out)
+    assert status == EXIT_SELECTED
+    decision = kp.choose(kp.probe(), kp.quant_config("fp8_per_channel", weight_shape=(64, 64)))
+    assert isinstance(decision, kp.Selected)
+    assert record["kernel"] == decision.kernel
+    assert record["relative_error"] < 0.1
+    assert record["seconds_kernel"] > 0
+
+
+def test_bench_reports_each_stage_on_stderr() -> None:
+    args = ("bench", "--shape", "64,64", "--tokens", "8", "--repeats", "1")
+    status, out, err = run_cli(*args)
+    assert status == EXIT_SELECTED
+    kernel = next(line.split()[0] for line in out.splitlines() if "e-" in line)
+    lines = err.splitlines()
+    assert [line.split("] ")[0] for line in lines] == [
+        f"kernelpick bench: [{number}/{STAGES}" for number in range(1, STAGES + 1)
+    ]
+    assert f"timing {kernel} at M=8 N=64 K=64" in lines[1]
+    assert run_cli(*args, "--quiet")[2] == ""
+
+
+@pytest.mark.parametrize("width", [40, 20])
+def test_bench_output_fits_the_width(width: int) -> None:
+    status, out, _ = run_cli(*BENCH_TINY, "--quiet", env={"COLUMNS": str(width)})
+    assert status == EXIT_SELECTED
+    assert "layer: fp8_per_channel, M=8 N=64 K=64, bfloat16" in joined(out)
+    assert_fits(out, width, out.replace("\n", " "))  # words only: the times vary by run
+
+
+BENCH_REFUSED = [
+    (["--scheme", "bogus"], ["'bogus'", "fp8_per_channel"]),
+    (["--scheme", "fp8_per_tensor_static"],
+     ["fp8_per_channel, fp8_per_tensor, fp8_weight_only", "kernelpick explain"]),
+    (["--out-dtype", "int8"], ["'int8'", "bfloat16"]),
+    (["--json", "/nonexistent/x.json"], ["'/nonexistent/x.json'", "No such file or directory"]),
+    (["--json", str(ROOT)], ["can be written", "Is a directory"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("options", "needles"),
+    BENCH_REFUSED,
+    ids=["unknown scheme", "static scheme", "unknown dtype", "no such directory", "a directory"],
+)
+def test_bench_refuses_bad_options_before_it_starts(options: list[str], needles: list[str]) -> None:
+    status, out, err = run_cli(*BENCH_TINY, *options)
+    assert status == EXIT_BAD_INPUT
+    assert out == ""
+    assert err.startswith("kernelpick: error: ")
+    assert "kernelpick bench: [" not in err  # refused before the first stage, not during it
+    assert "checkpoint_format" not in err  # the Python API's remedy, not the command's
+    for needle in needles:
+        assert needle in err
+
+
+def test_bench_layer_refuses_a_scheme_before_announcing_a_stage() -> None:
+    from kernelpick.bench import bench_layer
+
+    heard: list[str] = []
+    with pytest.raises(kp.UnknownNameError):
+        bench_layer(
+            kp.probe(), "bogus", (64, 64), "bfloat16", 8, 1, torch.device("cpu"),
+            progress=lambda stage, number, total: heard.append(stage),
+        )  # fmt: skip
+    assert heard == []
+
+
+def test_bench_json_to_a_path_replaces_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "bench.json"
+    target.write_text("x" * 10_000)  # longer than the record: it must not survive at its end
+    status, out, _ = run_cli(*BENCH_TINY, "--quiet", "--json", str(target))
+    assert status == EXIT_SELECTED
+    assert json.loads(target.read_text())["tokens"] == 8
+    assert out.startswith("device: ")  # and the report, as without --json
+    new = tmp_path / "new.json"
+    assert run_cli(*BENCH_TINY, "--repeats", "0", "--json", str(new))[0] == EXIT_BAD_INPUT
+    assert run_cli(*BENCH_TINY, "--scheme", "bogus", "--json", str(target))[0] == EXIT_BAD_INPUT
+    assert not new.exists()
+    assert json.loads(target.read_text())["tokens"] == 8  # a refused run leaves it alone
+
+    def fails(*args: object, **kwargs: object) -> None:
+        raise kp.InvalidValueError("run", "failed", "to pass")
+
+    monkeypatch.setattr("kernelpick.bench.bench_layer", fails)
+    assert run_cli(*BENCH_TINY, "--json", str(new))[0] == EXIT_BAD_INPUT
+    assert not new.exists()  # opened before the run, removed when it failed
+
+
+def test_bench_draws_a_bar_on_a_terminal_and_wipes_it() -> None:
+    out, err = io.StringIO(), Tty()
+    args = ["bench", "--shape", "64,64", "--tokens", "8", "--repeats", "1"]
+    assert main(args, env={}, out=out, err=err) == EXIT_SELECTED
+    frames = err.getvalue().split("\r")
+    assert "kernelpick bench: [" not in err.getvalue()  # not the plain lines
+    assert any(f"quantizing the 64x64 weight  [0/{STAGES} done" in frame for frame in frames)
+    assert any(f"[{STAGES - 1}/{STAGES} done" in frame for frame in frames)
+    assert frames[-1] == ""  # the bar is gone once the results are printed
+    assert frames[-2].strip() == ""
+
+
+class _FakeEvent:
+    """A CUDA event on a clock that only the timed work advances."""
+
+    clock = 0.0
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        assert enable_timing
+        self.stamp = -1.0
+
+    def record(self) -> None:
+        self.stamp = _FakeEvent.clock
+
+    def synchronize(self) -> None:
+        assert self.stamp >= 0
+
+    def elapsed_time(self, end: _FakeEvent) -> float:
+        return end.stamp - self.stamp  # milliseconds
+
+
+def test_gpu_timing_uses_cuda_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+
+    def run() -> None:
+        _FakeEvent.clock += 3.0  # 3 ms of GPU work, and no host time worth measuring
+
+    assert median_seconds(run, 5, torch.device("cuda")) == pytest.approx(0.003)
+    assert median_seconds(run, 5, torch.device("cuda", 1)) == pytest.approx(0.003)
+
+
+def test_cpu_timing_uses_the_host_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_events(*args: object, **kwargs: object) -> None:
+        raise AssertionError("CUDA events on a CPU")
+
+    monkeypatch.setattr(torch.cuda, "Event", no_events)
+    seconds = median_seconds(lambda: time.sleep(0.002), 3, torch.device("cpu"))
+    assert 0.002 <= seconds < 1.0
