@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -59,22 +58,16 @@ def _print_plan(cases: list[Case]) -> None:
 
 
 def _timer(repeats: int) -> Callable[[Callable[[], object]], float]:
-    """A median-of-``repeats`` timer in milliseconds, from CUDA events around each run."""
+    """A median-of-``repeats`` timer in milliseconds on the current GPU: CUDA events around
+    each run, the same timer as ``kernelpick bench``."""
     import torch
 
+    from kernelpick.bench import median_seconds
+
+    device = torch.device("cuda", torch.cuda.current_device())
+
     def median_ms(run: Callable[[], object]) -> float:
-        for _ in range(3):
-            run()
-        times = []
-        for _ in range(repeats):
-            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            start.record()
-            run()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return float(statistics.median(times))
+        return median_seconds(run, repeats, device) * 1e3
 
     return median_ms
 
@@ -88,7 +81,7 @@ def _run_case(case: Case, caps: Any, median_ms: Timer) -> dict[str, Any]:
     import kernelpick as kp
     from kernelpick.adapters import bind
     from kernelpick.core import GroupShape
-    from kernelpick.kernels._canonical import dequantize_weight, quantize_weight
+    from kernelpick.kernels import dequantize_weight, quantize_weight
     from kernelpick.kernels._quantize import quantize_per_tensor, quantize_per_token
 
     record: dict[str, Any] = asdict(case)

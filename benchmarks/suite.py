@@ -29,7 +29,7 @@ from kernelpick.integration import (
     layer_state,
     quantize_model,
 )
-from kernelpick.kernels._canonical import quantize_weight
+from kernelpick.kernels import quantize_weight
 
 __all__ = ["LLAMA3_8B_LAYERS", "SuiteConfig", "run_suite"]
 

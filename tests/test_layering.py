@@ -116,7 +116,7 @@ def test_importing_kernelpick_and_choosing_does_not_import_torch() -> None:
     assert out.split() == ["Rejected", "False"]
 
 
-def test_every_catalog_id_has_a_launcher_and_every_launcher_a_catalog_id() -> None:
+def test_every_catalog_id_has_a_launch_row_and_every_launch_row_a_catalog_id() -> None:
     import kernelpick as kp
     from kernelpick.adapters import LAUNCHES
 
