@@ -6,10 +6,8 @@ the values it reads and returns, and two calls that touch a device, ``kp.probe``
 ``kp.rules``; every value type of the pure core is in ``kernelpick.core``.
 """
 
-from __future__ import annotations
-
-import warnings
-from typing import TYPE_CHECKING, Any
+import typing as _typing
+import warnings as _warnings
 
 from kernelpick import rules
 from kernelpick.core import (
@@ -41,7 +39,7 @@ from kernelpick.core import (
 )
 from kernelpick.core._select import CACHE_SIZE as _CACHE_SIZE
 
-if TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     from collections.abc import Mapping
 
     import torch
@@ -68,11 +66,11 @@ def bind(
     choice: Selected | Rejected | str,
     config: QuantConfig,
     caps: DeviceCaps,
-    device: torch.device | str | int | None = None,
+    device: "torch.device | str | int | None" = None,
     *,
     catalog: Catalog | None = None,
-    launches: Mapping[str, Launch] | None = None,
-) -> KernelBase:
+    launches: "Mapping[str, Launch] | None" = None,
+) -> "KernelBase":
     """The runnable kernel for ``choice`` (a ``Selected``, or a kernel id) on ``device``.
 
     The kernel's catalog rules are checked against ``config`` again (a choice made for one
@@ -144,11 +142,11 @@ def _moved(name: str) -> str:
     return f"; it is kernelpick.core.{name} now" if name in core.__all__ else ""
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     if name in _DEPRECATED:
         replacement, value = _DEPRECATED[name]
         message = f"kp.{name} is deprecated; use {replacement}"
-        warnings.warn(message, DeprecationWarning, stacklevel=2)
+        _warnings.warn(message, DeprecationWarning, stacklevel=2)
         return value
     raise AttributeError(f"module 'kernelpick' has no attribute {name!r}{_moved(name)}", name=name)
 

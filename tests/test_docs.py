@@ -29,9 +29,13 @@ def test_doc_example_runs(doc: str, index: int, code: str) -> None:
     exec(compile(code, f"{doc}[{index}]", "exec"), {})
 
 
-def test_the_readme_shows_the_rejection_the_code_renders() -> None:
-    text = (ROOT / "README.md").read_text()
-    shown = re.search(r"On the A100 that is a rejection.*?```\n(.*?)```", text, re.DOTALL)
+@pytest.mark.parametrize(
+    ("page", "lead"),
+    [("README.md", "On the A100 that is a rejection"), ("docs/design.md", "on an A100:")],
+)
+def test_the_rejection_shown_is_the_one_the_code_renders(page: str, lead: str) -> None:
+    text = (ROOT / page).read_text()
+    shown = re.search(re.escape(lead) + r".*?```(?:text)?\n(.*?)```", text, re.DOTALL)
     assert shown is not None
     config = kp.quant_config("fp8_per_channel", weight_shape=(4096, 4096))
     decision = kp.choose(kp.device_profile("a100"), config)

@@ -210,6 +210,8 @@ def test_the_methods_settings_are_read_only() -> None:
     assert (method.scheme, method.caps, method.chunk_rows) == (kp.Scheme.FP8_PER_CHANNEL, CPU, 64)
     with pytest.raises(AttributeError):
         method.chunk_rows = 16  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        method.checkpoint_format = "fp8"  # type: ignore[misc,assignment]
     assert method.policy == kp.Policy()
     assert method.catalog is None
     assert method.launches is None

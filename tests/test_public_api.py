@@ -55,6 +55,10 @@ def test_internal_names_are_not_reachable_from_kp() -> None:
     for name in ("Dtype", "Version", "evaluate", "Unmet", "catalog", "DEFAULT_CATALOG"):
         with pytest.raises(AttributeError, match=name):
             getattr(kp, name)
+    # Nor what the package's own module imports for itself.
+    for name in ("warnings", "Any", "TYPE_CHECKING", "annotations"):
+        assert not hasattr(kp, name), name
+    assert not hasattr(kp.core, "DEFAULT_CATALOG")
 
 
 def test_every_rule_class_is_in_kp_rules() -> None:

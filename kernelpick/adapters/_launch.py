@@ -70,8 +70,10 @@ class Launch:
     """
 
     family: type[KernelBase] = attrs.field(validator=_family)
-    fused_bias: frozenset[Dtype] = attrs.field(default=HIGH_PRECISION, converter=_dtypes)
-    fused_quant: bool = attrs.field(default=False, validator=is_bool)
+    fused_bias: frozenset[Dtype] = attrs.field(
+        default=HIGH_PRECISION, converter=_dtypes, kw_only=True
+    )
+    fused_quant: bool = attrs.field(default=False, validator=is_bool, kw_only=True)
 
     def kernel(
         self, spec: KernelSpec, config: QuantConfig, caps: DeviceCaps, device: torch.device
@@ -92,14 +94,18 @@ BIAS_IN_16_BIT = frozenset({Dtype.BFLOAT16, Dtype.FLOAT16})
 # the fused cupy kernel when cupy is usable (one pass per row instead of several torch ops).
 LAUNCHES: Mapping[str, Launch] = MappingProxyType(
     {
-        "cuda_rowwise_scaled_mm": Launch(RowwiseScaledMM, BIAS_IN_16_BIT, fused_quant=True),
-        "cuda_tensorwise_scaled_mm": Launch(TensorwiseScaledMM, BIAS_IN_16_BIT),
-        "cuda_channelwise_unfused": Launch(ChannelwiseUnfused, BIAS_IN_16_BIT, fused_quant=True),
+        "cuda_rowwise_scaled_mm": Launch(
+            RowwiseScaledMM, fused_bias=BIAS_IN_16_BIT, fused_quant=True
+        ),
+        "cuda_tensorwise_scaled_mm": Launch(TensorwiseScaledMM, fused_bias=BIAS_IN_16_BIT),
+        "cuda_channelwise_unfused": Launch(
+            ChannelwiseUnfused, fused_bias=BIAS_IN_16_BIT, fused_quant=True
+        ),
         "cuda_w8a16_cupy": Launch(CupyGemvW8A16),
         "cuda_w8a16_torch": Launch(DequantMatmul),
-        "rocm_rowwise_scaled_mm": Launch(RowwiseScaledMM, BIAS_IN_16_BIT),
-        "rocm_tensorwise_scaled_mm": Launch(TensorwiseScaledMM, BIAS_IN_16_BIT),
-        "rocm_channelwise_unfused": Launch(ChannelwiseUnfused, BIAS_IN_16_BIT),
+        "rocm_rowwise_scaled_mm": Launch(RowwiseScaledMM, fused_bias=BIAS_IN_16_BIT),
+        "rocm_tensorwise_scaled_mm": Launch(TensorwiseScaledMM, fused_bias=BIAS_IN_16_BIT),
+        "rocm_channelwise_unfused": Launch(ChannelwiseUnfused, fused_bias=BIAS_IN_16_BIT),
         "rocm_w8a16_torch": Launch(DequantMatmul),
         "cpu_rowwise_scaled_mm": Launch(RowwiseScaledMM),
         "cpu_tensorwise_scaled_mm": Launch(TensorwiseScaledMM),

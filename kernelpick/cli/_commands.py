@@ -139,9 +139,7 @@ def matrix_entries(schemes: list[kp.Scheme]) -> list[dict[str, Any]]:
                           "degraded": decision.degraded, "reason": None}  # fmt: skip
             else:
                 first = _first_w8a8_reason(decision)
-                reason = None if first is None else {
-                    "kernel": first.kernel, "code": first.code.value, "message": first.render()
-                }  # fmt: skip
+                reason = None if first is None else {"kernel": first.kernel, **first.to_dict()}
                 entry |= {
                     "outcome": "rejected",
                     "kernel": None,

@@ -8,7 +8,7 @@ The rule classes are in ``kernelpick.rules``.
 """
 
 from kernelpick.core._arch import Arch, CpuArch, CudaArch, Platform, RocmArch, Version
-from kernelpick.core._builtin_catalog import DEFAULT_CATALOG
+from kernelpick.core._builtin_catalog import DEFAULT_CATALOG as _DEFAULT_CATALOG
 from kernelpick.core._decision import SCHEMA_VERSION, Decision, Rejected, Selected, Verdict
 from kernelpick.core._device import FEATURE_SCALED_MM, FEATURE_SCALED_MM_ROWWISE, DeviceCaps
 from kernelpick.core._dtypes import Dtype
@@ -30,7 +30,7 @@ from kernelpick.core._typing import assert_never
 
 def default_catalog() -> Catalog:
     """kernelpick's own catalog: every built-in kernel, fastest first per platform."""
-    return DEFAULT_CATALOG
+    return _DEFAULT_CATALOG
 
 
 __all__ = [

@@ -4,9 +4,10 @@ It follows the linear-method protocol inference engines use (``create_weights``,
 ``process_weights_after_loading``, ``apply``), so an engine can hand it its layers as they
 are. ``Fp8PtpcLinearMethod`` is the ``fp8_per_channel`` (PTPC) method: per-token dynamic
 activations, per-channel static weights. Whatever the kernel, a processed layer holds its
-weights in the canonical layout (``kernels.canonical``); the kernel's own layout is derived
-from them on each call and never stored. Each step of a layer (select, check, bind,
-quantize, install, run) is in ``_layer_steps``, shared with ``quantize_model``.
+weights in the canonical layout (see ``kernelpick.kernels.quantize_weight``); the kernel's
+own layout is derived from them on each call and never stored. Each step of a layer
+(select, check, bind, quantize, install, run) is in ``_layer_steps``, shared with
+``quantize_model``.
 """
 
 from __future__ import annotations
@@ -76,8 +77,8 @@ class Fp8LinearMethod:
         chunk_rows: int = CHUNK_ROWS,
     ) -> None:
         scheme = Scheme.parse(scheme)  # named first, as it is the first argument
-        self.checkpoint_format = CheckpointFormat.parse(checkpoint_format)
-        online = self.checkpoint_format is CheckpointFormat.HIGH_PRECISION
+        self._checkpoint_format = CheckpointFormat.parse(checkpoint_format)
+        online = self._checkpoint_format is CheckpointFormat.HIGH_PRECISION
         self._steps = LayerSteps.create(
             scheme, caps, policy,
             online=online, catalog=catalog, launches=launches, chunk_rows=chunk_rows,
@@ -85,6 +86,11 @@ class Fp8LinearMethod:
 
     # Read-only: the layers this method made keep the steps it had, so a setting changed
     # afterwards would reach some layers and not others.
+
+    @property
+    def checkpoint_format(self) -> CheckpointFormat:
+        """What the loaders receive: high-precision weights, or FP8 ones."""
+        return self._checkpoint_format
 
     @property
     def scheme(self) -> Scheme:

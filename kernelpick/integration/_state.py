@@ -30,8 +30,8 @@ class CheckpointFormat(enum.Enum):
     """What the checkpoint a layer loads from holds.
 
     ``HIGH_PRECISION``: float weights, quantized after loading (online). ``FP8``: weights
-    already quantized, in the canonical layout (``kernels.canonical``): FP8 ``weight``,
-    ``weight_scale`` and, for static schemes, ``input_scale``.
+    already quantized, in the canonical layout (see ``kernelpick.kernels.quantize_weight``):
+    FP8 ``weight``, ``weight_scale`` and, for static schemes, ``input_scale``.
     """
 
     HIGH_PRECISION = "high_precision"
