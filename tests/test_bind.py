@@ -176,9 +176,14 @@ def test_a_launch_row_takes_only_a_kernel_family_declaring_its_kind(family: obje
 def test_a_launch_row_parses_its_dtypes_and_checks_its_flag() -> None:
     row = Launch(ReferenceW8A8, fused_bias=["bfloat16"])
     assert row.fused_bias == frozenset({Dtype.BFLOAT16})
-    assert Launch(ReferenceW8A8, fused_bias="fp16").fused_bias == frozenset({Dtype.FLOAT16})
+    assert Launch(ReferenceW8A8, fused_bias=["fp16"]).fused_bias == frozenset({Dtype.FLOAT16})
     with pytest.raises(kp.UnknownNameError):
         Launch(ReferenceW8A8, fused_bias=["bf61"])
+    # A bare name is not a set (the rule classes refuse it too), and only outputs count.
+    with pytest.raises(kp.InvalidValueError, match="a set of output dtypes"):
+        Launch(ReferenceW8A8, fused_bias="bfloat16")
+    with pytest.raises(kp.InvalidValueError, match="a set of output dtypes"):
+        Launch(ReferenceW8A8, fused_bias=["float8_e4m3fn"])
     with pytest.raises(kp.InvalidValueError, match="fused_quant"):
         Launch(ReferenceW8A8, fused_quant="no")  # type: ignore[arg-type]
 
@@ -222,3 +227,21 @@ def test_binding_a_gpu_kernel_without_a_gpu_says_there_is_none() -> None:
         bind("cuda_rowwise_scaled_mm", config, kp.device_profile("h100"))
     with pytest.raises(kp.InvalidValueError, match="torch sees none"):
         bind("cuda_rowwise_scaled_mm", config, kp.device_profile("h100"), "cuda")
+
+
+def test_run_is_apply_on_the_bundle_prepare_weights_derives() -> None:
+    kernel = bind("cpu_rowwise_scaled_mm", CONFIG, CPU)
+    weight, scale = quantize_weight(torch.randn(32, 64), CONFIG)
+    x, bias = torch.randn(3, 64), torch.randn(32)
+    want = kernel.apply(x, kernel.prepare_weights(weight, scale), bias)
+    assert torch.equal(kernel.run(x, weight, scale, None, bias), want)
+    # It checks the canonical tensors as prepare_weights does.
+    with pytest.raises(kp.KernelInputError, match="weight"):
+        kernel.run(x, weight.float(), scale)
+
+
+def test_a_cpu_device_with_an_index_binds_to_the_cpu() -> None:
+    # CPU tensors report "cpu", never "cpu:0": an indexed CPU device would refuse them all.
+    kernel = bind("cpu_rowwise_scaled_mm", CONFIG, CPU, device="cpu:0")
+    assert kernel.device == torch.device("cpu")
+    kernel.apply(torch.randn(2, 64), kernel.quantize_weights(torch.randn(32, 64)))

@@ -945,3 +945,14 @@ def test_kernel_spec_refuses_an_unknown_kind_by_name() -> None:
     with pytest.raises(kp.UnknownNameError, match="kernel kind") as info:
         kp.KernelSpec("x", "cuda", "W8A4")
     assert info.value.closest in ("W8A8", "W8A16")
+
+
+def test_device_caps_turn_an_arch_subclass_into_the_core_type() -> None:
+    # Rules compare archs of one exact type, so a subclass would make choose raise.
+    class MyArch(CudaArch):
+        pass
+
+    caps = attrs.evolve(kp.device_profile("h100"), arch=MyArch(9, 0))
+    assert type(caps.arch) is CudaArch
+    decision = kp.choose(caps, kp.quant_config("fp8_per_channel", weight_shape=(64, 64)))
+    assert isinstance(decision, kp.Selected)

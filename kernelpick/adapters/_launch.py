@@ -52,11 +52,15 @@ def _family(_inst: object, attribute: attrs.Attribute[type[KernelBase]], value: 
         raise InvalidValueError("Launch family", value.__name__, expected)
 
 
-def _dtypes(value: Iterable[Dtype | str] | Dtype | str) -> frozenset[Dtype]:
-    items = [value] if isinstance(value, (Dtype, str)) else value
-    if not isinstance(items, Iterable):
-        raise InvalidValueError("Launch fused_bias", value, "a set of output dtypes")
-    return frozenset(Dtype.parse(item) for item in items)
+def _dtypes(value: Iterable[Dtype | str]) -> frozenset[Dtype]:
+    # A bare name is refused, as the rule classes refuse it: "bfloat16" is not a set.
+    expected = "a set of output dtypes (bfloat16, float16, float32)"
+    if isinstance(value, (Dtype, str)) or not isinstance(value, Iterable):
+        raise InvalidValueError("Launch fused_bias", value, expected)
+    dtypes = frozenset(Dtype.parse(item) for item in value)
+    if not dtypes <= HIGH_PRECISION:
+        raise InvalidValueError("Launch fused_bias", sorted(d.value for d in dtypes), expected)
+    return dtypes
 
 
 @attrs.frozen
@@ -126,9 +130,11 @@ def _parse_device(device: object) -> torch.device:
     if isinstance(device, int) and device < 0:
         raise InvalidValueError("device", device, _DEVICE_FORMS)
     try:
-        return torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        parsed = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
     except (RuntimeError, ValueError, TypeError):  # torch's own parse error for 'gpu', 'cuda:x'
         raise InvalidValueError("device", device, _DEVICE_FORMS) from None
+    # CPU tensors report device "cpu", never "cpu:0": an index would refuse every one of them.
+    return torch.device("cpu") if parsed.type == "cpu" else parsed
 
 
 def _device(kernel_id: str, platform: Platform, device: object) -> torch.device:

@@ -26,9 +26,15 @@ def _names(value: Iterable[str] | str) -> frozenset[str]:
         raise InvalidValueError("name set", value, "a collection of names") from None
 
 
-def _arch(_inst: object, attribute: attrs.Attribute[Arch], value: Arch) -> None:
-    if not isinstance(value, (CudaArch, RocmArch, CpuArch)):
-        raise InvalidValueError("arch", value, "a CudaArch, RocmArch or CpuArch")
+def _arch(value: Arch) -> Arch:
+    # A subclass becomes the core type, as Version does: rules compare archs of one type.
+    if isinstance(value, CudaArch):
+        return CudaArch.parse(value)
+    if isinstance(value, RocmArch):
+        return RocmArch.parse(value)
+    if isinstance(value, CpuArch):
+        return value
+    raise InvalidValueError("arch", value, "a CudaArch, RocmArch or CpuArch")
 
 
 def _optional_version(value: object) -> Version | None:
@@ -51,7 +57,7 @@ class DeviceCaps:
     constructor, take a profile (``kp.device_profile``), or probe a live device.
     """
 
-    arch: Arch = attrs.field(validator=_arch)
+    arch: Arch = attrs.field(converter=_arch)
     name: str = attrs.field(validator=_name)
     torch_version: Version = attrs.field(converter=as_version)
     toolkit_version: Version | None = attrs.field(default=None, converter=_optional_version)

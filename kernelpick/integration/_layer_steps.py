@@ -19,7 +19,7 @@ from kernelpick.core import default_catalog
 from kernelpick.core._decision import Rejected, Selected
 from kernelpick.core._device import DeviceCaps
 from kernelpick.core._dtypes import Dtype
-from kernelpick.core._errors import InvalidValueError, UnknownNameError
+from kernelpick.core._errors import InvalidValueError
 from kernelpick.core._policy import Policy
 from kernelpick.core._quant import QuantConfig
 from kernelpick.core._schemes import Scheme, quant_config
@@ -79,15 +79,20 @@ def _launches(launches: object) -> dict[str, Launch] | None:
 
 
 def _check_rows(catalog: Catalog | None, launches: Mapping[str, Launch] | None) -> None:
-    """Every kernel ``catalog`` may select has a row in ``launches``, or ``UnknownNameError``
-    naming the first that has none and the ids that have one. Checked for the whole catalog
+    """Every kernel ``catalog`` may select has a row in ``launches``, or ``InvalidValueError``
+    naming the first that has none and how to add it. Checked for the whole catalog
     once, not per selection: a cast or a move selects again in the middle of torch's walk
     over the model, after the modules before the layer changed, so the tables must be
     known to fit before the first layer is made."""
     rows = LAUNCHES if launches is None else launches
     for spec in (default_catalog() if catalog is None else catalog).kernels:
         if spec.id not in rows:
-            raise UnknownNameError("launchable kernel id", spec.id, sorted(rows))
+            # Not a misspelling: the catalog names a kernel the table cannot run.
+            expected = (
+                f"a launch row for every catalog id: add {{**LAUNCHES, {spec.id!r}: "
+                "Launch(<family>)} to launches, or leave the id out of the catalog"
+            )
+            raise InvalidValueError("launches", f"no row for {spec.id!r}", expected)
 
 
 @attrs.frozen(eq=False)  # compared by identity: it holds a dict, which cannot be hashed
@@ -253,9 +258,5 @@ def run(layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> t
             "layer", state.name,
             "a layer whose weights were processed: call process_weights_after_loading first",
         )  # fmt: skip
-    params = layer._parameters
-    bundle = kernel.prepare_weights(
-        layer.get_parameter("weight"), layer.get_parameter("weight_scale"),
-        params.get("input_scale"),
-    )  # fmt: skip
-    return kernel.apply(x, bundle, bias)
+    weight, scale = layer.get_parameter("weight"), layer.get_parameter("weight_scale")
+    return kernel.run(x, weight, scale, layer._parameters.get("input_scale"), bias)

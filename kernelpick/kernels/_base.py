@@ -65,9 +65,10 @@ class KernelBase:
     fp8_format: Dtype
     fused_bias: frozenset[Dtype] = HIGH_PRECISION
     fused_quant: bool = False
-    # The bundle.weight shape and strides this family's prepare_weights makes (None: any
-    # stride, for an extent of 1), derived once: apply compares every bundle with them.
-    _layout: tuple[tuple[int, ...], tuple[int | None, ...]] = attrs.field(
+    # What this family's prepare_weights makes: bundle.weight's shape and strides (None:
+    # any stride, for an extent of 1) and bundle.scale's shape (0-dim per tensor), derived
+    # once: apply compares every bundle it is handed with them.
+    _layout: tuple[tuple[int, ...], tuple[int | None, ...], tuple[int, ...]] = attrs.field(
         init=False, eq=False, repr=False
     )
 
@@ -85,7 +86,9 @@ class KernelBase:
         strides = tuple(
             s if e != 1 else None for e, s in zip(view.shape, view.stride(), strict=True)
         )
-        object.__setattr__(self, "_layout", (tuple(view.shape), strides))
+        scale = self.config.weight_scale_shape
+        layout = (tuple(view.shape), strides, () if scale == (1,) else scale)
+        object.__setattr__(self, "_layout", layout)
 
     @property
     def kernel_id(self) -> str:
@@ -213,12 +216,29 @@ class KernelBase:
         self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
         """``x [..., K]`` -> ``[..., N]`` in the config's output dtype."""
-        n, k = self.config.weight_shape
-        device = bundle.weight.device
         # A bundle whose tensors were cast (say by a model-wide .half()) must not run.
         check_tensor("bundle.weight", bundle.weight, dtypes=(self.fp8,))
         check_tensor("bundle.scale", bundle.scale, dtypes=_F32)
         self._check_layout(bundle)
+        return self._apply(x, bundle, bias)
+
+    def run(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        weight_scale: torch.Tensor,
+        input_scale: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``apply`` on the bundle ``prepare_weights`` derives from the canonical tensors,
+        in one call: the bundle is made here, so its layout needs no second check."""
+        return self._apply(x, self.prepare_weights(weight, weight_scale, input_scale), bias)
+
+    def _apply(
+        self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        n, k = self.config.weight_shape
+        device = bundle.weight.device
         check_tensor("x", x, dtypes=(torch_dtype(self.config.input_dtype),), device=device)
         if x.dim() == 0 or x.shape[-1] != k:
             raise reject("x", x, f"last dimension K={k}")
@@ -234,7 +254,7 @@ class KernelBase:
         # Metadata only. A bundle another family prepared holds the same bytes in another
         # view ([N, K] against the [K, N] transpose): on a square layer every dtype and
         # extent matches, and the product would be x @ W instead of x @ W^T.
-        shape, strides = self._layout
+        shape, strides, scale_shape = self._layout
         weight = bundle.weight
         got = weight.stride()
         if tuple(weight.shape) != shape or (
@@ -244,18 +264,13 @@ class KernelBase:
             wanted = ", ".join("*" if w is None else str(w) for w in strides)
             expected = (
                 f"shape {list(shape)} with strides ({wanted}), as {self.kernel_id}'s "
-                f"prepare_weights makes it: a bundle from this kernel, strides {list(got)} came"
+                f"prepare_weights makes it (strides {list(got)} given): pass a bundle this "
+                "kernel prepared"
             )
             raise reject("bundle.weight", weight, expected)
-        scale_shape = self._bundle_scale_shape()
         if tuple(bundle.scale.shape) != scale_shape:
             expected = f"shape {list(scale_shape)}, as {self.kernel_id}'s prepare_weights makes it"
             raise reject("bundle.scale", bundle.scale, expected)
-
-    def _bundle_scale_shape(self) -> tuple[int, ...]:
-        """What ``_weight_scale`` makes: 0-dim per tensor, else the stored shape."""
-        shape = self.config.weight_scale_shape
-        return () if shape == (1,) else shape
 
 
 @attrs.frozen

@@ -48,3 +48,12 @@ class Kernel(Protocol):
     def apply(
         self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None = None
     ) -> torch.Tensor: ...
+
+    def run(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        weight_scale: torch.Tensor,
+        input_scale: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+    ) -> torch.Tensor: ...
