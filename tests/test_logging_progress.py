@@ -22,11 +22,11 @@ from kernelpick.integration import (
 )
 from kernelpick.integration import _log as log_module
 from kernelpick.integration import _swap as swap
+from tests.models import SHAPES, linears
 
 CPU = kp.device_profile("cpu")
 A100 = kp.device_profile("a100")
 # (in, out) of the linears: three shapes, repeated as a model's blocks repeat them.
-SHAPES = ((64, 128), (128, 64), (64, 32))
 # Every CPU W8A8 kernel disabled: a W8A8 scheme falls back to the weight-only stand-in.
 W8A8_OFF = kp.Policy(
     disabled={"cpu_rowwise_scaled_mm", "cpu_tensorwise_scaled_mm", "cpu_dequant_reference"}
@@ -41,17 +41,6 @@ def _fresh_log() -> Iterator[None]:
     log_module.forget_logged()
 
 
-def _model(copies: int, seed: int = 0) -> torch.nn.ModuleDict:
-    torch.manual_seed(seed)
-    return torch.nn.ModuleDict(
-        {
-            f"b{j}_{i}": torch.nn.Linear(k, n)
-            for j in range(copies)
-            for i, (k, n) in enumerate(SHAPES)
-        }
-    )
-
-
 def _records(caplog: pytest.LogCaptureFixture, level: int) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.name.startswith("kernelpick") and r.levelno == level]
 
@@ -61,7 +50,7 @@ def _records(caplog: pytest.LogCaptureFixture, level: int) -> list[logging.LogRe
 
 def test_each_device_and_config_is_logged_once_at_info(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="kernelpick")
-    report = quantize_model(_model(copies=4), caps=CPU, policy=kp.Policy(), progress=False)
+    report = quantize_model(linears(copies=4), caps=CPU, policy=kp.Policy(), progress=False)
     assert len(report.layers) == 12
     infos = _records(caplog, logging.INFO)
     assert len(infos) == 3  # one per shape, not one per layer
@@ -75,7 +64,7 @@ def test_each_device_and_config_is_logged_once_at_info(caplog: pytest.LogCapture
     assert not _records(caplog, logging.WARNING)
     # Once per process: a second model of the same shapes adds nothing.
     caplog.clear()
-    quantize_model(_model(copies=2), caps=CPU, policy=kp.Policy(), progress=False)
+    quantize_model(linears(copies=2), caps=CPU, policy=kp.Policy(), progress=False)
     assert not _records(caplog, logging.INFO)
 
 
@@ -103,7 +92,7 @@ def test_a_degraded_choice_warns_once_per_device_and_config(
 
 def test_quantize_model_warns_for_a_degraded_choice(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="kernelpick")
-    model = _model(copies=2)
+    model = linears(copies=2)
     report = quantize_model(model, "fp8_per_tensor", caps=CPU, policy=W8A8_OFF, progress=False)
     assert all(layer.degraded for layer in report.layers)
     assert len(_records(caplog, logging.WARNING)) == 3
@@ -113,7 +102,7 @@ def test_quantize_model_warns_for_a_degraded_choice(caplog: pytest.LogCaptureFix
 
 def test_debug_holds_the_full_trace(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="kernelpick")
-    quantize_model(_model(copies=1), "fp8_per_tensor", caps=CPU, policy=W8A8_OFF, progress=False)
+    quantize_model(linears(copies=1), "fp8_per_tensor", caps=CPU, policy=W8A8_OFF, progress=False)
     debug = _records(caplog, logging.DEBUG)
     assert len(debug) == 3
     config = kp.quant_config(
@@ -128,25 +117,25 @@ def test_a_selection_nobody_heard_is_logged_once_someone_listens(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.WARNING, logger="kernelpick")
-    quantize_model(_model(copies=1), caps=CPU, policy=kp.Policy(), progress=False)
+    quantize_model(linears(copies=1), caps=CPU, policy=kp.Policy(), progress=False)
     assert not caplog.records
     caplog.set_level(logging.INFO, logger="kernelpick")
-    quantize_model(_model(copies=1), caps=CPU, policy=kp.Policy(), progress=False)
+    quantize_model(linears(copies=1), caps=CPU, policy=kp.Policy(), progress=False)
     assert len(_records(caplog, logging.INFO)) == 3
 
 
 def test_debug_turned_on_later_gets_the_trace_held_back(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="kernelpick")
-    quantize_model(_model(copies=1), caps=CPU, policy=kp.Policy(), progress=False)
+    quantize_model(linears(copies=1), caps=CPU, policy=kp.Policy(), progress=False)
     assert len(_records(caplog, logging.INFO)) == 3
     assert not _records(caplog, logging.DEBUG)
     caplog.clear()
     caplog.set_level(logging.DEBUG, logger="kernelpick")
-    quantize_model(_model(copies=1), caps=CPU, policy=kp.Policy(), progress=False)
+    quantize_model(linears(copies=1), caps=CPU, policy=kp.Policy(), progress=False)
     assert len(_records(caplog, logging.DEBUG)) == 3  # the traces, not the summaries again
     assert not _records(caplog, logging.INFO)
     caplog.clear()
-    quantize_model(_model(copies=1), caps=CPU, policy=kp.Policy(), progress=False)
+    quantize_model(linears(copies=1), caps=CPU, policy=kp.Policy(), progress=False)
     assert not caplog.records  # everything the logger lets through was said
 
 
@@ -154,7 +143,7 @@ def test_a_refused_conversion_logs_nothing_and_the_call_that_converts_does(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="kernelpick")
-    model = _model(copies=1)
+    model = linears(copies=1)
     weight = model["b0_2"].get_parameter("weight")
     with torch.no_grad():
         weight[0, 0] = float("nan")
@@ -179,7 +168,7 @@ def test_a_stopped_conversion_logs_the_layers_it_converted(
         real(self, path, new)
 
     monkeypatch.setattr(swap.Swaps, "replace", replace)
-    model = _model(copies=1)
+    model = linears(copies=1)
     with pytest.raises(ModelConversionError):
         quantize_model(model, caps=CPU, policy=kp.Policy(), progress=False)
     assert ["'b0_0'" in r.getMessage() for r in _records(caplog, logging.INFO)] == [True]
@@ -193,12 +182,12 @@ def test_a_stopped_conversion_logs_the_layers_it_converted(
 def test_a_loaded_checkpoint_and_a_cast_log_the_kernels_their_layers_get(
     caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
-    model = _model(copies=1)
+    model = linears(copies=1)
     quantize_model(model, caps=CPU, policy=kp.Policy(), progress=False)
     save_quantized(model, tmp_path)
     log_module.forget_logged()
     caplog.set_level(logging.INFO, logger="kernelpick")
-    load_quantized(_model(copies=1, seed=1), tmp_path, CPU, kp.Policy())
+    load_quantized(linears(copies=1, seed=1), tmp_path, CPU, kp.Policy())
     assert len(_records(caplog, logging.INFO)) == 3
     caplog.clear()
     model.to(torch.bfloat16)  # a new config for each layer: selected again, and logged
@@ -208,7 +197,7 @@ def test_a_loaded_checkpoint_and_a_cast_log_the_kernels_their_layers_get(
 
 
 def test_kernelpick_adds_no_handler_and_sets_no_level() -> None:
-    quantize_model(_model(copies=1), "fp8_per_tensor", caps=CPU, policy=W8A8_OFF, progress=False)
+    quantize_model(linears(copies=1), "fp8_per_tensor", caps=CPU, policy=W8A8_OFF, progress=False)
     for name in ("kernelpick", "kernelpick.integration"):
         logger = logging.getLogger(name)
         assert logger.handlers == []

@@ -15,20 +15,9 @@ import kernelpick as kp
 from kernelpick.integration import Fp8Linear, ModelConversionError, quantize_model
 from kernelpick.integration import _progress as progress_module
 from kernelpick.integration import _swap as swap
+from tests.models import linears
 
 CPU = kp.device_profile("cpu")
-SHAPES = ((64, 128), (128, 64), (64, 32))
-
-
-def _model(copies: int, seed: int = 0) -> torch.nn.ModuleDict:
-    torch.manual_seed(seed)
-    return torch.nn.ModuleDict(
-        {
-            f"b{j}_{i}": torch.nn.Linear(k, n)
-            for j in range(copies)
-            for i, (k, n) in enumerate(SHAPES)
-        }
-    )
 
 
 class _Terminal(io.StringIO):
@@ -37,7 +26,7 @@ class _Terminal(io.StringIO):
 
 
 def test_progress_true_draws_a_bar_of_the_layers(capsys: pytest.CaptureFixture[str]) -> None:
-    quantize_model(_model(copies=2), caps=CPU, policy=kp.Policy(), progress=True)
+    quantize_model(linears(copies=2), caps=CPU, policy=kp.Policy(), progress=True)
     err = capsys.readouterr().err
     assert "quantize_model" in err
     assert "6/6" in err
@@ -48,7 +37,7 @@ def test_progress_none_draws_nothing_where_stderr_is_not_a_terminal(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert not sys.stderr.isatty()
-    quantize_model(_model(copies=2), caps=CPU, policy=kp.Policy())
+    quantize_model(linears(copies=2), caps=CPU, policy=kp.Policy())
     assert capsys.readouterr().err == ""
 
 
@@ -58,20 +47,20 @@ def test_on_a_terminal_the_bar_is_drawn_unless_turned_off(
 ) -> None:
     terminal = _Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
-    quantize_model(_model(copies=2), caps=CPU, policy=kp.Policy(), progress=progress)
+    quantize_model(linears(copies=2), caps=CPU, policy=kp.Policy(), progress=progress)
     assert ("6/6" in terminal.getvalue()) is drawn
     assert (terminal.getvalue() == "") is not drawn
 
 
 def test_progress_of_another_type_is_refused_before_anything_changes() -> None:
-    model = _model(copies=1)
+    model = linears(copies=1)
     with pytest.raises(kp.InvalidValueError, match=r"progress.*True, False, or None"):
         quantize_model(model, caps=CPU, policy=kp.Policy(), progress="yes")  # type: ignore[arg-type]
     assert all(type(module) is torch.nn.Linear for module in model.values())
 
 
 def test_the_bar_changes_nothing_the_conversion_does() -> None:
-    shown, hidden = _model(copies=2), _model(copies=2)
+    shown, hidden = linears(copies=2), linears(copies=2)
     with_bar = quantize_model(shown, caps=CPU, policy=kp.Policy(), progress=True)
     without = quantize_model(hidden, caps=CPU, policy=kp.Policy(), progress=False)
     assert with_bar == without
@@ -103,7 +92,7 @@ def test_an_interrupt_closes_the_bar_and_leaves_whole_layers(
 
     monkeypatch.setattr(progress_module, "tqdm", Recording)
     monkeypatch.setattr(swap.Swaps, "replace", replace)
-    model = _model(copies=2)
+    model = linears(copies=2)
     with pytest.raises(ModelConversionError) as info:
         quantize_model(model, caps=CPU, policy=kp.Policy(), progress=True)
     assert isinstance(info.value.__cause__, KeyboardInterrupt)
@@ -129,7 +118,7 @@ def test_no_stderr_at_all_converts_without_a_bar(
 ) -> None:
     # sys.stderr is None under pythonw, and for a script run with fd 2 closed (2>&-).
     monkeypatch.setattr(sys, "stderr", None)
-    model = _model(copies=1)
+    model = linears(copies=1)
     report = quantize_model(model, caps=CPU, policy=kp.Policy(), progress=progress)
     assert len(report.layers) == 3
     assert all(_converted(model))
@@ -142,7 +131,7 @@ def test_a_closed_stderr_converts_without_a_bar(
     closed = io.StringIO()
     closed.close()  # isatty and write now raise ValueError
     monkeypatch.setattr(sys, "stderr", closed)
-    model = _model(copies=1)
+    model = linears(copies=1)
     quantize_model(model, caps=CPU, policy=kp.Policy(), progress=progress)
     assert all(_converted(model))
 
@@ -187,7 +176,7 @@ def test_a_stderr_that_fails_to_draw_turns_the_bar_off_not_the_conversion(
     # writes: how far it draws before failing: as it starts, at an update, or as it closes.
     monkeypatch.setattr(progress_module, "tqdm", _Eager)
     monkeypatch.setattr(sys, "stderr", _Gone(writes, error))
-    model, reference = _model(copies=1), _model(copies=1)
+    model, reference = linears(copies=1), linears(copies=1)
     report = quantize_model(model, caps=CPU, policy=kp.Policy())  # None: "a terminal"
     assert report == quantize_model(reference, caps=CPU, policy=kp.Policy(), progress=False)
     assert all(_converted(model))
@@ -206,7 +195,7 @@ def test_a_bar_failing_to_close_does_not_hide_why_the_conversion_stopped(
 
     monkeypatch.setattr(swap.Swaps, "replace", replace)
     monkeypatch.setattr(sys, "stderr", _Gone(1, BrokenPipeError(32, "Broken pipe")))
-    model = _model(copies=1)
+    model = linears(copies=1)
     with pytest.raises(ModelConversionError) as info:
         quantize_model(model, caps=CPU, policy=kp.Policy())
     assert isinstance(info.value.__cause__, KeyboardInterrupt)
