@@ -331,7 +331,7 @@ class PerTokenOnly:
         assert config.activation is not None, "a W8A8 config"
         if config.activation.scale.group == GroupShape.PER_TOKEN:
             return None
-        found = str(config.activation.scale.group)
+        found = config.activation.scale.group.render()
         return kp.Reason(kp.RejectCode.ACTIVATION_SCALES, "per-token", found)
 
     def render(self) -> str:

@@ -76,7 +76,7 @@ class ActivationScales:
         # A weight-only config is judged by the kind rule, not here.
         if act is None or act.scale.group in self.groups:
             return None
-        return Reason(RejectCode.ACTIVATION_SCALES, listed(self.groups), str(act.scale.group))
+        return Reason(RejectCode.ACTIVATION_SCALES, listed(self.groups), act.scale.group.render())
 
     def render(self) -> str:
         return f"activation {listed(self.groups)}"
@@ -92,7 +92,7 @@ class WeightScales:
         group = config.weight.scale.group
         if group in self.groups:
             return None
-        return Reason(RejectCode.WEIGHT_SCALES, listed(self.groups), str(group))
+        return Reason(RejectCode.WEIGHT_SCALES, listed(self.groups), group.render())
 
     def render(self) -> str:
         return f"weight {listed(self.groups)}"

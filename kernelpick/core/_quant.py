@@ -60,9 +60,6 @@ class GroupShape:
             return f"block {shape}"
         return f"group {shape}"
 
-    def __str__(self) -> str:
-        return self.render()
-
 
 GroupShape.PER_TENSOR = GroupShape(-1, -1)
 GroupShape.PER_TOKEN = GroupShape(1, -1)

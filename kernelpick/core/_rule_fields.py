@@ -37,7 +37,9 @@ def either(names: Sequence[str]) -> str:
 
 
 def listed(items: Iterable[Dtype] | Iterable[GroupShape]) -> str:
-    return either(sorted(str(item) for item in items))
+    return either(
+        sorted(item.render() if isinstance(item, GroupShape) else str(item) for item in items)
+    )
 
 
 def _members(value: object, what: str) -> list[object]:
