@@ -27,6 +27,7 @@ from kernelpick.core import (
     UnknownNameError,
     default_catalog,
 )
+from kernelpick.core._decision import reason_lines
 from kernelpick.core._dtypes import HIGH_PRECISION, Dtype
 from kernelpick.core._errors import is_bool
 from kernelpick.core._select import rule_reasons
@@ -207,7 +208,7 @@ def bind(
         raise InvalidValueError("caps", caps.name, f"a {spec.platform} device for {kernel_id}")
     failing = rule_reasons(spec, caps, config)
     if failing:
-        lines = "".join(f"\n  - {reason.kernel}: {reason.render()}" for reason in failing)
+        lines = "".join(f"\n{line}" for line in reason_lines(failing))
         expected = f"a config {kernel_id} can implement on {caps.name}; its rules say:{lines}"
         raise InvalidValueError("config", config.render(), expected)
     return row.kernel(spec, config, caps, _device(kernel_id, spec.platform, device))

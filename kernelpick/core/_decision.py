@@ -10,7 +10,7 @@ from kernelpick.core._errors import InvalidValueError
 from kernelpick.core._reasons import Reason
 from kernelpick.core._specs import KernelKind
 
-__all__ = ["SCHEMA_VERSION", "Decision", "Rejected", "Selected", "Verdict"]
+__all__ = ["SCHEMA_VERSION", "Decision", "Rejected", "Selected", "Verdict", "reason_lines"]
 
 # Bumped whenever a key of to_dict() changes meaning or disappears.
 SCHEMA_VERSION = 1
@@ -89,7 +89,8 @@ def _viable(verdict: Verdict, before_chosen: bool, chosen_degraded: bool) -> str
     return f"also viable ({place} in preference order{'; degraded' if verdict.degraded else ''})"
 
 
-def _lines(reasons: tuple[Reason, ...]) -> list[str]:
+def reason_lines(reasons: tuple[Reason, ...] | list[Reason]) -> list[str]:
+    """One ``  - <kernel>: <sentence>`` line a reason, as every rendering lists them."""
     return [f"  - {reason.kernel}: {reason.render()}" for reason in reasons]
 
 
@@ -127,7 +128,7 @@ class Selected:
             if verdict.ok:
                 text = _viable(verdict, before, self.degraded)
                 lines.append(f"  - {verdict.kernel}: {text}")
-            lines.extend(_lines(verdict.reasons))
+            lines.extend(reason_lines(verdict.reasons))
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -160,7 +161,7 @@ class Rejected:
 
     def render(self) -> str:
         """The layout engines already print (vLLM's kernel chooser): a header, one line a reason."""
-        lines = [HEADER, *_lines(self.reasons)]
+        lines = [HEADER, *reason_lines(self.reasons)]
         if not self.trace:
             lines.append("  - (the catalog has no kernel for this device's platform)")
         lines.extend(f"Hint: {hint}" for hint in self.hints)

@@ -17,7 +17,12 @@ from kernelpick.core._errors import InvalidValueError, KernelInputError
 from kernelpick.core._quant import GroupShape, QuantConfig
 from kernelpick.core._specs import KernelKind, KernelSpec
 from kernelpick.kernels._bundle import Kernel, WeightBundle
-from kernelpick.kernels._canonical import CANONICAL_FP8, check_finite, quantize_weight
+from kernelpick.kernels._canonical import (
+    CANONICAL_FP8,
+    check_finite,
+    check_positive_finite,
+    quantize_weight,
+)
 from kernelpick.kernels._cupy_ops import quantize_per_token_cupy
 from kernelpick.kernels._fnuz import as_fnuz
 from kernelpick.kernels._quantize import (
@@ -161,9 +166,8 @@ class KernelBase:
         shape = self.config.weight_shape
         check_tensor("weight", weight, dtypes=_FLOATS, shape=shape, device=self.device)
         static = self._input_scale(input_scale)
-        if static is not None and not bool(torch.isfinite(static) & (static > 0)):
-            expected = f"a positive, finite scale, not {float(static)}"
-            raise reject("input_scale", static, expected)
+        if static is not None:
+            check_positive_finite("input_scale", static)
         with torch.no_grad():
             detached = weight.detach()
             check_finite("weight", detached)

@@ -35,6 +35,7 @@ __all__ = [
     "canonicalize_fp8_",
     "check_finite",
     "check_fp8_finite",
+    "check_positive_finite",
     "dequantize_weight",
     "one_tensor_scale",
     "positive_zero_",
@@ -99,9 +100,15 @@ def canonical_scale(name: str, scale: object, shape: tuple[int, ...]) -> torch.T
     if tuple(tensor.shape) not in _scale_layouts(shape):
         raise reject(name, tensor, f"fp32 scales of shape {list(shape)}")
     values = tensor.to(torch.float32).reshape(shape)
-    if not bool(torch.isfinite(values).all()) or not bool((values > 0).all()):
-        raise reject(name, tensor, "positive, finite scales")
+    check_positive_finite(name, values)
     return values.contiguous()
+
+
+def check_positive_finite(name: str, scale: torch.Tensor) -> None:
+    """Refuse a scale holding zero, a negative, NaN or Inf: a corrupt checkpoint's, which
+    would give zero or NaN outputs."""
+    if not bool(torch.isfinite(scale).all()) or not bool((scale > 0).all()):
+        raise reject(name, scale, "positive, finite scales")
 
 
 def check_finite(name: str, weight: torch.Tensor, chunk_rows: int = CHUNK_ROWS) -> None:
