@@ -221,6 +221,8 @@ def test_rule_fields_given_as_names_are_parsed_so_they_can_match() -> None:
     assert kp.rules.Fp8Dtypes({"float8_e4m3fn"}).dtypes == frozenset({Dtype.FLOAT8_E4M3FN})
     assert kp.rules.OutDtypes({"bfloat16"}).dtypes == frozenset({Dtype.BFLOAT16})
     assert kp.rules.InputDtypes(["bf16", "fp16"]).dtypes == {Dtype.BFLOAT16, Dtype.FLOAT16}
+    # ISA flags are kept as CpuArch keeps the probed ones: lower case, stripped.
+    assert kp.rules.CpuIsa([" AVX2", "f16c"]).flags == frozenset({"avx2", "f16c"})
     # A rule built from names selects as one built from members does.
     rules = (
         kp.rules.MinComputeCapability("9.0"),
@@ -254,6 +256,11 @@ def test_rule_fields_given_as_names_are_parsed_so_they_can_match() -> None:
         (lambda: kp.rules.NeedsLibrary(""), "library"),
         (lambda: kp.rules.NeedsTorchFeature(1, "x"), "feature"),  # type: ignore[arg-type]
         (lambda: kp.rules.NeedsTorchFeature("scaled_mm", None), "meaning"),  # type: ignore[arg-type]
+        (lambda: kp.rules.CpuIsa("avx2"), "CpuIsa flags"),  # a bare string
+        (lambda: kp.rules.CpuIsa(frozenset()), "CpuIsa flags"),
+        (lambda: kp.rules.CpuIsa({"avx2", ""}), "CpuIsa flags"),
+        (lambda: kp.rules.CpuIsa({"avx2", 3}), "CpuIsa flags"),
+        (lambda: kp.rules.CpuIsa(None), "CpuIsa flags"),
     ],
 )
 def test_rule_fields_are_validated_when_built(make: object, what: str) -> None:

@@ -22,6 +22,7 @@ from kernelpick.adapters.cpu import _device as cpu_device
 from kernelpick.adapters.cuda import _device as cuda_device
 from kernelpick.adapters.rocm import _device as rocm_device
 from kernelpick.core import (
+    FEATURE_CPP_TOOLCHAIN,
     FEATURE_SCALED_MM,
     FEATURE_SCALED_MM_ROWWISE,
     Arch,
@@ -42,6 +43,7 @@ TRANSLATE: dict[str, Callable[[Mapping[str, object]], kp.DeviceCaps]] = {
 }
 GPU_AVAILABLE = torch.cuda.is_available()
 BOTH_FEATURES = frozenset({FEATURE_SCALED_MM, FEATURE_SCALED_MM_ROWWISE})
+ALL_CPU_FEATURES = BOTH_FEATURES | {FEATURE_CPP_TOOLCHAIN}
 FN = Dtype.FLOAT8_E4M3FN
 FNUZ = Dtype.FLOAT8_E4M3FNUZ
 
@@ -148,7 +150,8 @@ def test_translate_cpu_fixture() -> None:
     assert caps.fp8_format is FN
     assert caps.toolkit_version is None
     assert caps.libraries == frozenset()
-    assert caps.features == BOTH_FEATURES  # the recording machine runs torch 2.13
+    # The recording machine runs torch 2.13 and has a C++ compiler and ninja.
+    assert caps.features == ALL_CPU_FEATURES
     # The profile describes an AVX2 machine; the recorded one has at least that.
     profile = kp.device_profile("cpu")
     assert isinstance(profile.arch, CpuArch)
@@ -158,18 +161,25 @@ def test_translate_cpu_fixture() -> None:
 
 
 @pytest.mark.parametrize(
-    ("scaled_mm", "rowwise", "features"),
+    ("scaled_mm", "rowwise", "toolchain", "features"),
     [
-        (True, True, BOTH_FEATURES),
-        (True, False, {FEATURE_SCALED_MM}),
-        (False, True, {FEATURE_SCALED_MM_ROWWISE}),
-        (False, False, set()),
+        (True, True, True, ALL_CPU_FEATURES),
+        (True, True, False, BOTH_FEATURES),
+        (True, False, False, {FEATURE_SCALED_MM}),
+        (False, True, False, {FEATURE_SCALED_MM_ROWWISE}),
+        (False, False, True, {FEATURE_CPP_TOOLCHAIN}),
+        (False, False, False, set()),
     ],
 )
-def test_cpu_features_follow_the_trial_booleans(
-    scaled_mm: bool, rowwise: bool, features: set[str]
+def test_cpu_features_follow_the_probed_booleans(
+    scaled_mm: bool, rowwise: bool, toolchain: bool, features: set[str]
 ) -> None:
-    props = {**_props("cpu"), "scaled_mm": scaled_mm, "scaled_mm_rowwise": rowwise}
+    props = {
+        **_props("cpu"),
+        "scaled_mm": scaled_mm,
+        "scaled_mm_rowwise": rowwise,
+        "cpp_toolchain": toolchain,
+    }
     assert cpu_device.translate(props).features == features
 
 
@@ -181,7 +191,15 @@ def _strings(value: object) -> list[str]:
 # --- translate: rejections -----------------------------------------------------------------
 
 REQUIRED = {
-    "cpu": ["machine", "name", "isa", "torch_version", "scaled_mm", "scaled_mm_rowwise"],
+    "cpu": [
+        "machine",
+        "name",
+        "isa",
+        "torch_version",
+        "scaled_mm",
+        "scaled_mm_rowwise",
+        "cpp_toolchain",
+    ],
     "t4": ["name", "major", "minor", "torch_version", "cuda_version", "libraries"],
     "mi300x": ["name", "gcnArchName", "torch_version", "hip_version"],
 }
@@ -207,6 +225,9 @@ def test_translate_rejects_a_missing_key_naming_it(stem: str, key: str) -> None:
         ("cpu", "isa", ["avx2", 3]),
         ("cpu", "scaled_mm", "yes"),
         ("cpu", "scaled_mm_rowwise", 1),
+        ("cpu", "cpp_toolchain", "true"),
+        ("cpu", "cpp_toolchain", None),
+        ("cpu", "cpp_toolchain", 0),
         ("cpu", "torch_version", 2.13),
         ("t4", "name", None),
         ("t4", "major", "7"),
@@ -257,8 +278,8 @@ def test_translate_ignores_properties_it_does_not_read() -> None:
 
 X86 = """processor\t: 0
 model name\t: Intel(R) Xeon(R) Platinum 8480+
-flags\t\t: fpu sse2 avx2 fma avx512f avx512bw avx512vl avx512_bf16 avx512_fp16 \
-amx_bf16 amx_tile amx_int8
+flags\t\t: fpu sse2 avx f16c avx2 fma avx512f avx512bw avx512vl avx512vbmi avx512_vbmi2 \
+avx512_bf16 avx512_fp16 amx_bf16 amx_tile amx_int8
 
 processor\t: 1
 model name\t: Intel(R) Xeon(R) Platinum 8480+
@@ -286,7 +307,9 @@ CPU implementer\t: 0x41
                 "avx512_fp16",
                 "avx512bw",
                 "avx512f",
+                "avx512vbmi",
                 "avx512vl",
+                "f16c",
                 "fma",
             ],
         ),
@@ -391,10 +414,11 @@ def test_probe_device_cpu_features_come_from_the_trial(device: object) -> None:
     assert caps.platform is kp.Platform.CPU
     assert (FEATURE_SCALED_MM in caps.features) is props["scaled_mm"]
     assert (FEATURE_SCALED_MM_ROWWISE in caps.features) is props["scaled_mm_rowwise"]
+    assert (FEATURE_CPP_TOOLCHAIN in caps.features) is props["cpp_toolchain"]
     assert caps == cpu_device.translate(props)
     if caps.torch_version >= Version(2, 13):
         # torch 2.13's CPU build runs both (docs/design.md#the-catalog-and-its-hardware-facts)
-        assert caps.features == BOTH_FEATURES
+        assert caps.features >= BOTH_FEATURES
 
 
 @pytest.mark.skipif(GPU_AVAILABLE, reason="a GPU is present")

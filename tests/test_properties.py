@@ -15,7 +15,9 @@ from hypothesis import strategies as st
 
 import kernelpick as kp
 from kernelpick.core import (
+    FEATURE_CPP_TOOLCHAIN,
     SCHEMA_VERSION,
+    CpuArch,
     CudaArch,
     GroupShape,
     RocmArch,
@@ -420,6 +422,11 @@ STACK_CHANGES: dict[str, Callable[[kp.DeviceCaps], kp.DeviceCaps]] = {
     "no libraries": lambda caps: attrs.evolve(caps, libraries=frozenset()),
     "torch 2.6": lambda caps: attrs.evolve(caps, torch_version=Version(2, 6)),
     "no features": lambda caps: attrs.evolve(caps, features=frozenset()),
+    "no f16c": lambda caps: (
+        attrs.evolve(caps, arch=CpuArch(caps.arch.machine, caps.arch.isa - {"f16c"}))
+        if isinstance(caps.arch, CpuArch)
+        else caps
+    ),
 }
 _DEVICE_HINT = re.compile(r"(?:or )?move to a device with (.+), where (\S+) runs")
 Change = Callable[[kp.DeviceCaps], kp.DeviceCaps]
@@ -433,6 +440,13 @@ def _move_to(arch: RocmArch, least: Version | None) -> Change:
         return moved if least is None else attrs.evolve(moved, toolkit_version=least)
 
     return change
+
+
+def _with_isa(arch: object, flags: frozenset[str]) -> CpuArch:
+    # The same CPU with the named instructions added (any CPU, when the hint names one).
+    machine = arch.machine if isinstance(arch, CpuArch) else "x86_64"
+    isa = arch.isa if isinstance(arch, CpuArch) else frozenset()
+    return CpuArch(machine, isa | flags)
 
 
 def _alternatives(part: str, spec: kp.KernelSpec) -> list[Change]:
@@ -455,6 +469,11 @@ def _alternatives(part: str, spec: kp.KernelSpec) -> list[Change]:
     if match := re.fullmatch(r"torch (\S+) or newer", part):
         version = Version.parse(match[1])
         return [lambda caps: attrs.evolve(caps, torch_version=version)]
+    if match := re.fullmatch(r"CPU instructions (.+)", part):
+        flags = frozenset(match[1].split(", "))
+        return [lambda caps: attrs.evolve(caps, arch=_with_isa(caps.arch, flags))]
+    if re.fullmatch(r"a C\+\+ toolchain \(.+\)", part):
+        return [lambda caps: attrs.evolve(caps, features=caps.features | {FEATURE_CPP_TOOLCHAIN})]
     features = {
         r.meaning: r.feature for r in spec.rules if isinstance(r, kp.rules.NeedsTorchFeature)
     }

@@ -115,6 +115,8 @@ def test_selected_text_says_where_each_other_viable_kernel_stands() -> None:
         "cpu_dequant_reference",
         "cpu_tensorwise_scaled_mm",
         "cpu_rowwise_scaled_mm",
+        "cpu_fp8_w8a16_gemm",
+        "cpu_fp8_gemm",
     ]
     assert decision.kernel == "cpu_dequant_reference"
     lines = decision.render().splitlines()
@@ -124,14 +126,21 @@ def test_selected_text_says_where_each_other_viable_kernel_stands() -> None:
     )
     assert "  - cpu_tensorwise_scaled_mm: also viable (later in preference order)" in lines
     assert not any("cpu_w8a16_reference: also viable (later" in line for line in lines)
+    # A degraded kernel after the choice is still only a degraded alternative.
+    assert "  - cpu_fp8_w8a16_gemm: also viable (later in preference order; degraded)" in lines
 
 
 def test_a_degraded_kernel_after_the_choice_is_marked_so() -> None:
     config = kp.quant_config("fp8_per_tensor", weight_shape=(64, 64))
     decision = kp.choose(kp.device_profile("cpu"), config)
     assert isinstance(decision, kp.Selected)
-    assert "  - cpu_w8a16_reference: also viable (later in preference order; degraded)" in (
-        decision.render().splitlines()
+    lines = decision.render().splitlines()
+    assert decision.kernel == "cpu_tensorwise_scaled_mm"
+    assert "  - cpu_w8a16_reference: also viable (later in preference order; degraded)" in lines
+    # The compiled W8A16 kernel comes first in the catalog, and is passed over as degraded.
+    assert (
+        "  - cpu_fp8_w8a16_gemm: also viable, but degraded: a non-degraded kernel is preferred"
+        in lines
     )
 
 

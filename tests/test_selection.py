@@ -7,7 +7,13 @@ import attrs
 import pytest
 
 import kernelpick as kp
-from kernelpick.core import FEATURE_SCALED_MM, Dtype, Version
+from kernelpick.core import (
+    FEATURE_CPP_TOOLCHAIN,
+    FEATURE_SCALED_MM,
+    FEATURE_SCALED_MM_ROWWISE,
+    Dtype,
+    Version,
+)
 
 PTPC = "fp8_per_channel"
 SHAPE = (4096, 4096)
@@ -119,25 +125,61 @@ def test_mi250x_ptpc_rejected_and_per_tensor_falls_back_degraded() -> None:
     assert (fallback.kernel, fallback.degraded) == ("rocm_w8a16_torch", True)
 
 
-def test_cpu_selects_rowwise() -> None:
-    assert _selected(_choose("cpu", PTPC)).kernel == "cpu_rowwise_scaled_mm"
+# The CPU profile without a C++ toolchain: the compiled kernels are turned down.
+NO_TOOLCHAIN = frozenset({FEATURE_SCALED_MM, FEATURE_SCALED_MM_ROWWISE})
+
+
+def _verdict(decision: kp.Decision, kernel: str) -> kp.Verdict:
+    return next(v for v in decision.trace if v.kernel == kernel)
+
+
+def test_cpu_selects_the_compiled_fp8_gemm() -> None:
+    decision = _selected(_choose("cpu", PTPC))
+    assert (decision.kernel, decision.degraded) == ("cpu_fp8_gemm", False)
+    assert decision.alternatives == ("cpu_rowwise_scaled_mm", "cpu_dequant_reference")
+
+
+def test_cpu_without_a_toolchain_selects_rowwise() -> None:
+    caps = attrs.evolve(kp.device_profile("cpu"), features=NO_TOOLCHAIN)
+    decision = _selected(kp.choose(caps, kp.quant_config(PTPC, weight_shape=SHAPE)))
+    assert decision.kernel == "cpu_rowwise_scaled_mm"
+    assert [r.code for r in _verdict(decision, "cpu_fp8_gemm").reasons] == [kp.RejectCode.TOOLCHAIN]
 
 
 def test_cpu_without_rowwise_scaled_mm_falls_to_the_reference() -> None:
     caps = attrs.evolve(kp.device_profile("cpu"), features=frozenset({FEATURE_SCALED_MM}))
     decision = _selected(kp.choose(caps, kp.quant_config(PTPC, weight_shape=SHAPE)))
     assert decision.kernel == "cpu_dequant_reference"
-    assert decision.trace[0].reasons[0].code is kp.RejectCode.TORCH_FEATURE
+    rowwise = _verdict(decision, "cpu_rowwise_scaled_mm")
+    assert [r.code for r in rowwise.reasons] == [kp.RejectCode.TORCH_FEATURE]
 
 
-def test_unaligned_shape_is_served_only_by_the_cpu_reference() -> None:
-    decision = _selected(
-        kp.choose(kp.device_profile("cpu"), kp.quant_config(PTPC, weight_shape=(4000, 4100)))
-    )
-    assert decision.kernel == "cpu_dequant_reference"
-    rowwise = decision.trace[0]
+def test_unaligned_shape_is_served_by_the_compiled_kernel_never_by_scaled_mm() -> None:
+    config = kp.quant_config(PTPC, weight_shape=(4000, 4100))
+    decision = _selected(kp.choose(kp.device_profile("cpu"), config))
+    assert decision.kernel == "cpu_fp8_gemm"
+    rowwise = _verdict(decision, "cpu_rowwise_scaled_mm")
     assert [r.code for r in rowwise.reasons] == [kp.RejectCode.SHAPE_ALIGNMENT]
     assert rowwise.reasons[0].found == "N=4000, K=4100"
+    caps = attrs.evolve(kp.device_profile("cpu"), features=NO_TOOLCHAIN)
+    assert _selected(kp.choose(caps, config)).kernel == "cpu_dequant_reference"
+
+
+def test_per_tensor_on_cpu_prefers_w8a8_over_the_degraded_compiled_w8a16() -> None:
+    for scheme, kernel in [
+        ("fp8_per_tensor", "cpu_tensorwise_scaled_mm"),
+        ("fp8_per_tensor_static", "cpu_tensorwise_scaled_mm"),
+    ]:
+        decision = _selected(_choose("cpu", scheme))
+        assert (decision.kernel, decision.degraded) == (kernel, False)
+        assert _verdict(decision, "cpu_fp8_w8a16_gemm").ok
+
+
+def test_weight_only_on_cpu_selects_the_compiled_w8a16_gemm() -> None:
+    decision = _selected(_choose("cpu", "fp8_weight_only"))
+    assert (decision.kernel, decision.degraded) == ("cpu_fp8_w8a16_gemm", False)
+    assert "cpu_w8a16_reference" in decision.alternatives
+    assert FEATURE_CPP_TOOLCHAIN in kp.device_profile("cpu").features
 
 
 def test_unaligned_shape_on_h100_is_rejected_with_the_alignment_reason() -> None:

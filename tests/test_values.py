@@ -12,6 +12,7 @@ import pytest
 
 import kernelpick as kp
 from kernelpick.core import (
+    FEATURE_CPP_TOOLCHAIN,
     CpuArch,
     CudaArch,
     Dtype,
@@ -573,7 +574,9 @@ def test_cpu_profile(name: str) -> None:
     caps = kp.device_profile(name)
     assert caps.platform is kp.Platform.CPU
     assert isinstance(caps.arch, CpuArch)
-    assert "avx2" in caps.arch.isa
+    # What the compiled CPU kernels need (CpuIsa, NeedsToolchain), and nothing more.
+    assert caps.arch.isa == {"avx2", "fma", "f16c"}
+    assert FEATURE_CPP_TOOLCHAIN in caps.features
     assert caps.fp8_format is Dtype.FLOAT8_E4M3FN
     assert caps.toolkit_version is None
     assert caps.torch_version >= Version(2, 13)

@@ -16,6 +16,7 @@ import torch
 
 from kernelpick.core import (
     Catalog,
+    CpuArch,
     DeviceCaps,
     InvalidValueError,
     KernelKind,
@@ -33,6 +34,8 @@ from kernelpick.core._errors import is_bool
 from kernelpick.core._select import rule_reasons
 from kernelpick.kernels import (
     ChannelwiseUnfused,
+    CpuFp8Gemm,
+    CpuFp8GemmW8A16,
     CupyGemvW8A16,
     DequantMatmul,
     KernelBase,
@@ -87,7 +90,10 @@ class Launch:
         its kind against the row's; ``bind`` checks the platform, the device and the row's
         rules against the config first."""
         fused_quant = self.fused_quant and "cupy" in caps.libraries
-        return self.family(spec, config, device, caps.fp8_format, self.fused_bias, fused_quant)
+        isa = caps.arch.isa if isinstance(caps.arch, CpuArch) else frozenset()
+        return self.family(
+            spec, config, device, caps.fp8_format, self.fused_bias, fused_quant, isa=isa
+        )
 
 
 # cuBLASLt refuses a bias with an fp32 output ("Bias is not supported when out_dtype is set
@@ -112,6 +118,8 @@ LAUNCHES: Mapping[str, Launch] = MappingProxyType(
         "rocm_tensorwise_scaled_mm": Launch(TensorwiseScaledMM, fused_bias=BIAS_IN_16_BIT),
         "rocm_channelwise_unfused": Launch(ChannelwiseUnfused, fused_bias=BIAS_IN_16_BIT),
         "rocm_w8a16_torch": Launch(DequantMatmul),
+        "cpu_fp8_gemm": Launch(CpuFp8Gemm),
+        "cpu_fp8_w8a16_gemm": Launch(CpuFp8GemmW8A16),
         "cpu_rowwise_scaled_mm": Launch(RowwiseScaledMM),
         "cpu_tensorwise_scaled_mm": Launch(TensorwiseScaledMM),
         "cpu_dequant_reference": Launch(ReferenceW8A8),

@@ -10,7 +10,12 @@ The rule classes are in ``kernelpick.rules``.
 from kernelpick.core._arch import Arch, CpuArch, CudaArch, Platform, RocmArch, Version
 from kernelpick.core._builtin_catalog import DEFAULT_CATALOG as _DEFAULT_CATALOG
 from kernelpick.core._decision import SCHEMA_VERSION, Decision, Rejected, Selected, Verdict
-from kernelpick.core._device import FEATURE_SCALED_MM, FEATURE_SCALED_MM_ROWWISE, DeviceCaps
+from kernelpick.core._device import (
+    FEATURE_CPP_TOOLCHAIN,
+    FEATURE_SCALED_MM,
+    FEATURE_SCALED_MM_ROWWISE,
+    DeviceCaps,
+)
 from kernelpick.core._dtypes import Dtype
 from kernelpick.core._errors import (
     InvalidValueError,
@@ -37,6 +42,7 @@ __all__ = [
     "ENV_DISABLED",
     "ENV_FORCE",
     "ENV_STRICT",
+    "FEATURE_CPP_TOOLCHAIN",
     "FEATURE_SCALED_MM",
     "FEATURE_SCALED_MM_ROWWISE",
     "SCHEMA_VERSION",

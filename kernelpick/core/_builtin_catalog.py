@@ -14,11 +14,14 @@ from kernelpick.core._quant import GroupShape
 from kernelpick.core._requirements import (
     ActivationScales,
     Alignment,
+    CpuIsa,
+    DynamicActivationScales,
     Fp8Dtypes,
     InputDtypes,
     MinComputeCapability,
     MinTorch,
     NeedsLibrary,
+    NeedsToolchain,
     NeedsTorchFeature,
     NotBothPerTensor,
     OutDtypes,
@@ -39,6 +42,7 @@ E4M3 = Fp8Dtypes(E4M3_FORMATS)
 TENSOR_OR_TOKEN = frozenset({GroupShape.PER_TENSOR, GroupShape.PER_TOKEN})
 TENSOR_OR_CHANNEL = frozenset({GroupShape.PER_TENSOR, GroupShape.PER_CHANNEL})
 PER_TENSOR = frozenset({GroupShape.PER_TENSOR})
+PER_TOKEN = frozenset({GroupShape.PER_TOKEN})
 BF16 = OutDtypes(frozenset({Dtype.BFLOAT16}))
 ANY_OUT = OutDtypes(HIGH_PRECISION)
 # torch._scaled_mm needs K and N to be multiples of 16 (cuBLASLt / CUTLASS operand
@@ -71,6 +75,20 @@ TENSORWISE: tuple[Requirement, ...] = (
 UNFUSED: tuple[Requirement, ...] = ROWWISE
 # Weight-only: dequantize a per-channel or per-tensor weight; activations stay as they come.
 WEIGHT_ONLY: tuple[Requirement, ...] = (E4M3, WeightScales(TENSOR_OR_CHANNEL))
+# AVX2+FMA+F16C, every x86-64 CPU since Haswell / Zen 1: F16C's vcvtph2ps decodes FP8
+# exactly (an e4m3 byte shifted into an fp16 is its value times 2^-8), FMA accumulates in
+# fp32; code built for them faults without them (docs/design.md, CpuIsa).
+CPU_FP8_ISA = CpuIsa(frozenset({"avx2", "fma", "f16c"}))
+# Compiled at first use by torch.utils.cpp_extension, which needs a C++ compiler and ninja.
+CPP_TOOLCHAIN = NeedsToolchain()
+# The C++ kernel quantizes each activation row itself, fused into the GEMM: dynamic
+# per-token scales only. Its tail path serves any N and K, so no Alignment rule.
+CPU_PER_TOKEN: tuple[Requirement, ...] = (
+    E4M3,
+    ActivationScales(PER_TOKEN),
+    DynamicActivationScales(),
+    WeightScales(TENSOR_OR_CHANNEL),
+)
 # The CPU reference quantizes and dequantizes in fp32, so any W8A8 scale mix and shape works.
 ANY_GROUPING: tuple[Requirement, ...] = (E4M3,)
 
@@ -153,6 +171,24 @@ _ROCM = (
 
 _CPU = (
     KernelSpec(
+        "cpu_fp8_gemm",
+        CPU,
+        W8A8,
+        (CPU_FP8_ISA, CPP_TOOLCHAIN, *CPU_PER_TOKEN, ANY_OUT),
+        "FP8 weights decoded in registers (AVX2/AVX-512 C++): GEMV for small M, bf16/fp32 "
+        "tiles for large M, per-token quantization fused",
+    ),
+    KernelSpec(
+        "cpu_fp8_w8a16_gemm",
+        CPU,
+        W8A16,
+        (CPU_FP8_ISA, CPP_TOOLCHAIN, *WEIGHT_ONLY, ANY_OUT),
+        "FP8 weights decoded in registers (AVX2/AVX-512 C++): GEMV for small M, bf16/fp32 "
+        "tiles for large M, activations kept in their own dtype",
+    ),
+    KernelSpec(
+        # torch runs CPU _scaled_mm through oneDNN only where the CPU has amx_int8
+        # (aten/src/ATen/native/Blas.cpp, _scaled_mm_out_cpu); elsewhere it is emulated.
         "cpu_rowwise_scaled_mm",
         CPU,
         W8A8,
@@ -161,7 +197,10 @@ _CPU = (
             *ROWWISE,
             ANY_OUT,
         ),
-        "torch._scaled_mm on CPU with (M,1) x (1,N) fp32 scales",
+        "torch._scaled_mm on CPU with (M,1) x (1,N) fp32 scales: oneDNN only where the CPU "
+        "has amx_int8; elsewhere an emulation that copies and decodes the whole weight on "
+        "every call (about 40x slower than fp32 nn.Linear at M=1, 2.6x at M=256 on a 2-core "
+        "AVX2 EPYC, N=K=4096)",
     ),
     KernelSpec(
         "cpu_tensorwise_scaled_mm",

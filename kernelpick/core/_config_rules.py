@@ -21,6 +21,7 @@ __all__ = [
     "ActivationQuantized",
     "ActivationScales",
     "Alignment",
+    "DynamicActivationScales",
     "Fp8Dtypes",
     "InputDtypes",
     "NotBothPerTensor",
@@ -80,6 +81,22 @@ class ActivationScales:
 
     def render(self) -> str:
         return f"activation {listed(self.groups)}"
+
+
+@attrs.frozen
+class DynamicActivationScales:
+    """A W8A8 kernel that computes activation scales itself, on every call: it has no way to
+    take a static (calibrated) scale."""
+
+    def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
+        act = config.activation
+        # A weight-only config is judged by the kind rule, not here.
+        if act is None or not act.scale.static:
+            return None
+        return Reason(RejectCode.ACTIVATION_SCALES, "dynamic", act.scale.render())
+
+    def render(self) -> str:
+        return "activation scales dynamic"
 
 
 @attrs.frozen

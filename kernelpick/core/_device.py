@@ -10,12 +10,15 @@ from kernelpick.core._arch import Arch, CpuArch, CudaArch, Platform, RocmArch, V
 from kernelpick.core._dtypes import Dtype
 from kernelpick.core._errors import InvalidValueError
 
-__all__ = ["FEATURE_SCALED_MM", "FEATURE_SCALED_MM_ROWWISE", "DeviceCaps"]
+__all__ = ["FEATURE_CPP_TOOLCHAIN", "FEATURE_SCALED_MM", "FEATURE_SCALED_MM_ROWWISE", "DeviceCaps"]
 
-# Facts about the torch build that no version string can tell; adapters find them by a
-# trial call. They are strings so that an engine can add its own.
+# Facts about the software stack that no version string can tell; adapters find them by a
+# trial call or by probing. They are strings so that an engine can add its own.
 FEATURE_SCALED_MM = "scaled_mm"
 FEATURE_SCALED_MM_ROWWISE = "scaled_mm_rowwise"
+# A C++ compiler and ninja are on PATH, so torch.utils.cpp_extension can build a kernel at
+# first use (kernelpick.kernels._cpu_build.toolchain_found).
+FEATURE_CPP_TOOLCHAIN = "cpp_toolchain"
 
 
 def _names(value: Iterable[str] | str) -> frozenset[str]:
@@ -53,8 +56,10 @@ class DeviceCaps:
     ``toolkit_version`` is the CUDA runtime on NVIDIA, the ROCm (HIP) version on AMD and
     None on a CPU. ``libraries`` names the optional libraries that are usable, not merely
     installed (``"cupy"`` means cupy imports and a driver answers). ``features`` names facts
-    of the torch build found by trial (see ``FEATURE_*``). Build one with a named
-    constructor, take a profile (``kp.device_profile``), or probe a live device.
+    of the software stack found by trial or probing (see ``FEATURE_*``): what the torch
+    build runs, and whether a C++ toolchain can compile a kernel at first use. Build one
+    with a named constructor, take a profile (``kp.device_profile``), or probe a live
+    device.
     """
 
     arch: Arch = attrs.field(converter=_arch)
@@ -139,7 +144,7 @@ class DeviceCaps:
         torch_version: Version | str,
         features: Iterable[str] | str = (),
     ) -> DeviceCaps:
-        """The host CPU, with the torch-build features found on it (``FEATURE_*``)."""
+        """The host CPU, with the software-stack features found on it (``FEATURE_*``)."""
         return cls(
             arch=CpuArch(machine, isa),
             name=name,

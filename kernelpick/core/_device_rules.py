@@ -10,13 +10,21 @@ from collections.abc import Mapping
 
 import attrs
 
-from kernelpick.core._arch import CudaArch, RocmArch, Version, as_version
-from kernelpick.core._device import DeviceCaps
+from kernelpick.core._arch import CpuArch, CudaArch, RocmArch, Version, as_version
+from kernelpick.core._device import FEATURE_CPP_TOOLCHAIN, DeviceCaps
 from kernelpick.core._quant import QuantConfig
 from kernelpick.core._reasons import Reason, RejectCode
-from kernelpick.core._rule_fields import as_cuda_arch, either, non_empty_text
+from kernelpick.core._rule_fields import as_cuda_arch, either, flag_names, non_empty_text
 
-__all__ = ["MinComputeCapability", "MinTorch", "NeedsLibrary", "NeedsTorchFeature", "RocmArchs"]
+__all__ = [
+    "CpuIsa",
+    "MinComputeCapability",
+    "MinTorch",
+    "NeedsLibrary",
+    "NeedsToolchain",
+    "NeedsTorchFeature",
+    "RocmArchs",
+]
 
 
 @attrs.frozen
@@ -126,3 +134,52 @@ class NeedsLibrary:
 
     def render(self) -> str:
         return f"{self.library} usable"
+
+
+@attrs.frozen
+class NeedsToolchain:
+    """A C++ toolchain (a compiler and ninja) is on the device's PATH, so a kernel compiled
+    at first use by ``torch.utils.cpp_extension`` can be built (``FEATURE_CPP_TOOLCHAIN``,
+    found by the CPU adapter's probe)."""
+
+    def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
+        # torch.utils.cpp_extension.load runs $CXX (else c++) through ninja: without both,
+        # the kernel's first call would fail after the weights were made for it.
+        if FEATURE_CPP_TOOLCHAIN in caps.features:
+            return None
+        return Reason(RejectCode.TOOLCHAIN, "a C++ toolchain", "none found")
+
+    def render(self) -> str:
+        return "a C++ toolchain (compiler and ninja)"
+
+
+# One named converter per field: attrs' mypy plugin reads named functions only.
+def _isa_flags(value: object) -> frozenset[str]:
+    return flag_names(value, "CpuIsa flags")
+
+
+@attrs.frozen
+class CpuIsa:
+    """The device is a CPU whose ISA has every one of ``flags``, named as /proc/cpuinfo
+    names them (``{"avx2", "fma", "f16c"}``; a bare string is refused)."""
+
+    flags: frozenset[str] = attrs.field(converter=_isa_flags)
+
+    def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
+        # Code compiled for these instructions faults (SIGILL) on a CPU without them.
+        arch = caps.arch
+        if isinstance(arch, CpuArch) and self.flags <= arch.isa:
+            return None
+        if isinstance(arch, CpuArch):
+            found = f"{arch.machine} CPU lacks {_flag_list(self.flags - arch.isa)}"
+        else:
+            found = f"device is not a CPU ({caps.platform} {arch})"
+        return Reason(RejectCode.CPU_ISA, _flag_list(self.flags), found)
+
+    def render(self) -> str:
+        return f"CPU with {_flag_list(self.flags)}"
+
+
+def _flag_list(flags: frozenset[str]) -> str:
+    # Every flag is needed; commas, never "and", which joins the parts of a device hint.
+    return ", ".join(sorted(flags))

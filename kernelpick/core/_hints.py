@@ -24,6 +24,9 @@ _DEVICE_NEEDS: dict[RejectCode, Callable[[Reason], str]] = {
     RejectCode.TORCH_VERSION: lambda r: f"torch {r.needed} or newer",
     RejectCode.TORCH_FEATURE: lambda r: r.needed,
     RejectCode.LIBRARY_UNAVAILABLE: lambda r: r.needed,
+    # No "and" inside a part: " and " joins the parts of one hint.
+    RejectCode.TOOLCHAIN: lambda r: f"{r.needed} (a C++ compiler with ninja on PATH)",
+    RejectCode.CPU_ISA: lambda r: f"CPU instructions {r.needed}",
 }
 
 

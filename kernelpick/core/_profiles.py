@@ -1,7 +1,8 @@
 """Device profiles: named DeviceCaps for real products, so selection is testable anywhere.
 
-A profile describes a current stack: torch 2.13, CUDA 12.8, ROCm 7.0, and cupy usable
-on the CUDA profiles (docs/design.md#device-profiles). ``attrs.evolve`` changes any fact, e.g.
+A profile describes a current stack: torch 2.13, CUDA 12.8, ROCm 7.0, cupy usable on
+the CUDA profiles, and a C++ toolchain on the CPU profile
+(docs/design.md#device-profiles). ``attrs.evolve`` changes any fact, e.g.
 ``attrs.evolve(kp.device_profile("a100"), libraries=frozenset())`` for an A100 without cupy.
 """
 
@@ -10,7 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from kernelpick.core._device import FEATURE_SCALED_MM, FEATURE_SCALED_MM_ROWWISE, DeviceCaps
+from kernelpick.core._device import (
+    FEATURE_CPP_TOOLCHAIN,
+    FEATURE_SCALED_MM,
+    FEATURE_SCALED_MM_ROWWISE,
+    DeviceCaps,
+)
 from kernelpick.core._errors import UnknownNameError
 
 __all__ = ["device_profile", "device_profiles"]
@@ -31,13 +37,14 @@ def _amd(arch: str, name: str) -> DeviceCaps:
 
 def _cpu(name: str, isa: tuple[str, ...]) -> DeviceCaps:
     # torch 2.13's CPU build runs _scaled_mm with scalar and row-wise scales, as measured
-    # on a two-core AVX2 machine (docs/design.md#the-catalog-and-its-hardware-facts).
+    # on a two-core AVX2 machine (docs/design.md#the-catalog-and-its-hardware-facts); a
+    # current development stack has a C++ compiler and ninja for the compiled CPU kernels.
     return DeviceCaps.cpu(
         machine="x86_64",
         isa=isa,
         name=name,
         torch_version=TORCH,
-        features=(FEATURE_SCALED_MM, FEATURE_SCALED_MM_ROWWISE),
+        features=(FEATURE_SCALED_MM, FEATURE_SCALED_MM_ROWWISE, FEATURE_CPP_TOOLCHAIN),
     )
 
 
@@ -59,9 +66,10 @@ _PROFILES: dict[str, DeviceCaps] = {
     "mi300x": _amd("gfx942", "AMD Instinct MI300X"),
     "mi325x": _amd("gfx942", "AMD Instinct MI325X"),
     "mi355x": _amd("gfx950", "AMD Instinct MI355X"),
-    # No rule reads the ISA (no CPU kernel needs AVX-512 or AMX), so one CPU profile
-    # covers every x86-64 host.
-    "cpu": _cpu("x86-64 CPU (AVX2)", ("avx2", "fma")),
+    # The compiled CPU kernels need AVX2, FMA and F16C (CpuIsa), which every x86-64 CPU
+    # since Haswell / Zen 1 has; their AVX-512 paths are chosen at build time, not by a
+    # rule, so one CPU profile covers every such host.
+    "cpu": _cpu("x86-64 CPU (AVX2)", ("avx2", "fma", "f16c")),
 }
 
 _VIEW: Mapping[str, DeviceCaps] = MappingProxyType(_PROFILES)

@@ -25,6 +25,8 @@ class RejectCode(enum.Enum):
     TORCH_VERSION = "torch_version"
     TORCH_FEATURE = "torch_feature"
     LIBRARY_UNAVAILABLE = "library_unavailable"
+    TOOLCHAIN = "toolchain"
+    CPU_ISA = "cpu_isa"
     FP8_DTYPE = "fp8_dtype"
     WEIGHT_ONLY_ACTIVATION = "weight_only_activation"
     ACTIVATION_REQUIRED = "activation_required"
@@ -54,6 +56,8 @@ TEMPLATES: dict[RejectCode, str] = {
     RejectCode.TORCH_VERSION: "requires torch {needed} or newer; device has torch {found}",
     RejectCode.TORCH_FEATURE: "requires {needed}; {found}",
     RejectCode.LIBRARY_UNAVAILABLE: "requires {needed}; {found}",
+    RejectCode.TOOLCHAIN: "needs {needed}; {found}",
+    RejectCode.CPU_ISA: "requires CPU instructions {needed}; {found}",
     RejectCode.FP8_DTYPE: "supports FP8 {needed}; config has {found}",
     RejectCode.WEIGHT_ONLY_ACTIVATION: (
         "weight-only (W8A16) kernel cannot honour {found} activation quantization"

@@ -14,6 +14,7 @@ from kernelpick.core._config_rules import (
     ActivationQuantized,
     ActivationScales,
     Alignment,
+    DynamicActivationScales,
     Fp8Dtypes,
     InputDtypes,
     NotBothPerTensor,
@@ -23,9 +24,11 @@ from kernelpick.core._config_rules import (
 )
 from kernelpick.core._device import DeviceCaps
 from kernelpick.core._device_rules import (
+    CpuIsa,
     MinComputeCapability,
     MinTorch,
     NeedsLibrary,
+    NeedsToolchain,
     NeedsTorchFeature,
     RocmArchs,
 )
@@ -36,11 +39,14 @@ __all__ = [
     "ActivationQuantized",
     "ActivationScales",
     "Alignment",
+    "CpuIsa",
+    "DynamicActivationScales",
     "Fp8Dtypes",
     "InputDtypes",
     "MinComputeCapability",
     "MinTorch",
     "NeedsLibrary",
+    "NeedsToolchain",
     "NeedsTorchFeature",
     "NotBothPerTensor",
     "OutDtypes",

@@ -20,6 +20,7 @@ from kernelpick.core._quant import GroupShape
 __all__ = [
     "as_cuda_arch",
     "either",
+    "flag_names",
     "fp8_dtypes",
     "group_shapes",
     "high_precision_dtypes",
@@ -76,6 +77,15 @@ def group_shapes(value: object, what: str) -> frozenset[GroupShape]:
     if len(shapes) != len(items):
         raise InvalidValueError(what, value, "GroupShape values, e.g. GroupShape.PER_TOKEN")
     return frozenset(shapes)
+
+
+def flag_names(value: object, what: str) -> frozenset[str]:
+    """A non-empty set of ISA flag names, lower-cased and stripped as ``CpuArch`` keeps
+    them (``"AVX2 "`` is ``avx2``); ``what`` names the field."""
+    items = _members(value, what)
+    if not all(isinstance(item, str) and item.strip() for item in items):
+        raise InvalidValueError(what, value, "flag names (non-empty strings), e.g. {'avx2'}")
+    return frozenset(str(item).strip().lower() for item in items)
 
 
 def as_cuda_arch(value: object) -> CudaArch:

@@ -55,7 +55,8 @@ class KernelBase:
     device's e4m3 flavour (e4m3fnuz on gfx94x). ``fused_bias`` lists the output dtypes for
     which ``torch._scaled_mm`` takes the bias itself; for the others the bias is added after
     the op. ``fused_quant`` quantizes per-token activations with the cupy kernel (one pass
-    per row) instead of torch ops.
+    per row) instead of torch ops. ``isa`` is the CPU's probed ISA flags (empty on a GPU),
+    for families compiled per instruction set.
     """
 
     # Whether the family quantizes activations (W8A8) or only weights (W8A16). A family
@@ -70,6 +71,7 @@ class KernelBase:
     fp8_format: Dtype
     fused_bias: frozenset[Dtype] = HIGH_PRECISION
     fused_quant: bool = False
+    isa: frozenset[str] = attrs.field(default=frozenset(), kw_only=True)
     # What this family's prepare_weights makes: bundle.weight's shape and strides (None:
     # any stride, for an extent of 1) and bundle.scale's shape (0-dim per tensor), derived
     # once: apply compares every bundle it is handed with them.

@@ -10,23 +10,32 @@ from pathlib import Path
 import torch
 
 from kernelpick.adapters._props import Properties
-from kernelpick.core._device import FEATURE_SCALED_MM, FEATURE_SCALED_MM_ROWWISE, DeviceCaps
+from kernelpick.core._device import (
+    FEATURE_CPP_TOOLCHAIN,
+    FEATURE_SCALED_MM,
+    FEATURE_SCALED_MM_ROWWISE,
+    DeviceCaps,
+)
 from kernelpick.core._errors import InvalidValueError
+from kernelpick.kernels._cpu_build import toolchain_found
 
 __all__ = ["KERNEL_ISA_FLAGS", "parse_cpuinfo", "probe", "read_properties", "translate"]
 
-# The /proc/cpuinfo flags that decide which CPU kernel paths are fast: x86 vector, FMA,
-# AVX-512 and AMX units (x86 "flags" line), and Arm SIMD, SVE and bf16/int8 dot products
-# (aarch64 "Features" line). Everything else in cpuinfo is noise for kernel choice.
+# The /proc/cpuinfo flags that decide which CPU kernel paths run and are fast: x86 vector,
+# FMA, F16C (the compiled kernels decode FP8 with vcvtph2ps), AVX-512 and AMX units (x86
+# "flags" line), and Arm SIMD, SVE and bf16/int8 dot products (aarch64 "Features" line).
+# Everything else in cpuinfo is noise for kernel choice.
 KERNEL_ISA_FLAGS = frozenset(
     {
         "avx2",
         "fma",
+        "f16c",
         "avx512f",
         "avx512bw",
         "avx512vl",
         "avx512_bf16",
         "avx512_fp16",
+        "avx512vbmi",
         "amx_bf16",
         "amx_int8",
         "amx_tile",
@@ -114,8 +123,9 @@ def read_properties(device_index: int = 0) -> dict[str, object]:
     """The raw facts of the host CPU and torch build, JSON-ready (``translate`` reads them).
 
     Keys: ``machine``, ``name``, ``isa`` (sorted ``KERNEL_ISA_FLAGS`` present),
-    ``torch_version``, and ``scaled_mm`` / ``scaled_mm_rowwise`` found by a tiny trial
-    call. Only index 0 exists.
+    ``torch_version``, ``scaled_mm`` / ``scaled_mm_rowwise`` found by a tiny trial call, and
+    ``cpp_toolchain``: a C++ compiler and ninja on PATH (nothing is compiled). Only index 0
+    exists.
     """
     _check_index(device_index)
     machine = platform.machine()
@@ -127,19 +137,22 @@ def read_properties(device_index: int = 0) -> dict[str, object]:
         "torch_version": str(torch.__version__),
         "scaled_mm": _trial_scaled_mm(rowwise=False),
         "scaled_mm_rowwise": _trial_scaled_mm(rowwise=True),
+        "cpp_toolchain": toolchain_found(),
     }
 
 
 def translate(props: Mapping[str, object]) -> DeviceCaps:
     """The ``DeviceCaps`` of a CPU from its properties (as ``read_properties`` returns them).
 
-    Pure: reads ``machine``, ``name``, ``isa``, ``torch_version``, ``scaled_mm`` and
-    ``scaled_mm_rowwise``; a missing or wrongly typed one raises ``InvalidValueError``.
+    Pure: reads ``machine``, ``name``, ``isa``, ``torch_version``, ``scaled_mm``,
+    ``scaled_mm_rowwise`` and ``cpp_toolchain``; a missing or wrongly typed one raises
+    ``InvalidValueError``.
     """
     read = Properties(props, "CPU")
     found = {
         FEATURE_SCALED_MM: read.flag("scaled_mm"),
         FEATURE_SCALED_MM_ROWWISE: read.flag("scaled_mm_rowwise"),
+        FEATURE_CPP_TOOLCHAIN: read.flag("cpp_toolchain"),
     }
     return DeviceCaps.cpu(
         machine=read.text("machine"),

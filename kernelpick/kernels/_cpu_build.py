@@ -1,0 +1,148 @@
+"""Build and load the CPU FP8 GEMM extension: compiled once per ISA level, cached on disk.
+
+The kernels in ``_cpu_fp8_gemm.cpp`` are compiled at first use with
+``torch.utils.cpp_extension`` (a C++ compiler and ninja, both found by ``toolchain_found``,
+which the CPU adapter's probe reports as ``FEATURE_CPP_TOOLCHAIN``). The build is cached
+under torch's extension directory (``TORCH_EXTENSIONS_DIR``, by default
+``~/.cache/torch_extensions``), so later processes only load it. The ISA level is chosen
+from the device's probed ISA flags, never from the build machine's, and names the build:
+one library per level, so an AVX2 build can sit beside an AVX-512 one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+from kernelpick.core._errors import KernelpickError
+
+__all__ = [
+    "ISA_LEVELS",
+    "KernelBuildError",
+    "isa_level",
+    "load_ops",
+    "op_name",
+    "toolchain_found",
+]
+
+_SOURCE = Path(__file__).with_name("_cpu_fp8_gemm.cpp")
+
+# Each level: the /proc/cpuinfo flags it needs and the compiler flags that enable them, best
+# first. AVX2 + FMA + F16C is every x86-64 CPU since Haswell / Zen 1 (F16C's vcvtph2ps
+# decodes the FP8 weight); AVX512-BF16 adds vdpbf16ps, two FP8 products per fp32 lane.
+ISA_LEVELS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
+    "avx512_bf16": (
+        frozenset(
+            {"avx2", "avx512f", "avx512bw", "avx512vl", "avx512vbmi", "avx512_bf16", "fma", "f16c"}
+        ),
+        ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vbmi", "-mavx512bf16"),
+    ),
+    "avx512": (
+        frozenset({"avx2", "avx512f", "avx512bw", "avx512vl", "fma", "f16c"}),
+        ("-mavx512f", "-mavx512bw", "-mavx512vl"),
+    ),
+    "avx2": (frozenset({"avx2", "fma", "f16c"}), ()),
+}
+# Every level also needs these (the AVX-512 levels use AVX2 code for tails and reductions).
+_BASE_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-std=c++17")
+
+_LOCK = threading.Lock()
+_LOADED: set[str] = set()
+
+
+class KernelBuildError(KernelpickError):
+    """The CPU kernel could not be compiled or loaded although a toolchain was found.
+
+    ``level`` is the ISA level that was being built; ``detail`` is the compiler's message.
+    """
+
+    def __init__(self, level: str, detail: str) -> None:
+        self.level = level
+        self.detail = detail
+        super().__init__(
+            f"building the {level} CPU FP8 kernel failed: {detail.strip()[-2000:]}\n"
+            "Set KERNELPICK_DISABLED_KERNELS=cpu_fp8_gemm,cpu_fp8_w8a16_gemm to run "
+            "without it, or fix the toolchain (a C++17 compiler, ninja, Python headers)."
+        )
+
+    def __reduce__(self) -> tuple[type[KernelBuildError], tuple[str, str]]:
+        return (type(self), (self.level, self.detail))
+
+
+def _compiler() -> str:
+    # torch.utils.cpp_extension builds with $CXX, else "c++".
+    return os.environ.get("CXX", "c++")
+
+
+def toolchain_found() -> bool:
+    """Whether this machine can build the CPU kernel: a C++ compiler and ninja on PATH.
+
+    Cheap (two PATH lookups and ``ninja --version``); nothing is compiled. The answer is a
+    probed fact (``FEATURE_CPP_TOOLCHAIN``), so a machine without a toolchain gets the
+    kernel rejected with a reason rather than an error at first use.
+    """
+    if shutil.which(_compiler()) is None:
+        return False
+    ninja = shutil.which("ninja")
+    if ninja is None:
+        return False
+    try:
+        subprocess.run([ninja, "--version"], capture_output=True, check=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return True
+
+
+def isa_level(isa: Iterable[str]) -> str | None:
+    """The best ISA level whose flags ``isa`` has (see ``ISA_LEVELS``), or None."""
+    flags = frozenset(isa)
+    for level, (needs, _cflags) in ISA_LEVELS.items():
+        if needs <= flags:
+            return level
+    return None
+
+
+def op_name(level: str) -> str:
+    """The custom op name of one level: each build registers ``kernelpick::fp8_gemm_<level>``."""
+    return f"fp8_gemm_{level}"
+
+
+def _build_name(level: str) -> str:
+    # The source's hash is in the name: an edited source is a new build, never a stale load.
+    digest = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
+    return f"kernelpick_cpu_fp8_{level}_{digest}"
+
+
+def load_ops(level: str) -> None:
+    """Compile (first use on this machine) or load the extension of ``level``, once per process.
+
+    Registers ``torch.ops.kernelpick.fp8_gemm_<level>``. Raises ``KernelBuildError`` if the
+    compiler fails.
+    """
+    if level not in ISA_LEVELS:
+        raise KeyError(level)
+    if level in _LOADED:
+        return
+    with _LOCK:
+        if level in _LOADED:
+            return
+        # Imported here: it pulls in setuptools, and most processes never build anything.
+        from torch.utils import cpp_extension
+
+        cflags = [*_BASE_FLAGS, *ISA_LEVELS[level][1], f"-DKP_LEVEL={level}"]
+        try:
+            cpp_extension.load(
+                name=_build_name(level),
+                sources=[str(_SOURCE)],
+                extra_cflags=cflags,
+                is_python_module=False,
+                verbose=False,
+            )
+        except (RuntimeError, OSError, subprocess.CalledProcessError) as error:
+            raise KernelBuildError(level, str(error)) from error
+        _LOADED.add(level)

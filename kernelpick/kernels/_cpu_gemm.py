@@ -1,0 +1,136 @@
+"""The compiled CPU FP8 kernels: W8A8 (per-token activations) and W8A16, one custom op each ISA.
+
+The math is in ``_cpu_fp8_gemm.cpp``: the FP8 weight is decoded exactly in registers
+(never as a whole-weight copy) with a GEMV path for small M and decoded panels handed to
+torch's GEMM for large M; per-token activation quantization is fused into the same call.
+The op is a ``torch.library`` custom op with a fake (meta) implementation, so
+``torch.compile(fullgraph=True)`` traces it as one node.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import ClassVar, Protocol, cast
+
+import attrs
+import torch
+
+from kernelpick.core._errors import InvalidValueError
+from kernelpick.core._quant import GroupShape
+from kernelpick.core._specs import KernelKind
+from kernelpick.kernels._base import RowMajorKernel, WeightBundle
+from kernelpick.kernels._cpu_build import ISA_LEVELS, isa_level, load_ops, op_name
+
+__all__ = ["CpuFp8Gemm", "CpuFp8GemmW8A16", "cpu_fp8_gemm"]
+
+
+class _Op(Protocol):
+    def __call__(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        weight_scale: torch.Tensor,
+        bias: torch.Tensor | None,
+        quantize_input: bool,
+        out_dtype: torch.dtype,
+    ) -> torch.Tensor: ...
+
+
+def _fake(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    quantize_input: bool,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    # What the op returns, for tracing: [M, N] in out_dtype, on x's device.
+    return x.new_empty((x.shape[0], weight.shape[0]), dtype=out_dtype)
+
+
+def _no_backward(ctx: object, grad: torch.Tensor) -> None:
+    # Without this, autograd would pass through the op with no gradient, silently.
+    expected = (
+        "no backward pass: kernelpick's FP8 kernels are for inference; run the layer under "
+        "torch.no_grad() or torch.inference_mode(), or train the high-precision model"
+    )
+    raise InvalidValueError("backward through", "the CPU FP8 GEMM", expected)
+
+
+def _no_context(ctx: object, inputs: tuple[object, ...], output: torch.Tensor) -> None:
+    return None
+
+
+@functools.cache
+def _custom_op(level: str) -> _Op:
+    """The custom op of ``level``, built or loaded on first use, with its fake (for tracing)
+    and its refusal of a backward pass registered."""
+    load_ops(level)
+    name = f"kernelpick::{op_name(level)}"
+    torch.library.register_fake(name)(_fake)
+    torch.library.register_autograd(name, _no_backward, setup_context=_no_context)
+    return cast(_Op, getattr(torch.ops.kernelpick, op_name(level)))
+
+
+def cpu_fp8_gemm(
+    level: str,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    *,
+    quantize_input: bool,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """``x [M, K]`` times the e4m3fn ``weight [N, K]`` scaled by ``weight_scale`` (fp32, 1 or N
+    values), plus ``bias``, in ``out_dtype``; activations quantized per token to e4m3fn
+    first when ``quantize_input``. Runs the build of ``level`` (see ``ISA_LEVELS``)."""
+    return _custom_op(level)(x, weight, weight_scale, bias, quantize_input, out_dtype)
+
+
+@attrs.frozen
+class CpuFp8Gemm(RowMajorKernel):
+    """W8A8 on the CPU: per-token dynamic FP8 activations, per-channel or per-tensor FP8
+    weights, any N and K; products in fp32 (or exact in bf16 with AVX512-BF16).
+
+    Built for the best ISA level the device's probed flags allow, when the kernel is bound.
+    """
+
+    KIND: ClassVar[KernelKind] = KernelKind.W8A8
+    _QUANTIZE: ClassVar[bool] = True
+
+    level: str = attrs.field(init=False)
+    # The op itself, looked up once: torch.compile then traces a call to it, not the lookup.
+    _op: _Op = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        level = isa_level(self.isa)
+        if level is None:
+            needs = " or ".join("+".join(sorted(flags)) for flags, _cflags in ISA_LEVELS.values())
+            raise InvalidValueError(f"{self.kernel_id} CPU ISA", sorted(self.isa), needs)
+        act = self.config.activation
+        if self._QUANTIZE and (
+            act is None or act.scale.static or act.scale.group != GroupShape.PER_TOKEN
+        ):
+            # The op quantizes per token: any other activation config would run as if it
+            # were per-token, silently.
+            found = "none" if act is None else act.render()
+            expected = "dynamic per-token activation quantization"
+            raise InvalidValueError(f"{self.kernel_id} activation config", found, expected)
+        object.__setattr__(self, "level", level)
+        # Built or loaded now, at set-up, not inside the first forward.
+        object.__setattr__(self, "_op", _custom_op(level))
+
+    def _matmul(
+        self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        return self._op(x, bundle.weight, bundle.scale, bias, self._QUANTIZE, self.out_dtype)
+
+
+@attrs.frozen
+class CpuFp8GemmW8A16(CpuFp8Gemm):
+    """W8A16 on the CPU: the activations as they come, FP8 weights decoded in registers."""
+
+    KIND: ClassVar[KernelKind] = KernelKind.W8A16
+    _QUANTIZE: ClassVar[bool] = False

@@ -1,0 +1,179 @@
+"""The compiled CPU FP8 kernels (cpu_fp8_gemm, cpu_fp8_w8a16_gemm) at every ISA level this
+machine can run, against the independent fp32 emulation (tests/emulation.py).
+
+tests/test_kernels_numerics.py runs them as the ``cpu`` profile selects them (the AVX2
+build); here each build the host's ISA allows is run: AVX2, AVX-512 and AVX512-BF16. The
+M range crosses the kernel's switch from its GEMV path to its panel path, K and N are any
+extent (the tail paths), and the input dtype varies as well as the output.
+"""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kernelpick as kp
+from kernelpick.core import CpuArch, Dtype
+from kernelpick.kernels import CpuFp8Gemm, KernelBase
+from kernelpick.kernels._cpu_build import ISA_LEVELS, isa_level
+from tests.emulation import BOUND, emulate, relative_error
+
+HOST = kp.probe("cpu")
+HOST_ISA = HOST.arch.isa if isinstance(HOST.arch, CpuArch) else frozenset()
+# Every level whose flags the host has; the others cannot run here.
+LEVELS = [level for level, (flags, _) in ISA_LEVELS.items() if flags <= HOST_ISA]
+KERNELS = {"cpu_fp8_gemm": "fp8_per_channel", "cpu_fp8_w8a16_gemm": "fp8_weight_only"}
+DTYPES = ["float32", "bfloat16", "float16"]
+
+pytestmark = pytest.mark.skipif(
+    not LEVELS or "cpp_toolchain" not in HOST.features,
+    reason="needs an x86 CPU with AVX2+FMA+F16C and a C++ toolchain",
+)
+
+
+def _caps(level: str) -> kp.DeviceCaps:
+    flags, _ = ISA_LEVELS[level]
+    return attrs.evolve(HOST, arch=CpuArch("x86_64", flags))
+
+
+def _bind(kernel: str, level: str, config: kp.QuantConfig) -> KernelBase:
+    bound = kp.bind(kernel, config, _caps(level))
+    assert isinstance(bound, CpuFp8Gemm)
+    assert bound.level == level
+    return bound
+
+
+def test_the_host_builds_its_best_level() -> None:
+    assert isa_level(HOST_ISA) == LEVELS[0]
+
+
+def _case(
+    kernel: str, level: str, m: int, n: int, k: int, dtype: str, out: str, bias: bool, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    config = kp.quant_config(
+        KERNELS[kernel], weight_shape=(n, k), input_dtype=dtype, out_dtype=out, bias=bias
+    )
+    x = torch.randn(m, k, generator=generator).to(getattr(torch, dtype))
+    w = torch.randn(n, k, generator=generator) * 0.05
+    b = torch.randn(n, generator=generator).to(getattr(torch, out)) if bias else None
+    impl = _bind(kernel, level, config)
+    got = impl.apply(x, impl.quantize_weights(w), b)
+    assert got.shape == (m, n)
+    assert got.dtype == getattr(torch, out)
+    want = emulate(x, w, config, Dtype.FLOAT8_E4M3FN, bias=b, weight_only=kernel != "cpu_fp8_gemm")
+    return got, want
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_matches_the_fp32_emulation(kernel: str, level: str, data: st.DataObject) -> None:
+    m = data.draw(st.integers(1, 300), label="M")
+    n = data.draw(st.integers(1, 300), label="N")
+    k = data.draw(st.integers(1, 600), label="K")
+    dtype = data.draw(st.sampled_from(DTYPES), label="input dtype")
+    out = data.draw(st.sampled_from(DTYPES), label="out dtype")
+    bias = data.draw(st.booleans(), label="bias")
+    seed = data.draw(st.integers(0, 2**16), label="seed")
+    got, want = _case(kernel, level, m, n, k, dtype, out, bias, seed)
+    # As in test_kernels_numerics: the output's own rounding, plus half a subnormal step
+    # per element for fp16.
+    slack = 2.0**-25 * (m * n) ** 0.5 if out == "float16" else 0.0
+    limit = BOUND[out] * float(torch.linalg.norm(want)) + slack
+    error = float(torch.linalg.norm(got.float() - want))
+    assert error <= limit, f"relative error {relative_error(got, want):.3g} > {BOUND[out]:.3g}"
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("m", [1, 3, 4, 5, 64, 65, 300])
+def test_per_token_quantization_is_torchs_e4m3_cast_exactly(level: str, m: int) -> None:
+    # An identity weight of scale 1 makes the output the dequantized activations, so every
+    # rounding of the fused quantizer (ties, subnormals, the clamp) is compared exactly.
+    k = 72
+    config = kp.quant_config("fp8_per_channel", weight_shape=(k, k), out_dtype="float32")
+    impl = _bind("cpu_fp8_gemm", level, config)
+    eye = torch.eye(k).to(torch.float8_e4m3fn)
+    bundle = impl.prepare_weights(eye, torch.ones(k, 1))
+    generator = torch.Generator().manual_seed(m)
+    x = torch.randn(m, k, generator=generator) * torch.logspace(-12, 4, k)
+    x[0, :3] = torch.tensor([0.0, -0.0, 1e-40])
+    got = impl.apply(x, bundle)
+    scale = (x.abs().amax(dim=1, keepdim=True) / 448.0).clamp(min=1.0 / (448.0 * 512.0))
+    want = (x / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float() * scale
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_every_fp8_byte_decodes_exactly(level: str) -> None:
+    # The weight holds each finite e4m3fn byte once (0x7F and 0xFF are NaN), one per column.
+    codes = [b for b in range(256) if b & 0x7F != 0x7F]
+    k = len(codes)
+    config = kp.quant_config("fp8_weight_only", weight_shape=(1, k), out_dtype="float32")
+    impl = _bind("cpu_fp8_w8a16_gemm", level, config)
+    weight = torch.tensor(codes, dtype=torch.uint8).view(torch.float8_e4m3fn).reshape(1, k)
+    bundle = impl.prepare_weights(weight, torch.ones(1, 1))
+    got = impl.apply(torch.eye(k), bundle)  # row i picks weight column i
+    assert torch.equal(got[:, 0], weight[0].float())
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+@pytest.mark.parametrize("m", [1, 7, 200])
+def test_one_and_two_threads_agree_exactly(kernel: str, level: str, m: int) -> None:
+    config = kp.quant_config(KERNELS[kernel], weight_shape=(96, 160), out_dtype="bfloat16")
+    impl = _bind(kernel, level, config)
+    bundle = impl.quantize_weights(torch.randn(96, 160))
+    x = torch.randn(m, 160).to(torch.bfloat16)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = impl.apply(x, bundle)
+        torch.set_num_threads(2)
+        two = impl.apply(x, bundle)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two)
+
+
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+def test_compiles_with_fullgraph_as_one_custom_op(kernel: str) -> None:
+    config = kp.quant_config(
+        KERNELS[kernel], weight_shape=(48, 80), out_dtype="bfloat16", bias=True
+    )
+    impl = _bind(kernel, LEVELS[0], config)
+    bundle = impl.quantize_weights(torch.randn(48, 80))
+    bias = torch.randn(48).to(torch.bfloat16)
+    x = torch.randn(2, 5, 80).to(torch.bfloat16)
+    compiled = torch.compile(lambda t: impl.apply(t, bundle, bias), fullgraph=True)
+    assert torch.equal(compiled(x), impl.apply(x, bundle, bias))
+
+
+def test_an_activation_config_the_op_does_not_quantize_is_refused() -> None:
+    # Per-tensor activations run through this family would be quantized per token: silent.
+    config = kp.quant_config("fp8_per_tensor", weight_shape=(16, 16))
+    spec = kp.default_catalog().kernel("cpu_fp8_gemm")
+    with pytest.raises(kp.InvalidValueError, match="per-token"):
+        CpuFp8Gemm(spec, config, torch.device("cpu"), Dtype.FLOAT8_E4M3FN, isa=HOST_ISA)
+
+
+def test_a_cpu_without_the_isa_is_refused_at_bind_time() -> None:
+    config = kp.quant_config("fp8_per_channel", weight_shape=(16, 16))
+    spec = kp.default_catalog().kernel("cpu_fp8_gemm")
+    with pytest.raises(kp.InvalidValueError, match="avx2"):
+        sse = frozenset({"sse4_2"})
+        CpuFp8Gemm(spec, config, torch.device("cpu"), Dtype.FLOAT8_E4M3FN, isa=sse)
+
+
+def test_a_backward_pass_is_refused_not_silently_gradient_free() -> None:
+    config = kp.quant_config("fp8_per_channel", weight_shape=(16, 32), out_dtype="float32")
+    impl = _bind("cpu_fp8_gemm", LEVELS[0], config)
+    bundle = impl.quantize_weights(torch.randn(16, 32))
+    x = torch.randn(3, 32, requires_grad=True)
+    y = impl.apply(x, bundle)
+    with pytest.raises(kp.InvalidValueError, match="inference"):
+        y.sum().backward()
