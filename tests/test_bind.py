@@ -97,12 +97,14 @@ def test_a_choice_for_one_config_cannot_be_bound_to_a_config_its_kernel_cannot_r
     # per-token (PTPC) layer would run W8A16 where W8A8 per-token was asked for.
     decision = kp.choose(CPU, WEIGHT_ONLY)
     assert isinstance(decision, kp.Selected)
-    assert decision.kernel == "cpu_w8a16_reference"
+    # The compiled W8A16 kernel leads the CPU rows: the profile has avx2+fma+f16c and a
+    # C++ toolchain.
+    assert decision.kernel == "cpu_fp8_w8a16_gemm"
     with pytest.raises(kp.InvalidValueError) as info:
         bind(decision, CONFIG, CPU)
     assert info.value.what == "config"
     assert (
-        "  - cpu_w8a16_reference: weight-only (W8A16) kernel cannot honour per-token "
+        "  - cpu_fp8_w8a16_gemm: weight-only (W8A16) kernel cannot honour per-token "
         "activation quantization"
     ) in str(info.value)
 

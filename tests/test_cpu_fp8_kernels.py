@@ -164,9 +164,17 @@ def test_an_activation_config_the_op_does_not_quantize_is_refused() -> None:
 def test_a_cpu_without_the_isa_is_refused_at_bind_time() -> None:
     config = kp.quant_config("fp8_per_channel", weight_shape=(16, 16))
     spec = kp.default_catalog().kernel("cpu_fp8_gemm")
+    sse = frozenset({"sse4_2"})
     with pytest.raises(kp.InvalidValueError, match="avx2"):
-        sse = frozenset({"sse4_2"})
         CpuFp8Gemm(spec, config, torch.device("cpu"), Dtype.FLOAT8_E4M3FN, isa=sse)
+
+
+def test_the_e4m3fnuz_format_is_refused_at_bind_time() -> None:
+    # The op decodes e4m3fn bytes; fnuz bytes would decode as other values.
+    config = kp.quant_config("fp8_per_channel", weight_shape=(16, 16))
+    spec = kp.default_catalog().kernel("cpu_fp8_gemm")
+    with pytest.raises(kp.InvalidValueError, match="float8_e4m3fn"):
+        CpuFp8Gemm(spec, config, torch.device("cpu"), Dtype.FLOAT8_E4M3FNUZ, isa=HOST_ISA)
 
 
 def test_a_backward_pass_is_refused_not_silently_gradient_free() -> None:
@@ -176,4 +184,4 @@ def test_a_backward_pass_is_refused_not_silently_gradient_free() -> None:
     x = torch.randn(3, 32, requires_grad=True)
     y = impl.apply(x, bundle)
     with pytest.raises(kp.InvalidValueError, match="inference"):
-        y.sum().backward()
+        y.sum().backward()  # type: ignore[no-untyped-call]

@@ -34,6 +34,7 @@ from kernelpick.core import (
     ENV_DISABLED,
     ENV_FORCE,
     ENV_STRICT,
+    FEATURE_CPP_TOOLCHAIN,
     FEATURE_SCALED_MM,
     FEATURE_SCALED_MM_ROWWISE,
     CpuArch,
@@ -679,7 +680,15 @@ TRANSLATE: dict[str, Callable[[Mapping[str, object]], kp.DeviceCaps]] = {
     "rocm": rocm_device.translate,
 }
 READ_KEYS = {
-    "cpu": ("machine", "name", "isa", "torch_version", "scaled_mm", "scaled_mm_rowwise"),
+    "cpu": (
+        "machine",
+        "name",
+        "isa",
+        "torch_version",
+        "scaled_mm",
+        "scaled_mm_rowwise",
+        "cpp_toolchain",
+    ),
     "cuda": ("name", "major", "minor", "torch_version", "cuda_version", "libraries"),
     "rocm": ("name", "gcnArchName", "torch_version", "hip_version"),
 }
@@ -741,6 +750,7 @@ def _bad_props(platform: str, props: Mapping[str, object]) -> list[tuple[str, ob
             "isa": names("isa"),
             "scaled_mm": isinstance(get("scaled_mm"), bool),
             "scaled_mm_rowwise": isinstance(get("scaled_mm_rowwise"), bool),
+            "cpp_toolchain": isinstance(get("cpp_toolchain"), bool),
         }
     elif platform == "cuda":
         major, minor = get("major"), get("minor")
@@ -770,6 +780,7 @@ def _expected_caps(platform: str, props: Mapping[str, object]) -> kp.DeviceCaps:
             for feature, key in (
                 (FEATURE_SCALED_MM, "scaled_mm"),
                 (FEATURE_SCALED_MM_ROWWISE, "scaled_mm_rowwise"),
+                (FEATURE_CPP_TOOLCHAIN, "cpp_toolchain"),
             )
             if get(key)
         ]

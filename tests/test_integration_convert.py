@@ -47,12 +47,10 @@ def test_quantize_model_converts_every_linear_in_place_and_reports() -> None:
     names = [layer.name for layer in report.layers]
     assert names == ["0.up", "0.down", "1.up", "1.down", "2.up", "2.down", "3"]
     assert all(type(module) is not torch.nn.Linear for module in model.modules())
-    assert all(
-        layer.kernel == "cpu_rowwise_scaled_mm" and not layer.degraded for layer in report.layers
-    )
+    assert all(layer.kernel == "cpu_fp8_gemm" and not layer.degraded for layer in report.layers)
     assert report.bytes_after < 0.3 * report.bytes_before
     assert relative_error(model(x), want) <= 0.06
-    assert "cpu_rowwise_scaled_mm" in report.render()
+    assert "cpu_fp8_gemm" in report.render()
     assert "0.up" in report.render()
 
 
@@ -64,8 +62,8 @@ def test_each_layer_keeps_its_bias_tensor_and_records_its_decision() -> None:
     assert isinstance(converted, Fp8Linear)
     assert converted.bias is bias
     assert converted.get_parameter("weight").dtype == torch.float8_e4m3fn
-    assert layer_state(converted).decision.kernel == "cpu_rowwise_scaled_mm"
-    assert "kernel=cpu_rowwise_scaled_mm" in repr(converted)
+    assert layer_state(converted).decision.kernel == "cpu_fp8_gemm"
+    assert "kernel=cpu_fp8_gemm" in repr(converted)
 
 
 def _assert_untouched(model: torch.nn.Module, before: Snapshot) -> None:
@@ -121,7 +119,7 @@ def test_skip_keeps_chosen_layers_and_the_report_says_so() -> None:
 def test_weight_only_scheme_selects_the_w8a16_kernel() -> None:
     model = _model(depth=1)
     report = quantize_model(model, "fp8_weight_only", caps=CPU, policy=kp.Policy())
-    assert {layer.kernel for layer in report.layers} == {"cpu_w8a16_reference"}
+    assert {layer.kernel for layer in report.layers} == {"cpu_fp8_w8a16_gemm"}
     assert model(torch.randn(2, 64)).shape == (2, 16)
 
 

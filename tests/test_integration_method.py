@@ -72,7 +72,7 @@ def test_cpu_output_matches_the_emulation_and_the_fp32_linear() -> None:
     method = Fp8PtpcLinearMethod(caps=CPU, policy=kp.Policy())
     n, k = 192, 256
     layer = _layer(method, [n], k)
-    assert layer_state(layer).decision.kernel == "cpu_rowwise_scaled_mm"
+    assert layer_state(layer).decision.kernel == "cpu_fp8_gemm"
     assert layer.__dict__["kernelpick_decision"] is layer_state(layer).decision
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(n, k, generator=generator)
@@ -188,7 +188,8 @@ def test_a_scheme_that_needs_calibration_is_refused() -> None:
 
 
 def test_policy_defaults_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ENV_DISABLED, "cpu_rowwise_scaled_mm")
+    # Both per-token kernels ahead of the reference, so the choice shows the variable was read.
+    monkeypatch.setenv(ENV_DISABLED, "cpu_fp8_gemm,cpu_rowwise_scaled_mm")
     method = Fp8PtpcLinearMethod(caps=CPU)
     assert layer_state(_layer(method, [64], 128)).decision.kernel == "cpu_dequant_reference"
 

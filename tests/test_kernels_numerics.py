@@ -1,9 +1,10 @@
 """Every CPU kernel against the independent fp32 emulation (tests/emulation.py).
 
 Shapes are drawn by hypothesis (M 1..300; K, N multiples of 16 up to 1024, and any shape
-for the reference kernels), over every scheme each kernel implements, with and without
-bias, in every output dtype. The ROCm and CUDA torch kernels share these kernel families;
-the same checks run them on CPU tensors with their own traits (e4m3fnuz on gfx942).
+for the reference and the compiled kernels), over every scheme each kernel implements,
+with and without bias, in every output dtype. The ROCm and CUDA torch kernels share these
+kernel families; the same checks run them on CPU tensors with their own traits (e4m3fnuz
+on gfx942).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 
 import kernelpick as kp
 from kernelpick.adapters import LAUNCHES
-from kernelpick.core import evaluate
+from kernelpick.core import FEATURE_CPP_TOOLCHAIN, CpuArch, evaluate
 from kernelpick.kernels._base import KernelBase
 from kernelpick.kernels._canonical import quantize_weight
 from tests.emulation import BOUND, emulate, relative_error
@@ -25,6 +26,8 @@ PER_CHANNEL, PER_TENSOR = "fp8_per_channel", "fp8_per_tensor"
 STATIC, WEIGHT_ONLY = "fp8_per_tensor_static", "fp8_weight_only"
 # What each kernel implements (W8A16 kernels take per-tensor activation configs degraded).
 IMPLEMENTS = {
+    "cpu_fp8_gemm": (PER_CHANNEL,),
+    "cpu_fp8_w8a16_gemm": (WEIGHT_ONLY, PER_TENSOR, STATIC),
     "cpu_rowwise_scaled_mm": (PER_CHANNEL,),
     "cpu_tensorwise_scaled_mm": (PER_TENSOR, STATIC),
     "cpu_dequant_reference": (PER_CHANNEL, PER_TENSOR, STATIC),
@@ -39,7 +42,23 @@ IMPLEMENTS = {
     "cuda_w8a16_torch": (WEIGHT_ONLY, PER_TENSOR, STATIC),
 }
 DEVICE = {"cpu": "cpu", "rocm": "mi300x", "cuda": "h100"}
-UNALIGNED_OK = {"cpu_dequant_reference", "cpu_w8a16_reference"}
+UNALIGNED_OK = {
+    "cpu_fp8_gemm",
+    "cpu_fp8_w8a16_gemm",
+    "cpu_dequant_reference",
+    "cpu_w8a16_reference",
+}
+# The compiled kernels, built for the cpu profile's ISA (AVX2+FMA+F16C): run only where this
+# host has that ISA and a C++ toolchain (tests/test_cpu_fp8_kernels.py runs every level).
+COMPILED = {"cpu_fp8_gemm", "cpu_fp8_w8a16_gemm"}
+HOST = kp.probe("cpu")
+_PROFILE = kp.device_profile("cpu").arch
+HOST_RUNS_COMPILED = (
+    isinstance(_PROFILE, CpuArch)
+    and isinstance(HOST.arch, CpuArch)
+    and _PROFILE.isa <= HOST.arch.isa
+    and FEATURE_CPP_TOOLCHAIN in HOST.features
+)
 CASES = [(kernel, scheme) for kernel, schemes in IMPLEMENTS.items() for scheme in schemes]
 
 aligned = st.integers(1, 64).map(lambda v: v * 16)
@@ -71,6 +90,9 @@ def _w8a16(kernel: str) -> bool:
 
 
 def _kernel(kernel: str, config: kp.QuantConfig) -> KernelBase:
+    if kernel in COMPILED and not HOST_RUNS_COMPILED:
+        pytest.skip(f"{kernel} needs an x86 CPU with AVX2+FMA+F16C and a C++ toolchain")
+    # Launch.kernel hands the family the profile's ISA flags (the compiled kernels need them).
     return LAUNCHES[kernel].kernel(
         kp.default_catalog().kernel(kernel), config, _caps(kernel), torch.device("cpu")
     )

@@ -29,7 +29,12 @@ A100 = kp.device_profile("a100")
 # (in, out) of the linears: three shapes, repeated as a model's blocks repeat them.
 # Every CPU W8A8 kernel disabled: a W8A8 scheme falls back to the weight-only stand-in.
 W8A8_OFF = kp.Policy(
-    disabled={"cpu_rowwise_scaled_mm", "cpu_tensorwise_scaled_mm", "cpu_dequant_reference"}
+    disabled={
+        "cpu_fp8_gemm",
+        "cpu_rowwise_scaled_mm",
+        "cpu_tensorwise_scaled_mm",
+        "cpu_dequant_reference",
+    }
 )
 
 
@@ -57,7 +62,7 @@ def test_each_device_and_config_is_logged_once_at_info(caplog: pytest.LogCapture
     assert all(r.name == "kernelpick.integration" for r in infos)
     messages = [r.getMessage() for r in infos]
     for message, (k, n) in zip(messages, SHAPES, strict=True):
-        assert message.startswith('quantization="fp8_per_channel": cpu_rowwise_scaled_mm')
+        assert message.startswith('quantization="fp8_per_channel": cpu_fp8_gemm')
         assert f"on {CPU.name} for " in message
         assert f"N={n} K={k}" in message
     assert "(first at layer 'b0_0')" in messages[0]
@@ -97,7 +102,7 @@ def test_quantize_model_warns_for_a_degraded_choice(caplog: pytest.LogCaptureFix
     assert all(layer.degraded for layer in report.layers)
     assert len(_records(caplog, logging.WARNING)) == 3
     assert not _records(caplog, logging.INFO)  # one record per config: the warning says it all
-    assert "cpu_w8a16_reference" in _records(caplog, logging.WARNING)[0].getMessage()
+    assert "cpu_fp8_w8a16_gemm" in _records(caplog, logging.WARNING)[0].getMessage()
 
 
 def test_debug_holds_the_full_trace(caplog: pytest.LogCaptureFixture) -> None:

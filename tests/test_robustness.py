@@ -12,7 +12,7 @@ import torch
 
 import kernelpick as kp
 from kernelpick.adapters import LAUNCHES
-from kernelpick.core import Dtype
+from kernelpick.core import CpuArch, Dtype
 from kernelpick.integration import ModelConversionError, quantize_model
 from kernelpick.kernels import KernelBase
 from kernelpick.kernels._canonical import quantize_weight
@@ -83,8 +83,18 @@ class Stack(torch.nn.Module):
 
 WIDTHS = [(64, 32), (48, 64), (32, 48), (64, 32), (16, 64)]
 # Only the _scaled_mm kernels, which need K and N to be multiples of 16: so an unaligned
-# layer is one that no kernel takes.
-ALIGNED_ONLY = kp.Policy(disabled=frozenset({"cpu_dequant_reference", "cpu_w8a16_reference"}))
+# layer is one that no kernel takes. The references and the compiled kernels (cpu_fp8_gemm,
+# cpu_fp8_w8a16_gemm) take any N and K, so they are disabled.
+ALIGNED_ONLY = kp.Policy(
+    disabled=frozenset(
+        {
+            "cpu_fp8_gemm",
+            "cpu_fp8_w8a16_gemm",
+            "cpu_dequant_reference",
+            "cpu_w8a16_reference",
+        }
+    )
+)
 
 
 def _unaligned(model: Stack, index: int) -> None:
@@ -149,18 +159,41 @@ def _finite_fp8(tensor: torch.Tensor) -> bool:
     return bool(torch.isfinite(tensor.float()).all())
 
 
-@pytest.mark.parametrize("fp8", FP8, ids=lambda d: d.value)
-@pytest.mark.parametrize("kernel", sorted(k for k in LAUNCHES if k.startswith("cpu")))
+HOST = kp.probe("cpu")
+HOST_ISA = HOST.arch.isa if isinstance(HOST.arch, CpuArch) else frozenset()
+# The compiled kernels: CPU-only families whose op takes e4m3fn weights, the only flavour a
+# CPU has (DeviceCaps.fp8_format), and which need the host's ISA and a C++ toolchain.
+COMPILED = frozenset({"cpu_fp8_gemm", "cpu_fp8_w8a16_gemm"})
+CASES = [
+    pytest.param(kernel, fp8, id=f"{kernel}-{fp8.value}")
+    for kernel in sorted(k for k in LAUNCHES if k.startswith("cpu"))
+    for fp8 in FP8
+    if kernel not in COMPILED or fp8 is Dtype.FLOAT8_E4M3FN
+]
+
+
+def _scheme(kernel: str) -> str:
+    return "fp8_weight_only" if "w8a16" in kernel else (
+        "fp8_per_tensor" if "tensorwise" in kernel else "fp8_per_channel"
+    )  # fmt: skip
+
+
+def _runs_here(kernel: str) -> bool:
+    config = kp.quant_config(_scheme(kernel), weight_shape=(16, 32))
+    return isinstance(kp.choose(HOST, config, kp.Policy(force=kernel)), kp.Selected)
+
+
+@pytest.mark.parametrize(("kernel", "fp8"), CASES)
 def test_no_input_gives_nan_or_inf_in_a_quantized_weight_or_activation(
     kernel: str, fp8: Dtype
 ) -> None:
+    if kernel in COMPILED and not _runs_here(kernel):
+        pytest.skip(f"{kernel} needs an x86 CPU with AVX2+FMA+F16C and a C++ toolchain")
     width = 32
-    scheme = "fp8_weight_only" if "w8a16" in kernel else (
-        "fp8_per_tensor" if "tensorwise" in kernel else "fp8_per_channel"
-    )  # fmt: skip
-    config = kp.quant_config(scheme, weight_shape=(16, width), out_dtype="float32")
+    config = kp.quant_config(_scheme(kernel), weight_shape=(16, width), out_dtype="float32")
     spec = kp.default_catalog().kernel(kernel)
-    impl: KernelBase = LAUNCHES[kernel].family(spec, config, torch.device("cpu"), fp8)
+    family = LAUNCHES[kernel].family
+    impl: KernelBase = family(spec, config, torch.device("cpu"), fp8, isa=HOST_ISA)
     extreme = _extreme_rows(width, fp8).repeat(2, 1)  # 16 rows: the scaled_mm alignment
     weight, scale = quantize_weight(extreme, config)
     bundle = impl.prepare_weights(weight, scale)  # the device's flavour: e4m3fnuz reads 224
@@ -175,3 +208,15 @@ def test_no_input_gives_nan_or_inf_in_a_quantized_weight_or_activation(
             assert bool(torch.isfinite(x_scale).all()), dtype
     moderate = torch.randn(4, width)
     assert bool(torch.isfinite(impl.apply(moderate, bundle)).all())
+    # A kernel may quantize activations inside its op rather than through quantize_input
+    # (cpu_fp8_gemm does): the extreme rows through apply, against a moderate weight, must
+    # come out finite too, in every input dtype.
+    moderate_bundle = impl.quantize_weights(torch.randn(16, width))
+    for name in ("float32", "bfloat16", "float16"):
+        typed = kp.quant_config(
+            _scheme(kernel), weight_shape=(16, width), input_dtype=name, out_dtype="float32"
+        )
+        typed_impl = family(spec, typed, torch.device("cpu"), fp8, isa=HOST_ISA)
+        x = extreme.clamp(-6e4, 6e4) if name == "float16" else extreme
+        out = typed_impl.apply(x.to(getattr(torch, name)), moderate_bundle)
+        assert bool(torch.isfinite(out).all()), name

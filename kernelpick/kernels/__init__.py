@@ -9,6 +9,7 @@ an FP8 weight of one's own canonical (no -0, no NaN byte) before ``prepare_weigh
 
 from kernelpick.kernels._base import Kernel, KernelBase, RowMajorKernel, WeightBundle
 from kernelpick.kernels._canonical import canonicalize_fp8_, dequantize_weight, quantize_weight
+from kernelpick.kernels._cpu_build import KernelBuildError
 from kernelpick.kernels._cpu_gemm import CpuFp8Gemm, CpuFp8GemmW8A16
 from kernelpick.kernels._reference import ReferenceW8A8, ReferenceW8A16
 from kernelpick.kernels._scaled_mm import ChannelwiseUnfused, RowwiseScaledMM, TensorwiseScaledMM
@@ -22,6 +23,7 @@ __all__ = [
     "DequantMatmul",
     "Kernel",
     "KernelBase",
+    "KernelBuildError",
     "ReferenceW8A8",
     "ReferenceW8A16",
     "RowMajorKernel",

@@ -15,6 +15,7 @@ from typing import ClassVar, Protocol, cast
 import attrs
 import torch
 
+from kernelpick.core._dtypes import Dtype
 from kernelpick.core._errors import InvalidValueError
 from kernelpick.core._quant import GroupShape
 from kernelpick.core._specs import KernelKind
@@ -109,6 +110,11 @@ class CpuFp8Gemm(RowMajorKernel):
         if level is None:
             needs = " or ".join("+".join(sorted(flags)) for flags, _cflags in ISA_LEVELS.values())
             raise InvalidValueError(f"{self.kernel_id} CPU ISA", sorted(self.isa), needs)
+        if self.fp8_format is not Dtype.FLOAT8_E4M3FN:
+            # The op decodes e4m3fn bytes (a CPU computes in OCP e4m3fn).
+            raise InvalidValueError(
+                f"{self.kernel_id} FP8 format", self.fp8_format.value, "float8_e4m3fn"
+            )
         act = self.config.activation
         if self._QUANTIZE and (
             act is None or act.scale.static or act.scale.group != GroupShape.PER_TOKEN
