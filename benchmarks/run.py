@@ -2,8 +2,9 @@
 
     .venv/bin/python benchmarks/run.py --quick --json out.json   # from the repository root
 
-``--quick`` fits in about 2 minutes on 2 cores, ``--tiny`` only shows the harness works (CI),
-neither is the reported run. ``python -m benchmarks.run`` works as well. The GPU figures
+Without a size flag it is the reported run (decode figures at N = K = 4096); ``--full`` adds
+the 14336 x 4096 decode shape, ``--quick`` fits in a few minutes on 2 cores, ``--tiny`` only
+shows the harness works (CI). ``python -m benchmarks.run`` works as well. The GPU figures
 come from ``benchmarks/gpu_check.py``.
 """
 
@@ -25,14 +26,16 @@ from benchmarks.suite import SuiteConfig, run_suite  # noqa: E402
 
 __all__ = ["main"]
 
-# Bumped when a key of the JSON record changes meaning or goes away.
-SCHEMA_VERSION = 1
+# Bumped when a key of the JSON record changes meaning or goes away. 2: the decode figures
+# (``decode``) replaced ``cpu_ptpc_*``, ``cpu_fp32_linear_ms`` and ``cpu_bf16_linear_ms``.
+SCHEMA_VERSION = 2
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="smaller repeats: about 2 minutes")
+    size.add_argument("--quick", action="store_true", help="fewer repeats and M: a few minutes")
+    size.add_argument("--full", action="store_true", help="also the 14336 x 4096 decode shape")
     size.add_argument("--tiny", action="store_true", help="tiny sizes: a smoke run (CI)")
     parser.add_argument(
         "--json", nargs="?", const="-", default=None, metavar="PATH",
@@ -44,9 +47,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the suite at the size asked for, print the table, write JSON if asked."""
     args = _parser().parse_args(argv)
-    config = (
-        SuiteConfig.tiny() if args.tiny else SuiteConfig.quick() if args.quick else SuiteConfig()
-    )
+    sizes = {"tiny": SuiteConfig.tiny, "quick": SuiteConfig.quick, "full": SuiteConfig.full}
+    config = next((make() for name, make in sizes.items() if getattr(args, name)), SuiteConfig())
     results = {"schema_version": SCHEMA_VERSION, **run_suite(config)}
     if args.json == "-":
         json.dump(results, sys.stdout, indent=2, sort_keys=True)

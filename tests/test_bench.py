@@ -11,43 +11,113 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
+import kernelpick as kp
+from benchmarks.decode import BASELINES, CANDIDATES, llc_bytes, measure_bandwidth, run_decode
 from benchmarks.memory import peak_extra_rss, resident_bytes
-from benchmarks.report import TARGETS, render
+from benchmarks.report import DECODE_TARGETS, TARGETS, render
 from benchmarks.suite import SuiteConfig, run_suite
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_KEYS = {
-    "dict_lookup_ns", "choose_cached_ns", "choose_uncached_ns", "plan_model_ns",
-    "cpu_ptpc_vs_fp32_linear", "cpu_ptpc_vs_bf16_linear", "quantize_vs_clone",
-    "quantize_gbps", "weight_bytes_ratio", "peak_extra_memory_ratio", "machine",
+    "dict_lookup_ns", "choose_cached_ns", "choose_uncached_ns", "plan_model_ns", "decode",
+    "quantize_vs_clone", "quantize_gbps", "weight_bytes_ratio", "peak_extra_memory_ratio",
+    "machine",
 }  # fmt: skip
+DECODE_KEYS = {
+    "llc_bytes", "llc_source", "rotation_target_bytes", "bandwidth_gbps", "bandwidth_op",
+    "bandwidth_by_op_gbps", "bandwidth_bytes", "repeats", "activation_dtype", "torch_threads",
+    "schemes", "shapes",
+}  # fmt: skip
+ROW_FIGURES = {
+    f"{name}_vs_{base}" for name in ("ptpc", "w8a16") for base in ("best", "fp32", "floor", "read")
+}
+
+
+def _selected(scheme: str, n: int, k: int) -> str:
+    """The kernel kernelpick selects on this CPU for a bf16 layer: whatever it is today."""
+    config = kp.quant_config(scheme, weight_shape=(n, k), out_dtype="bfloat16")
+    decision = kp.choose(kp.probe("cpu"), config)
+    assert isinstance(decision, kp.Selected)
+    return decision.kernel
 
 
 def test_the_suite_reports_every_cpu_key_at_tiny_sizes() -> None:
     results = run_suite(SuiteConfig.tiny())
     assert set(results) >= CPU_KEYS
     assert results["plan_model_decisions"] == 2 * 7
-    assert results["cpu_ptpc_kernel"] == "cpu_rowwise_scaled_mm"
     assert 0.45 < results["weight_bytes_ratio"] < 0.6  # FP8 bytes + scales over bf16 bytes
-    assert {"cpu", "torch", "torch_threads"} <= set(results["machine"])
+    assert {"cpu", "isa", "torch", "torch_threads", "torch_cpu_capability"} <= set(
+        results["machine"]
+    )
     # Every timed ratio names a baseline of this run, and the bf16 one says whether this CPU
     # has bf16 arithmetic, without which "vs bf16" compares against a different kind of GEMM.
     baselines = results["baselines"]
     assert set(baselines) == {
-        "dict_lookup_ns", "cpu_fp32_linear_ms", "cpu_bf16_linear_ms", "clone_gbps"
+        "dict_lookup_ns", "decode_best", "decode_fp32", "decode_floor_ms", "clone_gbps"
     }  # fmt: skip
-    assert all(key in results for key in baselines)
-    bf16 = baselines["cpu_bf16_linear_ms"]
-    assert ("native bf16" in bf16) is results["cpu_bf16_native"]
-    assert "M=8 N=K=64" in bf16
+    best = baselines["decode_best"]
+    assert ("native bf16" in best) is results["cpu_bf16_native"]
+    assert "N=64 K=64" in best
     text = render(results)
     for target in TARGETS:
         assert target.figure in text
         assert target.names_baseline(results) in text
-    assert f"/  {bf16}" in text  # the bf16 figure's row names the run's bf16 baseline
+    for decode_target in DECODE_TARGETS:
+        assert f"{decode_target.figure} M={decode_target.m}, 64x64" in text
+    assert f"/  {best}" in text  # the decode rows name the run's baseline
     assert "not measured here" in text  # the GPU figures come from gpu_check.py
+
+
+def test_the_decode_figures_cover_every_m_and_name_the_kernels_that_ran() -> None:
+    config = SuiteConfig.tiny()
+    decode = run_decode(
+        config.decode_shapes, config.decode_tokens, config.decode_repeats, config.rotation_bytes
+    )
+    assert set(decode) >= DECODE_KEYS
+    assert decode["bandwidth_gbps"] > 0
+    assert decode["schemes"] == CANDIDATES
+    (shape,) = decode["shapes"]
+    assert (shape["n"], shape["k"]) == (64, 64)
+    # Kernel-agnostic: whatever kp.choose selects for a bf16 layer is what ran.
+    assert shape["kernels"] == {
+        name: _selected(scheme, 64, 64) for name, scheme in CANDIDATES.items()
+    }
+    assert set(shape["rotation"]) == {*BASELINES, *CANDIDATES, "read"}
+    assert all(r["buffers"] >= 2 for r in shape["rotation"].values())
+    assert shape["floor_gbps"] == max(decode["bandwidth_gbps"], shape["read_gbps"])
+    assert shape["floor_ms"] == pytest.approx(64 * 64 / (shape["floor_gbps"] * 1e9) * 1e3)
+    assert [row["m"] for row in shape["rows"]] == list(config.decode_tokens)
+    for row in shape["rows"]:
+        assert set(row["ms"]) == set(BASELINES) | set(CANDIDATES)
+        assert row["best"] in BASELINES
+        assert row["best_ms"] == min(row["ms"][name] for name in BASELINES)
+        assert row["read_ms"] > 0
+        assert set(row) >= ROW_FIGURES
+        assert all(row[figure] > 0 for figure in ROW_FIGURES)
+
+
+def test_the_rotation_spans_the_cache_and_the_bandwidth_is_read_from_memory() -> None:
+    llc, source = llc_bytes()
+    assert llc > 0
+    assert source
+    # Small buffers: this only checks the measurement runs and reports in GB/s.
+    bandwidth = measure_bandwidth(4 * 2**20, repeats=1)
+    assert bandwidth["bandwidth_op"] in bandwidth["bandwidth_by_op_gbps"]
+    assert bandwidth["bandwidth_gbps"] == max(bandwidth["bandwidth_by_op_gbps"].values())
+    assert bandwidth["bandwidth_bytes"] == 4 * 2**20
+
+
+def test_llc_falls_back_where_sysfs_says_nothing(tmp_path: Path) -> None:
+    index = tmp_path / "index3"
+    index.mkdir()
+    assert llc_bytes(tmp_path)[0] == 64 * 2**20
+    (index / "level").write_text("3\n")
+    (index / "type").write_text("Unified\n")
+    (index / "size").write_text("32768K\n")
+    assert llc_bytes(tmp_path) == (32 * 2**20, f"{tmp_path}/index*/size (level 3)")
 
 
 def test_benchmarks_run_writes_json_from_any_directory(tmp_path: Path) -> None:
@@ -61,16 +131,16 @@ def test_benchmarks_run_writes_json_from_any_directory(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     record = json.loads(out.read_text())
     assert set(record) >= CPU_KEYS
-    assert record["schema_version"] == 1
+    assert record["schema_version"] == 2
     assert "choose_cached_ns/dict_lookup_ns" in result.stdout
 
 
 def test_targets_judge_ratios_in_the_right_direction() -> None:
-    at_most = next(t for t in TARGETS if t.figure == "cpu_ptpc_vs_fp32_linear")
+    at_most = next(t for t in TARGETS if t.figure == "weight_bytes_ratio")
     at_least = next(t for t in TARGETS if t.figure == "quantize_vs_clone")
     derived = next(t for t in TARGETS if t.figure == "choose_cached_ns/dict_lookup_ns")
-    assert at_most.met({"cpu_ptpc_vs_fp32_linear": 1.7}) is True
-    assert at_most.met({"cpu_ptpc_vs_fp32_linear": 1.9}) is False
+    assert at_most.met({"weight_bytes_ratio": 0.5}) is True
+    assert at_most.met({"weight_bytes_ratio": 0.6}) is False
     assert at_least.met({"quantize_vs_clone": 0.3}) is True
     assert at_least.met({"quantize_vs_clone": 0.2}) is False
     assert derived.met({"choose_cached_ns": 600.0, "dict_lookup_ns": 10.0}) is False
@@ -83,6 +153,19 @@ def test_the_decision_targets_are_this_rounds() -> None:
     assert bounds["choose_cached_ns/dict_lookup_ns"] == (True, 50)
     assert bounds["choose_uncached_ns/dict_lookup_ns"] == (True, 3000)
     assert bounds["plan_model_ns/dict_lookup_ns"] == (True, 1e5)
+
+
+def test_the_decode_targets_are_this_rounds_and_judge_each_m() -> None:
+    bounds = {(t.figure, t.m): t.bound for t in DECODE_TARGETS}
+    assert bounds == {
+        ("ptpc_vs_best", 1): 0.5, ("ptpc_vs_best", 4): 0.6, ("ptpc_vs_best", 16): 0.6,
+        ("ptpc_vs_best", 256): 1.2, ("ptpc_vs_best", 2048): 1.2, ("w8a16_vs_best", 1): 0.5,
+    }  # fmt: skip
+    m1 = next(t for t in DECODE_TARGETS if (t.figure, t.m) == ("ptpc_vs_best", 1))
+    shape = {"rows": [{"m": 1, "ptpc_vs_best": 0.45}, {"m": 4, "ptpc_vs_best": 0.9}]}
+    assert m1.met(shape) is True
+    assert m1.met({"rows": [{"m": 1, "ptpc_vs_best": 0.55}]}) is False
+    assert m1.met({"rows": [{"m": 4, "ptpc_vs_best": 0.1}]}) is None  # M=1 not measured
 
 
 def test_the_package_does_not_import_the_suite() -> None:

@@ -19,6 +19,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import kernelpick as kp
+
 pytestmark = pytest.mark.slow  # about 30 s: a real model, and a fresh process
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "quantize_minilm.py"
@@ -48,14 +50,28 @@ def test_minilm_embeddings_survive_fp8_per_channel(
     record_property("mean_cosine", result.mean_cosine)
     record_property("model_bytes", (report.bytes_before, report.bytes_after))
     record_property("seconds_per_batch", (result.seconds_fp32, result.seconds_fp8))
+    record_property("seconds_per_sentence", (result.seconds_one_fp32, result.seconds_one_fp8))
     print(
         f"mean cosine {result.mean_cosine:.4f}; model {report.bytes_before} -> "
         f"{report.bytes_after} bytes; per batch fp32 {result.seconds_fp32 * 1e3:.1f} ms, "
-        f"fp8 {result.seconds_fp8 * 1e3:.1f} ms"
+        f"fp8 {result.seconds_fp8 * 1e3:.1f} ms; per sentence fp32 "
+        f"{result.seconds_one_fp32 * 1e3:.2f} ms, fp8 {result.seconds_one_fp8 * 1e3:.2f} ms"
     )
     assert result.mean_cosine >= 0.99
+    assert result.min_cosine >= example.MIN_COSINE
+    assert min(result.seconds_fp32, result.seconds_fp8) > 0  # timed, not judged
+    assert min(result.seconds_one_fp32, result.seconds_one_fp8) > 0
     assert len(report.layers) == len(linears) == 37  # 6 layers x 6 linears, and the pooler
-    assert {layer.kernel for layer in report.layers} == {"cpu_rowwise_scaled_mm"}
+    # Whatever kernelpick selects on this CPU for each fp32 layer (with its bias) is what
+    # the conversion used.
+    caps = kp.probe("cpu")
+    for layer in report.layers:
+        config = kp.quant_config(
+            "fp8_per_channel", weight_shape=layer.shape, out_dtype="float32", bias=True
+        )
+        decision = kp.choose(caps, config)
+        assert isinstance(decision, kp.Selected)
+        assert (layer.kernel, layer.degraded) == (decision.kernel, False)
     # Each fp32 weight became one FP8 byte per value and one fp32 scale per output channel.
     assert report.bytes_before - report.bytes_after == 4 * weights - (weights + 4 * channels)
 
