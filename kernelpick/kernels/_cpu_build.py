@@ -49,7 +49,11 @@ ISA_LEVELS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
     "avx2": (frozenset({"avx2", "fma", "f16c"}), ()),
 }
 # Every level also needs these (the AVX-512 levels use AVX2 code for tails and reductions).
-_BASE_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-std=c++17")
+# -fopenmp: at::parallel_for is inline OpenMP in torch's headers, serial without it. The
+# library links libgomp.so.1, the soname torch itself loads, so one OpenMP runtime serves
+# both and torch.set_num_threads governs the kernel too.
+_BASE_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-std=c++17", "-fopenmp")
+_LINK_FLAGS = ("-fopenmp",)
 
 _LOCK = threading.Lock()
 _LOADED: set[str] = set()
@@ -140,6 +144,7 @@ def load_ops(level: str) -> None:
                 name=_build_name(level),
                 sources=[str(_SOURCE)],
                 extra_cflags=cflags,
+                extra_ldflags=list(_LINK_FLAGS),
                 is_python_module=False,
                 verbose=False,
             )

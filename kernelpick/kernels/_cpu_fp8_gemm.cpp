@@ -39,15 +39,19 @@ constexpr float kFp8Max = 448.0f;
 constexpr float kScaleFloor = 1.0f / (448.0f * 512.0f);
 // The decoded weight is the FP8 value times 2^-8 (see the top of the file).
 constexpr float kDecodeScale = 256.0f;
-// Up to this many tokens the GEMV path runs; beyond it, decoded panels and torch's GEMM.
+// Up to this many tokens the dot-product path runs; beyond it, where torch's GEMM is bf16
+// and the output too, decoded panels go to torch's GEMM (tuned blocking for large M).
 constexpr int64_t kSmallM = 64;
+// Rows per panel of the dot-product path, and the most decoded bytes it may take (L2).
+constexpr int64_t kPanelRows = 64;
+constexpr int64_t kScratchBytes = int64_t(512) << 10;
 // Tokens and output channels per register block of the GEMV path.
 constexpr int kMB = 4;
 constexpr int kNB = 4;
 // How far ahead (bytes) each weight row is prefetched on the GEMV path.
-constexpr int kPrefetch = 1024;
+constexpr int kPrefetch = 2048;
 // Bytes of decoded weight per panel on the large-M path: small enough to stay in L3.
-constexpr int64_t kPanelBytes = int64_t(32) << 20;
+constexpr int64_t kPanelBytes = int64_t(4) << 20;
 
 // ---------------------------------------------------------------------------------------
 // Activation loads (8 lanes, AVX2): fp32, bf16 and fp16 rows as fp32.
@@ -132,7 +136,14 @@ inline float quantize_row(float* v, int64_t k) {
 
 // fp32 -> bf16 bits by truncation: exact for e4m3 values (3 mantissa bits) and bf16 inputs.
 inline void f32_to_bf16_exact(const float* v, int64_t k, uint16_t* out) {
-  for (int64_t i = 0; i < k; ++i) {
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8) {
+    const __m256i top = _mm256_srli_epi32(_mm256_castps_si256(_mm256_loadu_ps(v + i)), 16);
+    const __m128i packed =
+        _mm_packus_epi32(_mm256_castsi256_si128(top), _mm256_extracti128_si256(top, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), packed);
+  }
+  for (; i < k; ++i) {
     uint32_t bits;
     std::memcpy(&bits, v + i, 4);
     out[i] = static_cast<uint16_t>(bits >> 16);
@@ -322,6 +333,42 @@ inline typename V::Ctx context() {
   return {};
 }
 
+// The epilogue: y[t, n] = acc * x_scale[t] * (w_scale[n] * 2^8) + bias[n], in out's dtype.
+struct Epilogue {
+  const float* x_scale;  // [M], or nullptr for 1
+  const float* w_scale;  // [N] or [1]
+  bool per_channel;
+  const float* bias;     // [N] fp32, or nullptr
+  void* out;             // [M, N], contiguous
+  at::ScalarType out_dtype;
+  int64_t ldo;
+  float value(float acc, int64_t t, int64_t n) const {
+    float y = acc * (x_scale ? x_scale[t] : 1.0f) * (w_scale[per_channel ? n : 0] * kDecodeScale);
+    return bias ? y + bias[n] : y;
+  }
+  // One row's values [n0, n0 + count) from acc (stride ``step``), into out's dtype.
+  void store(int64_t t, int64_t n0, int64_t count, const float* acc, int64_t step) const {
+    const int64_t base = t * ldo + n0;
+    switch (out_dtype) {
+      case at::kFloat: {
+        float* o = static_cast<float*>(out) + base;
+        for (int64_t c = 0; c < count; ++c) o[c] = value(acc[c * step], t, n0 + c);
+        break;
+      }
+      case at::kBFloat16: {
+        at::BFloat16* o = static_cast<at::BFloat16*>(out) + base;
+        for (int64_t c = 0; c < count; ++c) o[c] = at::BFloat16(value(acc[c * step], t, n0 + c));
+        break;
+      }
+      default: {
+        at::Half* o = static_cast<at::Half*>(out) + base;
+        for (int64_t c = 0; c < count; ++c) o[c] = at::Half(value(acc[c * step], t, n0 + c));
+        break;
+      }
+    }
+  }
+};
+
 // Weights of NB rows, one K step at a time: decoded from the FP8 bytes as they stream in.
 template <class V, int NB>
 struct DecodeRows {
@@ -332,8 +379,12 @@ struct DecodeRows {
     const int64_t i = step * V::kStep;
     const uint8_t* row = w + c * k;
     if (i + V::kStep <= k) {
-      // The rows are NB streams a row apart: fetch ahead so each is in flight in time.
-      _mm_prefetch(reinterpret_cast<const char*>(row + i) + kPrefetch, _MM_HINT_T0);
+      // The rows are NB streams a row apart; a row of 4 KiB is one page, where hardware
+      // prefetchers stop. Fetch ahead in software, and near the end of a row, fetch the
+      // start of the same row of the next block (NB rows on), which comes next.
+      const int64_t ahead = i + kPrefetch;
+      const uint8_t* next = row + ahead + (ahead >= k ? (NB - 1) * k : 0);
+      _mm_prefetch(reinterpret_cast<const char*>(next), _MM_HINT_T0);
       return V::weights(row + i, ctx);
     }
     alignas(64) uint8_t tail[V::kStep] = {0};  // the last, partial step: zeros beyond K
@@ -385,78 +436,90 @@ inline void dot_tokens(const typename V::X* x, int64_t m, int64_t kp, const Rows
   }
 }
 
-// NB rows against m tokens. Up to kMB tokens the FP8 bytes are decoded as they stream in;
-// beyond, each row is decoded once into ``scratch`` and read from there by every block.
+// Tokens [0, m) against NB rows, decoded as the FP8 bytes stream in: the decode path
+// (m <= kMB), where the weight is read once and memory is the limit. acc is [m][NB].
 template <class V, int NB>
-inline void dot_rows(const typename V::X* x, int64_t m, int64_t kp, const uint8_t* w, int64_t k,
-                     std::vector<typename V::W>& scratch, float* acc) {
-  const DecodeRows<V, NB> decode{w, k, context<V>()};
-  if (m <= kMB) {
-    dot_tokens<V, NB>(x, m, kp, decode, acc);
-    return;
-  }
-  const int64_t steps = kp / V::kStep;
-  for (int c = 0; c < NB; ++c)
-    for (int64_t s = 0; s < steps; ++s) scratch[c * steps + s] = decode(c, s);
-  dot_tokens<V, NB>(x, m, kp, ScratchRows<V>{scratch.data(), steps}, acc);
+inline void dot_streamed(const typename V::X* x, int64_t m, int64_t kp, const uint8_t* w,
+                         int64_t k, float* acc) {
+  dot_tokens<V, NB>(x, m, kp, DecodeRows<V, NB>{w, k, context<V>()}, acc);
 }
 
-// The epilogue: y[t, n] = acc * x_scale[t] * (w_scale[n] * 2^8) + bias[n], in out's dtype.
-struct Epilogue {
-  const float* x_scale;  // [M], or nullptr for 1
-  const float* w_scale;  // [N] or [1]
-  bool per_channel;
-  const float* bias;     // [N] fp32, or nullptr
-  void* out;             // [M, N], contiguous
-  at::ScalarType out_dtype;
-  int64_t ldo;
-  float value(float acc, int64_t t, int64_t n) const {
-    float y = acc * (x_scale ? x_scale[t] : 1.0f) * (w_scale[per_channel ? n : 0] * kDecodeScale);
-    return bias ? y + bias[n] : y;
+// A panel of rows decoded once into ``scratch`` (sized to stay in L2), then every block of
+// kMB tokens (in L1) against every kNB rows of it: each weight byte is decoded once per
+// call and each activation row read once per panel.
+template <class V>
+void dot_panel(const typename V::X* x, int64_t m, int64_t kp, const uint8_t* w, int64_t k,
+               int64_t n0, int64_t rows, std::vector<typename V::W>& scratch,
+               const Epilogue& epi) {
+  const int64_t steps = kp / V::kStep;
+  const DecodeRows<V, 1> decode{w, k, context<V>()};
+  for (int64_t r = 0; r < rows; ++r) {
+    const DecodeRows<V, 1> row{w + r * k, k, decode.ctx};
+    for (int64_t s = 0; s < steps; ++s) scratch[r * steps + s] = row(0, s);
   }
-  // One row's values [n0, n0 + count) from acc (stride ``step``), into out's dtype.
-  void store(int64_t t, int64_t n0, int64_t count, const float* acc, int64_t step) const {
-    const int64_t base = t * ldo + n0;
-    switch (out_dtype) {
-      case at::kFloat: {
-        float* o = static_cast<float*>(out) + base;
-        for (int64_t c = 0; c < count; ++c) o[c] = value(acc[c * step], t, n0 + c);
-        break;
+  float acc[kMB * kNB];
+  for (int64_t t = 0; t < m; t += kMB) {
+    const int64_t mb = std::min<int64_t>(kMB, m - t);
+    for (int64_t c = 0; c < rows; c += kNB) {
+      const int64_t nb = std::min<int64_t>(kNB, rows - c);
+      const ScratchRows<V> panel{scratch.data() + c * steps, steps};
+      if (nb == kNB) {
+        dot_tokens<V, kNB>(x + t * kp, mb, kp, panel, acc);
+      } else {
+        for (int64_t j = 0; j < nb; ++j) {
+          float one[kMB];
+          dot_tokens<V, 1>(x + t * kp, mb, kp, ScratchRows<V>{panel.scratch + j * steps, steps}, one);
+          for (int64_t i = 0; i < mb; ++i) acc[i * kNB + j] = one[i];
+        }
       }
-      case at::kBFloat16: {
-        at::BFloat16* o = static_cast<at::BFloat16*>(out) + base;
-        for (int64_t c = 0; c < count; ++c) o[c] = at::BFloat16(value(acc[c * step], t, n0 + c));
-        break;
-      }
-      default: {
-        at::Half* o = static_cast<at::Half*>(out) + base;
-        for (int64_t c = 0; c < count; ++c) o[c] = at::Half(value(acc[c * step], t, n0 + c));
-        break;
-      }
+      for (int64_t i = 0; i < mb; ++i) epi.store(t + i, n0 + c, nb, acc + i * kNB, 1);
     }
   }
-};
+}
 
+// The decode path over all N, NB rows at a time: each weight byte read once, as it streams.
+template <class V, int NB>
+void streamed(const typename V::X* x, int64_t m, int64_t kp, const uint8_t* w, int64_t n,
+              int64_t k, const Epilogue& epi) {
+  const int64_t blocks = (n + NB - 1) / NB;
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    float acc[kMB * NB];
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t n0 = b * NB;
+      const int64_t nb = std::min<int64_t>(NB, n - n0);
+      if (nb == NB) {
+        dot_streamed<V, NB>(x, m, kp, w + n0 * k, k, acc);
+      } else {
+        for (int64_t c = 0; c < nb; ++c) {
+          float one[kMB];
+          dot_streamed<V, 1>(x, m, kp, w + (n0 + c) * k, k, one);
+          for (int64_t t = 0; t < m; ++t) acc[t * NB + c] = one[t];
+        }
+      }
+      for (int64_t t = 0; t < m; ++t) epi.store(t, n0, nb, acc + t * NB, 1);
+    }
+  });
+}
+
+// The dot-product path: every output is one K-long dot product in registers.
 template <class V>
 void gemv(const typename V::X* x, int64_t m, int64_t kp, const uint8_t* w, int64_t n, int64_t k,
           const Epilogue& epi) {
-  const int64_t blocks = (n + kNB - 1) / kNB;
-  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
-    float acc[kSmallM * kNB];
-    std::vector<typename V::W> scratch(m > kMB ? kNB * (kp / V::kStep) : 0);
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t n0 = b * kNB;
-      const int64_t nb = std::min<int64_t>(kNB, n - n0);
-      if (nb == kNB) {
-        dot_rows<V, kNB>(x, m, kp, w + n0 * k, k, scratch, acc);
-      } else {
-        for (int64_t c = 0; c < nb; ++c) {
-          float one[kSmallM];
-          dot_rows<V, 1>(x, m, kp, w + (n0 + c) * k, k, scratch, one);
-          for (int64_t t = 0; t < m; ++t) acc[t * kNB + c] = one[t];
-        }
-      }
-      for (int64_t t = 0; t < m; ++t) epi.store(t, n0, nb, acc + t * kNB, 1);
+  if (m <= kMB) {
+    streamed<V, kNB>(x, m, kp, w, n, k, epi);
+    return;
+  }
+  const int64_t steps = kp / V::kStep;
+  const int64_t fit = kScratchBytes / (steps * int64_t(sizeof(typename V::W)));
+  const int64_t rows = std::max<int64_t>(kNB, std::min<int64_t>(kPanelRows, fit / kNB * kNB));
+  const int64_t panels = (n + rows - 1) / rows;
+  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    // Kept per thread between calls: a fresh 512 KiB each call would cost page faults.
+    thread_local std::vector<typename V::W> scratch;
+    if (scratch.size() < size_t(rows * steps)) scratch.resize(rows * steps);
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t n0 = p * rows;
+      dot_panel<V>(x, m, kp, w + n0 * k, k, n0, std::min(rows, n - n0), scratch, epi);
     }
   });
 }
@@ -465,16 +528,27 @@ void gemv(const typename V::X* x, int64_t m, int64_t kp, const uint8_t* w, int64
 // Activation preparation: fp32 rows (quantized to e4m3 values, or as given), padded to a
 // multiple of ``step``; the per-token scales go to ``scales``.
 
-at::Tensor prepare_f32(const at::Tensor& x, bool quantize, int64_t step, float* scales) {
+// The activations as the kernel reads them: rows of fp32 (``bf16`` false) or of bf16 bits,
+// quantized to e4m3 values when ``quantize`` (their scales into ``scales``), padded with
+// zeros to a multiple of ``step``. Each row goes through one fp32 row buffer per thread.
+at::Tensor prepare_rows(const at::Tensor& x, bool quantize, bool bf16, int64_t step,
+                        float* scales) {
   const int64_t m = x.size(0), k = x.size(1);
   const int64_t kp = (k + step - 1) / step * step;
-  at::Tensor out = at::zeros({m, kp}, x.options().dtype(at::kFloat));
-  float* dst = out.data_ptr<float>();
+  at::Tensor out = at::empty({m, kp}, x.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
   auto rows = [&](auto* src) {
     at::parallel_for(0, m, 1, [&](int64_t r0, int64_t r1) {
+      thread_local std::vector<float> row;
+      row.assign(kp, 0.0f);
       for (int64_t r = r0; r < r1; ++r) {
-        row_to_f32(src + r * k, k, dst + r * kp);
-        if (quantize) scales[r] = quantize_row(dst + r * kp, k);
+        row_to_f32(src + r * k, k, row.data());
+        if (quantize) scales[r] = quantize_row(row.data(), k);
+        if (bf16) {
+          auto* dst = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()) + r * kp;
+          f32_to_bf16_exact(row.data(), kp, dst);
+        } else {
+          std::memcpy(out.data_ptr<float>() + r * kp, row.data(), sizeof(float) * kp);
+        }
       }
     });
   };
@@ -484,17 +558,6 @@ at::Tensor prepare_f32(const at::Tensor& x, bool quantize, int64_t step, float* 
     case at::kHalf: rows(x.data_ptr<at::Half>()); break;
     default: TORCH_CHECK(false, "kernelpick fp8_gemm: x must be float32, bfloat16 or float16");
   }
-  return out;
-}
-
-at::Tensor to_bf16_rows(const at::Tensor& f32, int64_t k, int64_t kp_out) {
-  const int64_t m = f32.size(0), kp_in = f32.size(1);
-  at::Tensor out = at::zeros({m, kp_out}, f32.options().dtype(at::kBFloat16));
-  const float* src = f32.data_ptr<float>();
-  auto* dst = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
-  at::parallel_for(0, m, 1, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) f32_to_bf16_exact(src + r * kp_in, k, dst + r * kp_out);
-  });
   return out;
 }
 
@@ -560,37 +623,39 @@ at::Tensor fp8_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Ten
   Epilogue epi{quantize_input ? x_scale.data_ptr<float>() : nullptr, weight_scale.data_ptr<float>(),
                weight_scale.numel() != 1, bias.has_value() ? bias_f32.data_ptr<float>() : nullptr,
                out.data_ptr(), out_dtype, n};
-  // bf16 arithmetic holds the FP8 products exactly; it is used where the activations are
-  // bf16-exact too (quantized to e4m3, or bf16 to begin with) and the CPU has AVX512-BF16.
+  float* scales = quantize_input ? x_scale.data_ptr<float>() : nullptr;
+  // bf16 arithmetic holds the FP8 products exactly where the activations are bf16-exact
+  // too (quantized to e4m3, or bf16 to begin with).
   const bool bf16_exact = quantize_input || x.scalar_type() == at::kBFloat16;
-  if (m <= kSmallM) {
+  // torch's bf16 GEMM writes bf16, rounding the sums before the scales are applied: fine
+  // for a bf16 output (two roundings), not for fp32 or fp16, which stay on the exact path.
+  const bool large = m > kSmallM;
 #if defined(__AVX512BF16__)
-    if (bf16_exact) {
-      at::Tensor f32 = prepare_f32(xs, quantize_input, Bf16x64::kStep, epi.x_scale ? x_scale.data_ptr<float>() : nullptr);
-      const int64_t kp = f32.size(1);
-      at::Tensor xb = to_bf16_rows(f32, k, kp);
-      gemv<Bf16x64>(reinterpret_cast<const uint16_t*>(xb.data_ptr<at::BFloat16>()), m, kp, w, n, k, epi);
-      return out;
-    }
+  if (bf16_exact && !(large && out_dtype == at::kBFloat16)) {
+    at::Tensor xb = prepare_rows(xs, quantize_input, true, Bf16x64::kStep, scales);
+    const int64_t kp = xb.size(1);
+    gemv<Bf16x64>(reinterpret_cast<const uint16_t*>(xb.data_ptr<at::BFloat16>()), m, kp, w, n, k, epi);
+    return out;
+  }
 #endif
+  if (!large) {
 #if defined(__AVX512F__)
     using V = F32x16;
 #else
     using V = F32x8;
 #endif
-    at::Tensor f32 = prepare_f32(xs, quantize_input, V::kStep, epi.x_scale ? x_scale.data_ptr<float>() : nullptr);
+    at::Tensor f32 = prepare_rows(xs, quantize_input, false, V::kStep, scales);
     gemv<V>(f32.data_ptr<float>(), m, f32.size(1), w, n, k, epi);
     return out;
   }
-  // Large M: bf16 GEMM only where it is exact up to the output's own rounding (a bf16
-  // output) and fast (AVX512-BF16); otherwise fp32, whose GEMM is fast on every x86 CPU.
+  // Large M: decoded panels into torch's GEMM, in bf16 where the CPU has bf16 units and
+  // the output is bf16, otherwise in fp32, whose GEMM is fast on every x86 CPU.
   const bool bf16 = bf16_compute_available() && bf16_exact && out_dtype == at::kBFloat16;
   at::Tensor xc;
   if (!quantize_input && bf16) {
     xc = xs;
   } else {
-    at::Tensor f32 = prepare_f32(xs, quantize_input, 1, epi.x_scale ? x_scale.data_ptr<float>() : nullptr);
-    xc = bf16 ? to_bf16_rows(f32, k, k) : f32;
+    xc = prepare_rows(xs, quantize_input, bf16, 1, scales);
   }
   panels(xc, w, n, k, bf16, epi);
   return out;
