@@ -48,7 +48,7 @@ constexpr int64_t kScratchBytes = int64_t(512) << 10;
 // Tokens and output channels per register block of the GEMV path.
 constexpr int kMB = 4;
 constexpr int kNB = 4;
-// How far ahead (bytes) each weight row is prefetched on the GEMV path.
+// How far ahead (bytes) the few-token path fetches each weight row.
 constexpr int kPrefetch = 2048;
 // Bytes of decoded weight per panel on the large-M path: small enough to stay in L3.
 constexpr int64_t kPanelBytes = int64_t(4) << 20;
@@ -204,6 +204,7 @@ struct F32x8 {  // AVX2 + FMA + F16C
   static W weights(const uint8_t* w, const Ctx&) { return decode8(w); }
   static W activations(const X* x) { return _mm256_loadu_ps(x); }
   static Acc madd(Acc acc, W x, W w) { return _mm256_fmadd_ps(x, w, acc); }
+  static Acc add(Acc a, Acc b) { return _mm256_add_ps(a, b); }
   static float sum(Acc acc) { return hsum8(acc); }
 };
 
@@ -218,6 +219,7 @@ struct F32x16 {  // AVX-512F
   static W weights(const uint8_t* w, const Ctx&) { return decode16(w); }
   static W activations(const X* x) { return _mm512_loadu_ps(x); }
   static Acc madd(Acc acc, W x, W w) { return _mm512_fmadd_ps(x, w, acc); }
+  static Acc add(Acc a, Acc b) { return _mm512_add_ps(a, b); }
   static float sum(Acc acc) { return _mm512_reduce_add_ps(acc); }
 };
 #endif
@@ -290,6 +292,7 @@ struct Bf16x64 {  // AVX512-BF16 + VBMI: vdpbf16ps multiplies pairs of bf16, add
   static Acc madd(Acc acc, W x, W w) {
     return _mm512_dpbf16_ps(_mm512_dpbf16_ps(acc, x.a, w.a), x.b, w.b);
   }
+  static Acc add(Acc a, Acc b) { return _mm512_add_ps(a, b); }
   static float sum(Acc acc) { return _mm512_reduce_add_ps(acc); }
 };
 #endif
@@ -369,31 +372,31 @@ struct Epilogue {
   }
 };
 
-// Weights of NB rows, one K step at a time: decoded from the FP8 bytes as they stream in.
-template <class V, int NB>
-struct DecodeRows {
-  const uint8_t* w;  // row 0 of the block; rows are k bytes apart
+// One weight row, one K step at a time, decoded from the FP8 bytes as they stream in.
+template <class V>
+struct DecodeRow {
+  const uint8_t* row;
   int64_t k;
   typename V::Ctx ctx;
-  typename V::W operator()(int c, int64_t step) const {
+  typename V::W at(int64_t step) const {
     const int64_t i = step * V::kStep;
-    const uint8_t* row = w + c * k;
-    if (i + V::kStep <= k) {
-      // The rows are NB streams a row apart; a row of 4 KiB is one page, where hardware
-      // prefetchers stop. Fetch ahead in software, and near the end of a row, fetch the
-      // start of the same row of the next block (NB rows on), which comes next.
-      const int64_t ahead = i + kPrefetch;
-      const uint8_t* next = row + ahead + (ahead >= k ? (NB - 1) * k : 0);
-      _mm_prefetch(reinterpret_cast<const char*>(next), _MM_HINT_T0);
-      return V::weights(row + i, ctx);
-    }
+    if (i + V::kStep <= k) return V::weights(row + i, ctx);
     alignas(64) uint8_t tail[V::kStep] = {0};  // the last, partial step: zeros beyond K
     std::memcpy(tail, row + i, k - i);
     return V::weights(tail, ctx);
   }
 };
 
-// Weights of NB rows decoded once into a scratch buffer, for blocks of more than kMB tokens.
+// One row as dot_tokens reads rows (row index c is always 0), decoded as it streams.
+template <class V>
+struct StreamedRow {
+  const uint8_t* row;
+  int64_t k;
+  typename V::Ctx ctx;
+  typename V::W operator()(int, int64_t step) const { return DecodeRow<V>{row, k, ctx}.at(step); }
+};
+
+// NB rows decoded once into a scratch buffer, for blocks of more than kMB tokens.
 template <class V>
 struct ScratchRows {
   const typename V::W* scratch;  // [NB][steps]
@@ -436,14 +439,6 @@ inline void dot_tokens(const typename V::X* x, int64_t m, int64_t kp, const Rows
   }
 }
 
-// Tokens [0, m) against NB rows, decoded as the FP8 bytes stream in: the decode path
-// (m <= kMB), where the weight is read once and memory is the limit. acc is [m][NB].
-template <class V, int NB>
-inline void dot_streamed(const typename V::X* x, int64_t m, int64_t kp, const uint8_t* w,
-                         int64_t k, float* acc) {
-  dot_tokens<V, NB>(x, m, kp, DecodeRows<V, NB>{w, k, context<V>()}, acc);
-}
-
 // A panel of rows decoded once into ``scratch`` (sized to stay in L2), then every block of
 // kMB tokens (in L1) against every kNB rows of it: each weight byte is decoded once per
 // call and each activation row read once per panel.
@@ -452,10 +447,10 @@ void dot_panel(const typename V::X* x, int64_t m, int64_t kp, const uint8_t* w, 
                int64_t n0, int64_t rows, std::vector<typename V::W>& scratch,
                const Epilogue& epi) {
   const int64_t steps = kp / V::kStep;
-  const DecodeRows<V, 1> decode{w, k, context<V>()};
+  const typename V::Ctx ctx = context<V>();
   for (int64_t r = 0; r < rows; ++r) {
-    const DecodeRows<V, 1> row{w + r * k, k, decode.ctx};
-    for (int64_t s = 0; s < steps; ++s) scratch[r * steps + s] = row(0, s);
+    const DecodeRow<V> row{w + r * k, k, ctx};
+    for (int64_t s = 0; s < steps; ++s) scratch[r * steps + s] = row.at(s);
   }
   float acc[kMB * kNB];
   for (int64_t t = 0; t < m; t += kMB) {
@@ -477,26 +472,71 @@ void dot_panel(const typename V::X* x, int64_t m, int64_t kp, const uint8_t* w, 
   }
 }
 
-// The decode path over all N, NB rows at a time: each weight byte read once, as it streams.
-template <class V, int NB>
-void streamed(const typename V::X* x, int64_t m, int64_t kp, const uint8_t* w, int64_t n,
-              int64_t k, const Epilogue& epi) {
-  const int64_t blocks = (n + NB - 1) / NB;
+// One token (decode): rows one after another, so each thread reads the weight as one
+// sequential stream, as a memory-bound reduction does (the hardware prefetchers follow it),
+// each byte decoded once; kChains accumulators hide the multiply-add latency.
+template <class V>
+void one_token(const typename V::X* x, int64_t kp, const uint8_t* w, int64_t n, int64_t k,
+               const Epilogue& epi) {
+  constexpr int kChains = 4;
+  const int64_t steps = kp / V::kStep;
+  at::parallel_for(0, n, 16, [&](int64_t r0, int64_t r1) {
+    const typename V::Ctx ctx = context<V>();
+    for (int64_t r = r0; r < r1; ++r) {
+      const DecodeRow<V> row{w + r * k, k, ctx};
+      typename V::Acc acc[kChains];
+      for (int j = 0; j < kChains; ++j) acc[j] = V::zero();
+      int64_t s = 0;
+      for (; s + kChains <= steps; s += kChains)
+        for (int j = 0; j < kChains; ++j)
+          acc[j] = V::madd(acc[j], V::activations(x + (s + j) * V::kStep), row.at(s + j));
+      for (; s < steps; ++s) acc[0] = V::madd(acc[0], V::activations(x + s * V::kStep), row.at(s));
+      for (int j = 1; j < kChains; ++j) acc[0] = V::add(acc[0], acc[j]);
+      const float sum = V::sum(acc[0]);
+      epi.store(0, r, 1, &sum, 1);
+    }
+  });
+}
+
+// A few tokens (2 to kMB): kNB rows at a time, each weight byte decoded once and used by
+// every token from registers. kNB rows of 4 KiB are kNB pages, where hardware prefetchers
+// stop, so the rows are fetched ahead in software, and near the end of a row the start of
+// the same row of the next block (kNB rows on), which comes next.
+template <class V>
+struct PrefetchedRows {
+  const uint8_t* w;  // the block's first row; rows are k bytes apart
+  int64_t k;
+  typename V::Ctx ctx;
+  typename V::W operator()(int c, int64_t step) const {
+    const uint8_t* row = w + c * k;
+    const int64_t i = step * V::kStep;
+    const int64_t ahead = i + kPrefetch;
+    _mm_prefetch(reinterpret_cast<const char*>(row + ahead + (ahead >= k ? (kNB - 1) * k : 0)),
+                 _MM_HINT_T0);
+    return DecodeRow<V>{row, k, ctx}.at(step);
+  }
+};
+
+template <class V>
+void few_tokens(const typename V::X* x, int64_t m, int64_t kp, const uint8_t* w, int64_t n,
+                int64_t k, const Epilogue& epi) {
+  const int64_t blocks = (n + kNB - 1) / kNB;
   at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
-    float acc[kMB * NB];
+    const typename V::Ctx ctx = context<V>();
+    float acc[kMB * kNB];
     for (int64_t b = b0; b < b1; ++b) {
-      const int64_t n0 = b * NB;
-      const int64_t nb = std::min<int64_t>(NB, n - n0);
-      if (nb == NB) {
-        dot_streamed<V, NB>(x, m, kp, w + n0 * k, k, acc);
+      const int64_t n0 = b * kNB;
+      const int64_t nb = std::min<int64_t>(kNB, n - n0);
+      if (nb == kNB) {
+        dot_tokens<V, kNB>(x, m, kp, PrefetchedRows<V>{w + n0 * k, k, ctx}, acc);
       } else {
         for (int64_t c = 0; c < nb; ++c) {
           float one[kMB];
-          dot_streamed<V, 1>(x, m, kp, w + (n0 + c) * k, k, one);
-          for (int64_t t = 0; t < m; ++t) acc[t * NB + c] = one[t];
+          dot_tokens<V, 1>(x, m, kp, StreamedRow<V>{w + (n0 + c) * k, k, ctx}, one);
+          for (int64_t t = 0; t < m; ++t) acc[t * kNB + c] = one[t];
         }
       }
-      for (int64_t t = 0; t < m; ++t) epi.store(t, n0, nb, acc + t * NB, 1);
+      for (int64_t t = 0; t < m; ++t) epi.store(t, n0, nb, acc + t * kNB, 1);
     }
   });
 }
@@ -505,8 +545,12 @@ void streamed(const typename V::X* x, int64_t m, int64_t kp, const uint8_t* w, i
 template <class V>
 void gemv(const typename V::X* x, int64_t m, int64_t kp, const uint8_t* w, int64_t n, int64_t k,
           const Epilogue& epi) {
+  if (m == 1) {
+    one_token<V>(x, kp, w, n, k, epi);
+    return;
+  }
   if (m <= kMB) {
-    streamed<V, kNB>(x, m, kp, w, n, k, epi);
+    few_tokens<V>(x, m, kp, w, n, k, epi);
     return;
   }
   const int64_t steps = kp / V::kStep;
