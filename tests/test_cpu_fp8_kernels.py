@@ -185,3 +185,20 @@ def test_a_backward_pass_is_refused_not_silently_gradient_free() -> None:
     y = impl.apply(x, bundle)
     with pytest.raises(kp.InvalidValueError, match="inference"):
         y.sum().backward()  # type: ignore[no-untyped-call]
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("m", [1, 3, 70])
+def test_a_nan_in_a_row_makes_that_rows_outputs_nan_as_torch_does(level: str, m: int) -> None:
+    # Wherever the NaN sits in the row (the vector body or the scalar tail), it must not be
+    # lost in the amax and leave a finite, wrong row.
+    k = 83
+    config = kp.quant_config("fp8_per_channel", weight_shape=(24, k), out_dtype="float32")
+    impl = _bind("cpu_fp8_gemm", level, config)
+    bundle = impl.quantize_weights(torch.randn(24, k))
+    for column in (0, 5, 40, k - 1):
+        x = torch.randn(m, k)
+        x[m - 1, column] = float("nan")
+        got = impl.apply(x, bundle)
+        assert bool(torch.isnan(got[m - 1]).all())
+        assert bool(torch.isfinite(got[: m - 1]).all())

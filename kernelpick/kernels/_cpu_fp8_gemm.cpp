@@ -104,7 +104,9 @@ inline float quantize_row(float* v, int64_t k) {
   __m256 amax8 = _mm256_setzero_ps();
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   int64_t i = 0;
-  // max(a, NaN) returns NaN here (NaN is the second operand): a NaN row stays NaN.
+  // A NaN may drop out of the amax (max_ps returns its second operand when one is NaN),
+  // but it passes the clamp below as the second operand into the dot product: as with
+  // torch's quantizer, a row holding a NaN gives NaN outputs.
   for (; i + 8 <= k; i += 8) amax8 = _mm256_max_ps(amax8, _mm256_and_ps(_mm256_loadu_ps(v + i), abs_mask));
   float lanes[8];
   _mm256_storeu_ps(lanes, amax8);
