@@ -9,6 +9,9 @@ extent (the tail paths), and the input dtype varies as well as the output.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import attrs
 import pytest
 import torch
@@ -16,9 +19,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kernelpick as kp
-from kernelpick.core import CpuArch, Dtype
-from kernelpick.kernels import CpuFp8Gemm, KernelBase
-from kernelpick.kernels._cpu_build import ISA_LEVELS, isa_level
+from kernelpick.core import CpuArch, Dtype, GroupShape, QuantKey, ScaleSpec
+from kernelpick.kernels import CpuFp8Gemm, CpuFp8GemmW8A16, KernelBase
+from kernelpick.kernels._cpu_build import (
+    ISA_LEVELS,
+    KernelBuildError,
+    _build_name,
+    _check_no_stale_lock,
+    isa_level,
+)
 from tests.emulation import BOUND, emulate, relative_error
 
 HOST = kp.probe("cpu")
@@ -202,3 +211,53 @@ def test_a_nan_in_a_row_makes_that_rows_outputs_nan_as_torch_does(level: str, m:
         got = impl.apply(x, bundle)
         assert bool(torch.isnan(got[m - 1]).all())
         assert bool(torch.isfinite(got[: m - 1]).all())
+
+
+def test_block_weight_scales_are_refused_at_bind_time() -> None:
+    # 128x128 blocks of a 256 x 16384 weight give 256 scales, as many as per-channel would.
+    block = kp.QuantConfig(
+        weight=QuantKey(Dtype.FLOAT8_E4M3FN, ScaleSpec(GroupShape.block(128), static=True)),
+        activation=None,
+        weight_shape=(256, 16384),
+        input_dtype=Dtype.BFLOAT16,
+        out_dtype=Dtype.BFLOAT16,
+    )
+    spec = kp.default_catalog().kernel("cpu_fp8_w8a16_gemm")
+    with pytest.raises(kp.InvalidValueError, match="per-channel"):
+        CpuFp8GemmW8A16(spec, block, torch.device("cpu"), Dtype.FLOAT8_E4M3FN, isa=HOST_ISA)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("m", [64, 65, 300])
+def test_a_bias_that_cancels_the_product_keeps_its_digits(level: str, m: int) -> None:
+    # A bias added after a bf16 rounding of the sums would keep only their rounding error.
+    k, n = 256, 32
+    config = kp.quant_config("fp8_weight_only", weight_shape=(n, k), bias=True)
+    impl = _bind("cpu_fp8_w8a16_gemm", level, config)
+    w = torch.randn(n, k)
+    bundle = impl.quantize_weights(w)
+    x = torch.randn(m, k).to(torch.bfloat16)
+    exact = x.double() @ (bundle.weight.double() * bundle.scale.double()).t()
+    bias = (-exact[0] + 0.01).to(torch.bfloat16)  # cancels row 0 down to about 0.01
+    want = exact + bias.double()
+    got = impl.apply(x, bundle, bias).double()
+    # One bf16 rounding of the output, with the bias's own rounding inside the bound.
+    assert bool((got[0] - want[0]).abs().le(2.0**-8 * want[0].abs() + 1e-6).all())
+
+
+def test_an_interrupted_build_is_named_not_waited_on_forever(tmp_path: Path) -> None:
+    # torch's build lock has no timeout: a killed build would leave every later one waiting.
+    lock = tmp_path / "lock"
+    lock.touch()
+    old = lock.stat().st_mtime - 3600
+    os.utime(lock, (old, old))
+    with pytest.raises(KernelBuildError, match="interrupted"):
+        _check_no_stale_lock("avx2", tmp_path)
+    os.utime(lock)  # a fresh lock is another build at work: wait for it as torch does
+    _check_no_stale_lock("avx2", tmp_path)
+
+
+def test_the_build_name_changes_with_the_source_flags_and_torch() -> None:
+    name = _build_name("avx2")
+    assert name.startswith("kernelpick_cpu_fp8_avx2_")
+    assert _build_name("avx512") != name.replace("avx2", "avx512")  # the flags differ too

@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from kernelpick.core._errors import KernelpickError
 
 __all__ = [
     "ISA_LEVELS",
+    "LOCK",
     "KernelBuildError",
     "isa_level",
     "load_ops",
@@ -52,10 +54,16 @@ ISA_LEVELS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
 # -fopenmp: at::parallel_for is inline OpenMP in torch's headers, serial without it. The
 # library links libgomp.so.1, the soname torch itself loads, so one OpenMP runtime serves
 # both and torch.set_num_threads governs the kernel too.
-_BASE_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-std=c++17", "-fopenmp")
+# The C++ standard is torch's own (-std=c++17 or newer, set by cpp_extension).
+_BASE_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp")
 _LINK_FLAGS = ("-fopenmp",)
 
-_LOCK = threading.Lock()
+# A build lock older than this was left by a build that was killed (a build takes seconds).
+_STALE_LOCK_SECONDS = 600
+
+# Held while a level is built, loaded and its op registered (re-entrant: the registration
+# holds it around load_ops).
+LOCK = threading.RLock()
 _LOADED: set[str] = set()
 
 
@@ -116,35 +124,92 @@ def op_name(level: str) -> str:
     return f"fp8_gemm_{level}"
 
 
+def _cflags(level: str) -> list[str]:
+    return [*_BASE_FLAGS, *ISA_LEVELS[level][1], f"-DKP_LEVEL={level}"]
+
+
 def _build_name(level: str) -> str:
-    # The source's hash is in the name: an edited source is a new build, never a stale load.
-    digest = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
+    # Everything the library depends on is in the name: the source, the flags, the compiler
+    # and torch (whose headers ninja does not track), so an edit or an upgrade is a new
+    # build, never a stale load.
+    import torch
+
+    parts = [
+        _SOURCE.read_bytes(),
+        " ".join(_cflags(level) + list(_LINK_FLAGS)).encode(),
+        (shutil.which(_compiler()) or _compiler()).encode(),
+        f"{torch.__version__} {torch.version.git_version}".encode(),
+    ]
+    digest = hashlib.sha256(b"\0".join(parts)).hexdigest()[:12]
     return f"kernelpick_cpu_fp8_{level}_{digest}"
+
+
+def _build_directory(name: str) -> Path:
+    from torch.utils import cpp_extension
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
+    return Path(root) / "kernelpick" / name
+
+
+def _check_no_stale_lock(level: str, directory: Path) -> None:
+    # torch's build lock has no timeout: a build killed part-way leaves it, and every later
+    # process would wait on it forever, silently.
+    lock = directory / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return
+    if age > _STALE_LOCK_SECONDS:
+        raise KernelBuildError(
+            level,
+            f"{lock} is {age / 60:.0f} minutes old: a build of this kernel was interrupted. "
+            "Remove the file if no other process is building it.",
+        )
+
+
+def _host_lacks(level: str) -> bool:
+    # The level comes from the caps' ISA flags, which may describe another machine; loading
+    # it on a CPU without those instructions would end the process with SIGILL.
+    import torch
+
+    checks = {
+        "avx2": torch.cpu._is_avx2_supported,
+        "avx512": torch.cpu._is_avx512_supported,
+        "avx512_bf16": torch.cpu._is_avx512_bf16_supported,
+    }
+    return not checks[level]()
 
 
 def load_ops(level: str) -> None:
     """Compile (first use on this machine) or load the extension of ``level``, once per process.
 
-    Registers ``torch.ops.kernelpick.fp8_gemm_<level>``. Raises ``KernelBuildError`` if the
-    compiler fails.
+    Registers ``torch.ops.kernelpick.fp8_gemm_<level>``. Raises ``KernelBuildError`` if
+    this CPU lacks the level's instructions, if an interrupted build left its lock, or if
+    the compiler fails.
     """
     if level not in ISA_LEVELS:
         raise KeyError(level)
     if level in _LOADED:
         return
-    with _LOCK:
+    with LOCK:
         if level in _LOADED:
             return
+        if _host_lacks(level):
+            raise KernelBuildError(level, "this CPU lacks the instructions of that level")
         # Imported here: it pulls in setuptools, and most processes never build anything.
         from torch.utils import cpp_extension
 
-        cflags = [*_BASE_FLAGS, *ISA_LEVELS[level][1], f"-DKP_LEVEL={level}"]
+        name = _build_name(level)
+        directory = _build_directory(name)
+        _check_no_stale_lock(level, directory)
         try:
+            directory.mkdir(parents=True, exist_ok=True)
             cpp_extension.load(
-                name=_build_name(level),
+                name=name,
                 sources=[str(_SOURCE)],
-                extra_cflags=cflags,
+                extra_cflags=_cflags(level),
                 extra_ldflags=list(_LINK_FLAGS),
+                build_directory=str(directory),
                 is_python_module=False,
                 verbose=False,
             )

@@ -227,10 +227,11 @@ struct F32x16 {  // AVX-512F
 #endif
 
 #if defined(__AVX512BF16__)
-// 64 FP8 bytes -> 64 bf16 values times 2^-8 in two vectors (elements 0-31, 32-63), by
+// 64 FP8 bytes -> their 64 bf16 values in two vectors (elements 0-31, 32-63), by
 // table lookup (AVX512-VBMI): vpermi2b indexes 128 entries by the low 7 bits, ignoring the
 // sign bit, once for each byte of the bf16; the sign is OR-ed in. The tables are the bf16
-// of every e4m3fn magnitude, built from the exact fp16 decode; 0x7F (NaN) stays NaN.
+// of every e4m3fn magnitude, built from the exact fp16 decode; 0x7F (NaN) stays NaN. These
+// are the values themselves (decode scale 1), not times 2^-8 as the fp16 decode gives.
 struct Fp8Tables {
   __m512i hi0, hi1, lo0, lo1, order;
   Fp8Tables() {
@@ -239,8 +240,11 @@ struct Fp8Tables {
       uint8_t byte[8] = {static_cast<uint8_t>(i)};
       float v[8];
       _mm256_storeu_ps(v, decode8(byte));
+      // The true value (times 2^8, exact): bf16 has fp32's exponent range, so even
+      // products with small activations stay clear of the denormals vdpbf16ps flushes.
+      const float value = v[0] * kDecodeScale;
       uint32_t bits;
-      std::memcpy(&bits, v, 4);
+      std::memcpy(&bits, &value, 4);
       if (i == 0x7F) bits = 0x7FC00000u;
       hi[i] = static_cast<uint8_t>(bits >> 24);
       lo[i] = static_cast<uint8_t>(bits >> 16);
@@ -299,7 +303,7 @@ struct Bf16x64 {  // AVX512-BF16 + VBMI: vdpbf16ps multiplies pairs of bf16, add
 };
 #endif
 
-// Decode rows of a panel to bf16 values times 2^-8, for the large-M path (bf16 builds only).
+// Decode rows of a panel to their bf16 values, for the large-M path (bf16 builds only).
 void decode_rows_bf16(const uint8_t* w, int64_t rows, int64_t k, uint16_t* out) {
 #if defined(__AVX512BF16__)
   at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
@@ -338,7 +342,8 @@ inline typename V::Ctx context() {
   return {};
 }
 
-// The epilogue: y[t, n] = acc * x_scale[t] * (w_scale[n] * 2^8) + bias[n], in out's dtype.
+// The epilogue: y[t, n] = acc * x_scale[t] * (w_scale[n] * decode_scale) + bias[n], in
+// out's dtype.
 struct Epilogue {
   const float* x_scale;  // [M], or nullptr for 1
   const float* w_scale;  // [N] or [1]
@@ -347,8 +352,9 @@ struct Epilogue {
   void* out;             // [M, N], contiguous
   at::ScalarType out_dtype;
   int64_t ldo;
+  float decode_scale;    // what the decoded weight is short of: 2^8 (fp16 decode) or 1
   float value(float acc, int64_t t, int64_t n) const {
-    float y = acc * (x_scale ? x_scale[t] : 1.0f) * (w_scale[per_channel ? n : 0] * kDecodeScale);
+    float y = acc * (x_scale ? x_scale[t] : 1.0f) * (w_scale[per_channel ? n : 0] * decode_scale);
     return bias ? y + bias[n] : y;
   }
   // One row's values [n0, n0 + count) from acc (stride ``step``), into out's dtype.
@@ -650,9 +656,14 @@ at::Tensor fp8_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Ten
   TORCH_CHECK(weight.scalar_type() == at::kFloat8_e4m3fn, "kernelpick fp8_gemm: weight must be float8_e4m3fn");
   TORCH_CHECK(weight.is_contiguous(), "kernelpick fp8_gemm: weight must be contiguous [N, K]");
   TORCH_CHECK(x.size(1) == weight.size(1), "kernelpick fp8_gemm: x and weight disagree on K");
+  TORCH_CHECK(weight.size(1) > 0, "kernelpick fp8_gemm: K must be at least 1");
+  const auto scale_shape = weight_scale.sizes();
+  const bool per_tensor = weight_scale.dim() == 0 || (weight_scale.dim() == 1 && scale_shape[0] == 1);
+  const bool per_channel = (weight_scale.dim() == 1 && scale_shape[0] == weight.size(0)) ||
+                           (weight_scale.dim() == 2 && scale_shape[0] == weight.size(0) && scale_shape[1] == 1);
   TORCH_CHECK(weight_scale.scalar_type() == at::kFloat && weight_scale.is_contiguous() &&
-                  (weight_scale.numel() == 1 || weight_scale.numel() == weight.size(0)),
-              "kernelpick fp8_gemm: weight_scale must be fp32 with 1 or N values");
+                  (per_tensor || per_channel),
+              "kernelpick fp8_gemm: weight_scale must be fp32 of shape [], [1], [N] or [N, 1]");
   TORCH_CHECK(out_dtype == at::kFloat || out_dtype == at::kBFloat16 || out_dtype == at::kHalf,
               "kernelpick fp8_gemm: out_dtype must be float32, bfloat16 or float16");
   const int64_t m = x.size(0), k = x.size(1), n = weight.size(0);
@@ -668,16 +679,19 @@ at::Tensor fp8_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Ten
   const auto* w = reinterpret_cast<const uint8_t*>(weight.data_ptr());
   Epilogue epi{quantize_input ? x_scale.data_ptr<float>() : nullptr, weight_scale.data_ptr<float>(),
                weight_scale.numel() != 1, bias.has_value() ? bias_f32.data_ptr<float>() : nullptr,
-               out.data_ptr(), out_dtype, n};
+               out.data_ptr(), out_dtype, n, kDecodeScale};
   float* scales = quantize_input ? x_scale.data_ptr<float>() : nullptr;
   // bf16 arithmetic holds the FP8 products exactly where the activations are bf16-exact
   // too (quantized to e4m3, or bf16 to begin with).
   const bool bf16_exact = quantize_input || x.scalar_type() == at::kBFloat16;
   // torch's bf16 GEMM writes bf16, rounding the sums before the scales are applied: fine
   // for a bf16 output (two roundings), not for fp32 or fp16, which stay on the exact path.
+  // Nor with a bias: added after that rounding, it could cancel the digits that are left.
   const bool large = m > kSmallM;
+  const bool vendor_bf16 = large && out_dtype == at::kBFloat16 && !bias.has_value();
 #if defined(__AVX512BF16__)
-  if (bf16_exact && !(large && out_dtype == at::kBFloat16)) {
+  if (bf16_exact && !vendor_bf16) {
+    epi.decode_scale = 1.0f;
     at::Tensor xb = prepare_rows(xs, quantize_input, true, Bf16x64::kStep, scales);
     const int64_t kp = xb.size(1);
     gemv<Bf16x64>(reinterpret_cast<const uint16_t*>(xb.data_ptr<at::BFloat16>()), m, kp, w, n, k, epi);
@@ -696,7 +710,8 @@ at::Tensor fp8_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Ten
   }
   // Large M: decoded panels into torch's GEMM, in bf16 where the CPU has bf16 units and
   // the output is bf16, otherwise in fp32, whose GEMM is fast on every x86 CPU.
-  const bool bf16 = bf16_compute_available() && bf16_exact && out_dtype == at::kBFloat16;
+  const bool bf16 = bf16_compute_available() && bf16_exact && vendor_bf16;
+  if (bf16) epi.decode_scale = 1.0f;
   at::Tensor xc;
   if (!quantize_input && bf16) {
     xc = xs;

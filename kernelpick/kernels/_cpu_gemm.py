@@ -20,7 +20,7 @@ from kernelpick.core._errors import InvalidValueError
 from kernelpick.core._quant import GroupShape
 from kernelpick.core._specs import KernelKind
 from kernelpick.kernels._base import RowMajorKernel, WeightBundle
-from kernelpick.kernels._cpu_build import ISA_LEVELS, isa_level, load_ops, op_name
+from kernelpick.kernels._cpu_build import ISA_LEVELS, LOCK, isa_level, load_ops, op_name
 
 __all__ = ["CpuFp8Gemm", "CpuFp8GemmW8A16", "cpu_fp8_gemm"]
 
@@ -66,10 +66,11 @@ def _no_context(ctx: object, inputs: tuple[object, ...], output: torch.Tensor) -
 def _custom_op(level: str) -> _Op:
     """The custom op of ``level``, built or loaded on first use, with its fake (for tracing)
     and its refusal of a backward pass registered."""
-    load_ops(level)
-    name = f"kernelpick::{op_name(level)}"
-    torch.library.register_fake(name)(_fake)
-    torch.library.register_autograd(name, _no_backward, setup_context=_no_context)
+    with LOCK:  # one registration, even when threads bind at once
+        load_ops(level)
+        name = f"kernelpick::{op_name(level)}"
+        torch.library.register_fake(name)(_fake)
+        torch.library.register_autograd(name, _no_backward, setup_context=_no_context)
     return cast(_Op, getattr(torch.ops.kernelpick, op_name(level)))
 
 
@@ -114,6 +115,12 @@ class CpuFp8Gemm(RowMajorKernel):
             # The op decodes e4m3fn bytes (a CPU computes in OCP e4m3fn).
             raise InvalidValueError(
                 f"{self.kernel_id} FP8 format", self.fp8_format.value, "float8_e4m3fn"
+            )
+        weights = self.config.weight.scale.group
+        if weights not in (GroupShape.PER_TENSOR, GroupShape.PER_CHANNEL):
+            # The op reads one scale per tensor or per row: block scales would be misread.
+            raise InvalidValueError(
+                f"{self.kernel_id} weight scales", weights.render(), "per-tensor or per-channel"
             )
         act = self.config.activation
         if self._QUANTIZE and (
