@@ -33,6 +33,8 @@ __all__ = [
 ]
 
 _SOURCE = Path(__file__).with_name("_cpu_fp8_gemm.cpp")
+# The headers it includes: ninja tracks them, and the build name hashes them with it.
+_HEADERS = tuple(Path(__file__).with_name(n) for n in ("_cpu_fp8_codec.h", "_cpu_fp8_dot.h"))
 
 # Each level: the /proc/cpuinfo flags it needs and the compiler flags that enable them, best
 # first. AVX2 + FMA + F16C is every x86-64 CPU since Haswell / Zen 1 (F16C's vcvtph2ps
@@ -135,7 +137,7 @@ def _build_name(level: str) -> str:
     import torch
 
     parts = [
-        _SOURCE.read_bytes(),
+        *(path.read_bytes() for path in (_SOURCE, *_HEADERS)),
         " ".join(_cflags(level) + list(_LINK_FLAGS)).encode(),
         (shutil.which(_compiler()) or _compiler()).encode(),
         f"{torch.__version__} {torch.version.git_version}".encode(),

@@ -1,0 +1,322 @@
+// FP8 numerics of kernelpick's CPU GEMM: activation loads, per-token e4m3 quantization,
+// exact FP8 decode (fp16 bits and F16C; bf16 tables and VBMI), and the vector types the
+// dot products run on. Included by _cpu_fp8_gemm.cpp only.
+//
+// Exact FP8 decode: an e4m3fn byte s.eeee.mmm becomes the fp16 bits s.0eeee.mmm0000000 by
+// ((b + (b & 0x80)) << 7); fp16 has 3 more exponent bits and a bias 8 larger, so that fp16
+// is the FP8 value times 2^-8, for normals and subnormals alike (an e4m3 subnormal m * 2^-9
+// lands on the fp16 subnormal m * 2^-17). F16C's vcvtph2ps turns it into fp32 exactly; the
+// 2^8 goes into the channel scale. NaN bytes (0x7F, 0xFF) would decode as finite values:
+// kernelpick's weights are canonical (no NaN byte), which prepare_weights documents.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+// Internal linkage: builds of several ISA levels can be loaded into one process.
+namespace {
+
+constexpr float kFp8Max = 448.0f;
+// vLLM's per-token quantizer floors the scale at 1 / (fp8_max * 512): an all-zero row does
+// not divide by zero (kernelpick.kernels._quantize.SCALE_FLOOR_DIVISOR).
+constexpr float kScaleFloor = 1.0f / (448.0f * 512.0f);
+// The fp16 decode gives the FP8 value times 2^-8 (see the top of the file).
+constexpr float kDecodeScale = 256.0f;
+
+// ---------------------------------------------------------------------------------------
+// Activation loads (8 lanes, AVX2): fp32, bf16 and fp16 rows as fp32.
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const at::BFloat16* p) {
+  __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+}
+inline __m256 load8(const at::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// fp32 values already clamped to [-448, 448], rounded to the nearest e4m3 value (ties to
+// even), kept in fp32. The quantum is 2^(e - 3) for |v| in [2^e, 2^(e+1)), and 2^-9 in the
+// subnormal range (e < -6); scaling by a power of two is exact, so one round does it. This
+// is what torch's fp32 -> float8_e4m3fn cast gives, without the byte.
+inline __m256 round_e4m3(__m256 v) {
+  const __m256i biased = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(v), 23),
+                                          _mm256_set1_epi32(0xFF));
+  const __m256i e = _mm256_max_epi32(biased, _mm256_set1_epi32(127 - 6));
+  const __m256 inv_q = _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_sub_epi32(_mm256_set1_epi32(127 + 127 + 3), e), 23));
+  const __m256 q =
+      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(3)), 23));
+  const __m256 r = _mm256_round_ps(_mm256_mul_ps(v, inv_q),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  return _mm256_mul_ps(r, q);
+}
+
+inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// The fp32 values of one row of K elements, through a zero-padded copy for the tail.
+template <typename T>
+inline void row_to_f32(const T* x, int64_t k, float* out) {
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8) _mm256_storeu_ps(out + i, load8(x + i));
+  for (; i < k; ++i) out[i] = static_cast<float>(x[i]);
+}
+
+// Per-token dynamic quantization of one row: scale = max(amax / 448, floor), then
+// clamp(x / scale, -448, 448) rounded to e4m3, written as fp32 values. Same formula and
+// the same fp32 operations as kernelpick.kernels._quantize (division, not a reciprocal).
+inline float quantize_row(float* v, int64_t k) {
+  __m256 amax8 = _mm256_setzero_ps();
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  int64_t i = 0;
+  // A NaN may drop out of the amax (max_ps returns its second operand when one is NaN),
+  // but it passes the clamp below as the second operand into the dot product: as with
+  // torch's quantizer, a row holding a NaN gives NaN outputs.
+  for (; i + 8 <= k; i += 8) amax8 = _mm256_max_ps(amax8, _mm256_and_ps(_mm256_loadu_ps(v + i), abs_mask));
+  float lanes[8];
+  _mm256_storeu_ps(lanes, amax8);
+  float amax = 0.0f;
+  for (float lane : lanes) amax = (lane != lane || lane > amax) ? lane : amax;
+  for (; i < k; ++i) {
+    const float a = v[i] < 0 ? -v[i] : v[i];
+    amax = (a != a || a > amax) ? a : amax;
+  }
+  float scale = amax / kFp8Max;
+  scale = scale < kScaleFloor ? kScaleFloor : scale;  // NaN stays NaN
+  const __m256 s8 = _mm256_set1_ps(scale);
+  const __m256 lo = _mm256_set1_ps(-kFp8Max), hi = _mm256_set1_ps(kFp8Max);
+  i = 0;
+  for (; i + 8 <= k; i += 8) {
+    // min/max with the constant first: a NaN value (the second operand) passes through.
+    __m256 q = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_div_ps(_mm256_loadu_ps(v + i), s8)));
+    _mm256_storeu_ps(v + i, round_e4m3(q));
+  }
+  if (i < k) {
+    float tail[8] = {0};
+    std::memcpy(tail, v + i, sizeof(float) * (k - i));
+    __m256 q = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_div_ps(_mm256_loadu_ps(tail), s8)));
+    _mm256_storeu_ps(tail, round_e4m3(q));
+    std::memcpy(v + i, tail, sizeof(float) * (k - i));
+  }
+  return scale;
+}
+
+// fp32 -> bf16 bits by truncation: exact for e4m3 values (3 mantissa bits) and bf16 inputs.
+inline void f32_to_bf16_exact(const float* v, int64_t k, uint16_t* out) {
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8) {
+    const __m256i top = _mm256_srli_epi32(_mm256_castps_si256(_mm256_loadu_ps(v + i)), 16);
+    const __m128i packed =
+        _mm_packus_epi32(_mm256_castsi256_si128(top), _mm256_extracti128_si256(top, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), packed);
+  }
+  for (; i < k; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, v + i, 4);
+    out[i] = static_cast<uint16_t>(bits >> 16);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// FP8 decode.
+
+// 8 FP8 bytes -> 8 fp32 values times 2^-8.
+inline __m256 decode8(const uint8_t* w) {
+  __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w)));
+  __m128i h = _mm_slli_epi16(_mm_add_epi16(b, _mm_and_si128(b, _mm_set1_epi16(0x80))), 7);
+  return _mm256_cvtph_ps(h);
+}
+
+#if defined(__AVX512F__)
+// 16 FP8 bytes -> 16 fp32 values times 2^-8.
+inline __m512 decode16(const uint8_t* w) {
+  __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+  __m256i h =
+      _mm256_slli_epi16(_mm256_add_epi16(b, _mm256_and_si256(b, _mm256_set1_epi16(0x80))), 7);
+  return _mm512_cvtph_ps(h);
+}
+#endif
+
+// Decode rows of a panel to fp32 or bf16 values times 2^-8, for the large-M path.
+void decode_rows_f32(const uint8_t* w, int64_t rows, int64_t k, float* out) {
+  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const uint8_t* src = w + r * k;
+      float* dst = out + r * k;
+      int64_t i = 0;
+      for (; i + 8 <= k; i += 8) _mm256_storeu_ps(dst + i, decode8(src + i));
+      if (i < k) {
+        uint8_t tail[8] = {0};
+        float vals[8];
+        std::memcpy(tail, src + i, k - i);
+        _mm256_storeu_ps(vals, decode8(tail));
+        std::memcpy(dst + i, vals, sizeof(float) * (k - i));
+      }
+    }
+  });
+}
+
+void decode_rows_bf16(const uint8_t* w, int64_t rows, int64_t k, uint16_t* out);
+
+// ---------------------------------------------------------------------------------------
+// The GEMV path: per ISA, a vector type, its width along K, decode, load and multiply-add.
+
+struct F32x8 {  // AVX2 + FMA + F16C
+  using Acc = __m256;
+  using W = __m256;
+  using X = float;
+  struct Ctx {};
+  static constexpr int kStep = 8;
+  static Acc zero() { return _mm256_setzero_ps(); }
+  static W weights(const uint8_t* w, const Ctx&) { return decode8(w); }
+  static W activations(const X* x) { return _mm256_loadu_ps(x); }
+  static Acc madd(Acc acc, W x, W w) { return _mm256_fmadd_ps(x, w, acc); }
+  static Acc add(Acc a, Acc b) { return _mm256_add_ps(a, b); }
+  static float sum(Acc acc) { return hsum8(acc); }
+};
+
+#if defined(__AVX512F__)
+struct F32x16 {  // AVX-512F
+  using Acc = __m512;
+  using W = __m512;
+  using X = float;
+  struct Ctx {};
+  static constexpr int kStep = 16;
+  static Acc zero() { return _mm512_setzero_ps(); }
+  static W weights(const uint8_t* w, const Ctx&) { return decode16(w); }
+  static W activations(const X* x) { return _mm512_loadu_ps(x); }
+  static Acc madd(Acc acc, W x, W w) { return _mm512_fmadd_ps(x, w, acc); }
+  static Acc add(Acc a, Acc b) { return _mm512_add_ps(a, b); }
+  static float sum(Acc acc) { return _mm512_reduce_add_ps(acc); }
+};
+#endif
+
+#if defined(__AVX512BF16__)
+// 64 FP8 bytes -> their 64 bf16 values in two vectors (elements 0-31, 32-63), by
+// table lookup (AVX512-VBMI): vpermi2b indexes 128 entries by the low 7 bits, ignoring the
+// sign bit, once for each byte of the bf16; the sign is OR-ed in. The tables are the bf16
+// of every e4m3fn magnitude, built from the exact fp16 decode; 0x7F (NaN) stays NaN. These
+// are the values themselves (decode scale 1), not times 2^-8 as the fp16 decode gives.
+struct Fp8Tables {
+  __m512i hi0, hi1, lo0, lo1, order;
+  Fp8Tables() {
+    alignas(64) uint8_t hi[128], lo[128], perm[64];
+    for (int i = 0; i < 128; ++i) {
+      uint8_t byte[8] = {static_cast<uint8_t>(i)};
+      float v[8];
+      _mm256_storeu_ps(v, decode8(byte));
+      // The true value (times 2^8, exact): bf16 has fp32's exponent range, so even
+      // products with small activations stay clear of the denormals vdpbf16ps flushes.
+      const float value = v[0] * kDecodeScale;
+      uint32_t bits;
+      std::memcpy(&bits, &value, 4);
+      if (i == 0x7F) bits = 0x7FC00000u;
+      hi[i] = static_cast<uint8_t>(bits >> 24);
+      lo[i] = static_cast<uint8_t>(bits >> 16);
+    }
+    // unpacklo/hi interleave within 128-bit lanes: lane j of the first vector must come
+    // from input bytes 8j..8j+7, of the second from 32+8j..32+8j+7.
+    for (int j = 0; j < 4; ++j)
+      for (int i = 0; i < 8; ++i) {
+        perm[16 * j + i] = static_cast<uint8_t>(8 * j + i);
+        perm[16 * j + 8 + i] = static_cast<uint8_t>(32 + 8 * j + i);
+      }
+    hi0 = _mm512_loadu_si512(hi);
+    hi1 = _mm512_loadu_si512(hi + 64);
+    lo0 = _mm512_loadu_si512(lo);
+    lo1 = _mm512_loadu_si512(lo + 64);
+    order = _mm512_loadu_si512(perm);
+  }
+};
+
+
+// Built when the library loads, which happens only on a CPU with this build's ISA.
+const Fp8Tables kTables;
+
+inline void decode64(const uint8_t* w, const Fp8Tables& t, __m512i& first, __m512i& second) {
+  const __m512i v = _mm512_permutexvar_epi8(t.order, _mm512_loadu_si512(w));
+  __m512i hi = _mm512_permutex2var_epi8(t.hi0, v, t.hi1);
+  const __m512i lo = _mm512_permutex2var_epi8(t.lo0, v, t.lo1);
+  hi = _mm512_ternarylogic_epi32(hi, v, _mm512_set1_epi8(static_cast<char>(0x80)), 0xF8);
+  first = _mm512_unpacklo_epi8(lo, hi);
+  second = _mm512_unpackhi_epi8(lo, hi);
+}
+
+struct Bf16x64 {  // AVX512-BF16 + VBMI: vdpbf16ps multiplies pairs of bf16, adds in fp32
+  using Acc = __m512;
+  struct W {
+    __m512bh a, b;
+  };
+  using X = uint16_t;
+  using Ctx = Fp8Tables;
+  static constexpr int kStep = 64;
+  static Acc zero() { return _mm512_setzero_ps(); }
+  static W weights(const uint8_t* w, const Ctx& t) {
+    __m512i a, b;
+    decode64(w, t, a, b);
+    return {(__m512bh)a, (__m512bh)b};
+  }
+  static W activations(const X* x) {
+    return {(__m512bh)_mm512_loadu_si512(x), (__m512bh)_mm512_loadu_si512(x + 32)};
+  }
+  // The FP8 values and the activations are exact in bf16, so the products are exact in fp32.
+  static Acc madd(Acc acc, W x, W w) {
+    return _mm512_dpbf16_ps(_mm512_dpbf16_ps(acc, x.a, w.a), x.b, w.b);
+  }
+  static Acc add(Acc a, Acc b) { return _mm512_add_ps(a, b); }
+  static float sum(Acc acc) { return _mm512_reduce_add_ps(acc); }
+};
+#endif
+
+// Decode rows of a panel to their bf16 values, for the large-M path (bf16 builds only).
+void decode_rows_bf16(const uint8_t* w, int64_t rows, int64_t k, uint16_t* out) {
+#if defined(__AVX512BF16__)
+  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+    const Fp8Tables t = kTables;
+    for (int64_t r = r0; r < r1; ++r) {
+      const uint8_t* src = w + r * k;
+      uint16_t* dst = out + r * k;
+      int64_t i = 0;
+      __m512i a, b;
+      for (; i + 64 <= k; i += 64) {
+        decode64(src + i, t, a, b);
+        _mm512_storeu_si512(dst + i, a);
+        _mm512_storeu_si512(dst + i + 32, b);
+      }
+      if (i < k) {
+        alignas(64) uint8_t tail[64] = {0};
+        alignas(64) uint16_t vals[64];
+        std::memcpy(tail, src + i, k - i);
+        decode64(tail, t, a, b);
+        _mm512_storeu_si512(vals, a);
+        _mm512_storeu_si512(vals + 32, b);
+        std::memcpy(dst + i, vals, sizeof(uint16_t) * (k - i));
+      }
+    }
+  });
+#else
+  TORCH_CHECK(false, "kernelpick fp8_gemm: bf16 panels need the avx512_bf16 build");
+#endif
+}
+
+template <class V>
+inline typename V::Ctx context() {
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<V, Bf16x64>) return kTables;
+#endif
+  return {};
+}
+
+}  // namespace

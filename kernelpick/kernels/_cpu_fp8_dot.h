@@ -1,0 +1,255 @@
+// The dot-product paths of kernelpick's CPU GEMM: every output one K-long dot product in
+// registers, for one token, a few tokens, or panels of decoded rows. Included by
+// _cpu_fp8_gemm.cpp only.
+#pragma once
+
+#include "_cpu_fp8_codec.h"
+
+#include <algorithm>
+
+namespace {
+
+// Tokens and output channels per register block.
+constexpr int kMB = 4;
+constexpr int kNB = 4;
+// How far ahead (bytes) the few-token path fetches each weight row.
+constexpr int kPrefetch = 2048;
+// Rows per panel of the many-token path, and the most decoded bytes it may take (L2).
+constexpr int64_t kPanelRows = 64;
+constexpr int64_t kScratchBytes = int64_t(512) << 10;
+
+// The epilogue: y[t, n] = acc * x_scale[t] * (w_scale[n] * decode_scale) + bias[n], in
+// out's dtype.
+struct Epilogue {
+  const float* x_scale;  // [M], or nullptr for 1
+  const float* w_scale;  // [N] or [1]
+  bool per_channel;
+  const float* bias;     // [N] fp32, or nullptr
+  void* out;             // [M, N], contiguous
+  at::ScalarType out_dtype;
+  int64_t ldo;
+  float decode_scale;    // what the decoded weight is short of: 2^8 (fp16 decode) or 1
+  float value(float acc, int64_t t, int64_t n) const {
+    float y = acc * (x_scale ? x_scale[t] : 1.0f) * (w_scale[per_channel ? n : 0] * decode_scale);
+    return bias ? y + bias[n] : y;
+  }
+  // One row's values [n0, n0 + count) from acc (stride ``step``), into out's dtype.
+  void store(int64_t t, int64_t n0, int64_t count, const float* acc, int64_t step) const {
+    const int64_t base = t * ldo + n0;
+    switch (out_dtype) {
+      case at::kFloat: {
+        float* o = static_cast<float*>(out) + base;
+        for (int64_t c = 0; c < count; ++c) o[c] = value(acc[c * step], t, n0 + c);
+        break;
+      }
+      case at::kBFloat16: {
+        at::BFloat16* o = static_cast<at::BFloat16*>(out) + base;
+        for (int64_t c = 0; c < count; ++c) o[c] = at::BFloat16(value(acc[c * step], t, n0 + c));
+        break;
+      }
+      default: {
+        at::Half* o = static_cast<at::Half*>(out) + base;
+        for (int64_t c = 0; c < count; ++c) o[c] = at::Half(value(acc[c * step], t, n0 + c));
+        break;
+      }
+    }
+  }
+};
+
+// One weight row, one K step at a time, decoded from the FP8 bytes as they stream in.
+template <class V>
+struct DecodeRow {
+  const uint8_t* row;
+  int64_t k;
+  typename V::Ctx ctx;
+  typename V::W at(int64_t step) const {
+    const int64_t i = step * V::kStep;
+    if (i + V::kStep <= k) return V::weights(row + i, ctx);
+    alignas(64) uint8_t tail[V::kStep] = {0};  // the last, partial step: zeros beyond K
+    std::memcpy(tail, row + i, k - i);
+    return V::weights(tail, ctx);
+  }
+};
+
+// One row as dot_tokens reads rows (row index c is always 0), decoded as it streams.
+template <class V>
+struct StreamedRow {
+  const uint8_t* row;
+  int64_t k;
+  typename V::Ctx ctx;
+  typename V::W operator()(int, int64_t step) const { return DecodeRow<V>{row, k, ctx}.at(step); }
+};
+
+// NB rows decoded once into a scratch buffer, for blocks of more than kMB tokens.
+template <class V>
+struct ScratchRows {
+  const typename V::W* scratch;  // [NB][steps]
+  int64_t steps;
+  typename V::W operator()(int c, int64_t step) const { return scratch[c * steps + step]; }
+};
+
+// One block: tokens [0, MB) x channels [0, NB) over ``steps`` K steps. ``x`` rows are
+// padded to ``kp`` (steps * kStep) with zeros beyond K.
+template <class V, int MB, int NB, class Rows>
+inline void dot_block(const typename V::X* x, int64_t kp, int64_t steps, const Rows& rows,
+                      float* out /* [MB][NB] */) {
+  typename V::Acc acc[MB][NB];
+  for (int m = 0; m < MB; ++m)
+    for (int c = 0; c < NB; ++c) acc[m][c] = V::zero();
+  for (int64_t s = 0; s < steps; ++s) {
+    typename V::W wv[NB];
+    for (int c = 0; c < NB; ++c) wv[c] = rows(c, s);
+    for (int m = 0; m < MB; ++m) {
+      const typename V::W xv = V::activations(x + m * kp + s * V::kStep);
+      for (int c = 0; c < NB; ++c) acc[m][c] = V::madd(acc[m][c], xv, wv[c]);
+    }
+  }
+  for (int m = 0; m < MB; ++m)
+    for (int c = 0; c < NB; ++c) out[m * NB + c] = V::sum(acc[m][c]);
+}
+
+// All m tokens against NB rows, kMB tokens at a time: acc [m][NB].
+template <class V, int NB, class Rows>
+inline void dot_tokens(const typename V::X* x, int64_t m, int64_t kp, const Rows& rows,
+                       float* acc) {
+  const int64_t steps = kp / V::kStep;
+  int64_t t = 0;
+  for (; t + kMB <= m; t += kMB) dot_block<V, kMB, NB>(x + t * kp, kp, steps, rows, acc + t * NB);
+  switch (m - t) {
+    case 3: dot_block<V, 3, NB>(x + t * kp, kp, steps, rows, acc + t * NB); break;
+    case 2: dot_block<V, 2, NB>(x + t * kp, kp, steps, rows, acc + t * NB); break;
+    case 1: dot_block<V, 1, NB>(x + t * kp, kp, steps, rows, acc + t * NB); break;
+    default: break;
+  }
+}
+
+// A panel of rows decoded once into ``scratch`` (sized to stay in L2), then every block of
+// kMB tokens (in L1) against every kNB rows of it: each weight byte is decoded once per
+// call and each activation row read once per panel.
+template <class V>
+void dot_panel(const typename V::X* x, int64_t m, int64_t kp, const uint8_t* w, int64_t k,
+               int64_t n0, int64_t rows, std::vector<typename V::W>& scratch,
+               const Epilogue& epi) {
+  const int64_t steps = kp / V::kStep;
+  const typename V::Ctx ctx = context<V>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const DecodeRow<V> row{w + r * k, k, ctx};
+    for (int64_t s = 0; s < steps; ++s) scratch[r * steps + s] = row.at(s);
+  }
+  float acc[kMB * kNB];
+  for (int64_t t = 0; t < m; t += kMB) {
+    const int64_t mb = std::min<int64_t>(kMB, m - t);
+    for (int64_t c = 0; c < rows; c += kNB) {
+      const int64_t nb = std::min<int64_t>(kNB, rows - c);
+      const ScratchRows<V> panel{scratch.data() + c * steps, steps};
+      if (nb == kNB) {
+        dot_tokens<V, kNB>(x + t * kp, mb, kp, panel, acc);
+      } else {
+        for (int64_t j = 0; j < nb; ++j) {
+          float one[kMB];
+          dot_tokens<V, 1>(x + t * kp, mb, kp, ScratchRows<V>{panel.scratch + j * steps, steps}, one);
+          for (int64_t i = 0; i < mb; ++i) acc[i * kNB + j] = one[i];
+        }
+      }
+      for (int64_t i = 0; i < mb; ++i) epi.store(t + i, n0 + c, nb, acc + i * kNB, 1);
+    }
+  }
+}
+
+// One token (decode): rows one after another, so each thread reads the weight as one
+// sequential stream, as a memory-bound reduction does (the hardware prefetchers follow it),
+// each byte decoded once; kChains accumulators hide the multiply-add latency.
+template <class V>
+void one_token(const typename V::X* x, int64_t kp, const uint8_t* w, int64_t n, int64_t k,
+               const Epilogue& epi) {
+  constexpr int kChains = 4;
+  const int64_t steps = kp / V::kStep;
+  at::parallel_for(0, n, 16, [&](int64_t r0, int64_t r1) {
+    const typename V::Ctx ctx = context<V>();
+    for (int64_t r = r0; r < r1; ++r) {
+      const DecodeRow<V> row{w + r * k, k, ctx};
+      typename V::Acc acc[kChains];
+      for (int j = 0; j < kChains; ++j) acc[j] = V::zero();
+      int64_t s = 0;
+      for (; s + kChains <= steps; s += kChains)
+        for (int j = 0; j < kChains; ++j)
+          acc[j] = V::madd(acc[j], V::activations(x + (s + j) * V::kStep), row.at(s + j));
+      for (; s < steps; ++s) acc[0] = V::madd(acc[0], V::activations(x + s * V::kStep), row.at(s));
+      for (int j = 1; j < kChains; ++j) acc[0] = V::add(acc[0], acc[j]);
+      const float sum = V::sum(acc[0]);
+      epi.store(0, r, 1, &sum, 1);
+    }
+  });
+}
+
+// A few tokens (2 to kMB): kNB rows at a time, each weight byte decoded once and used by
+// every token from registers. kNB rows of 4 KiB are kNB pages, where hardware prefetchers
+// stop, so the rows are fetched ahead in software, and near the end of a row the start of
+// the same row of the next block (kNB rows on), which comes next.
+template <class V>
+struct PrefetchedRows {
+  const uint8_t* w;  // the block's first row; rows are k bytes apart
+  int64_t k;
+  typename V::Ctx ctx;
+  typename V::W operator()(int c, int64_t step) const {
+    const uint8_t* row = w + c * k;
+    const int64_t i = step * V::kStep;
+    const int64_t ahead = i + kPrefetch;
+    _mm_prefetch(reinterpret_cast<const char*>(row + ahead + (ahead >= k ? (kNB - 1) * k : 0)),
+                 _MM_HINT_T0);
+    return DecodeRow<V>{row, k, ctx}.at(step);
+  }
+};
+
+template <class V>
+void few_tokens(const typename V::X* x, int64_t m, int64_t kp, const uint8_t* w, int64_t n,
+                int64_t k, const Epilogue& epi) {
+  const int64_t blocks = (n + kNB - 1) / kNB;
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    const typename V::Ctx ctx = context<V>();
+    float acc[kMB * kNB];
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t n0 = b * kNB;
+      const int64_t nb = std::min<int64_t>(kNB, n - n0);
+      if (nb == kNB) {
+        dot_tokens<V, kNB>(x, m, kp, PrefetchedRows<V>{w + n0 * k, k, ctx}, acc);
+      } else {
+        for (int64_t c = 0; c < nb; ++c) {
+          float one[kMB];
+          dot_tokens<V, 1>(x, m, kp, StreamedRow<V>{w + (n0 + c) * k, k, ctx}, one);
+          for (int64_t t = 0; t < m; ++t) acc[t * kNB + c] = one[t];
+        }
+      }
+      for (int64_t t = 0; t < m; ++t) epi.store(t, n0, nb, acc + t * kNB, 1);
+    }
+  });
+}
+
+// The dot-product path: every output is one K-long dot product in registers.
+template <class V>
+void gemv(const typename V::X* x, int64_t m, int64_t kp, const uint8_t* w, int64_t n, int64_t k,
+          const Epilogue& epi) {
+  if (m == 1) {
+    one_token<V>(x, kp, w, n, k, epi);
+    return;
+  }
+  if (m <= kMB) {
+    few_tokens<V>(x, m, kp, w, n, k, epi);
+    return;
+  }
+  const int64_t steps = kp / V::kStep;
+  const int64_t fit = kScratchBytes / (steps * int64_t(sizeof(typename V::W)));
+  const int64_t rows = std::max<int64_t>(kNB, std::min<int64_t>(kPanelRows, fit / kNB * kNB));
+  const int64_t panels = (n + rows - 1) / rows;
+  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    // Kept per thread between calls: a fresh 512 KiB each call would cost page faults.
+    thread_local std::vector<typename V::W> scratch;
+    if (scratch.size() < size_t(rows * steps)) scratch.resize(rows * steps);
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t n0 = p * rows;
+      dot_panel<V>(x, m, kp, w + n0 * k, k, n0, std::min(rows, n - n0), scratch, epi);
+    }
+  });
+}
+
+}  // namespace
