@@ -28,9 +28,6 @@
 
 namespace {
 
-// Up to this many tokens the dot-product path runs; beyond it, where torch's GEMM is bf16
-// and the output too, decoded panels go to torch's GEMM (tuned blocking for large M).
-constexpr int64_t kSmallM = 64;
 // Bytes of decoded weight per panel on the large-M path.
 constexpr int64_t kPanelBytes = int64_t(4) << 20;
 
