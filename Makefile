@@ -38,15 +38,16 @@ lint: $(VENV)/.installed-test
 typecheck: $(VENV)/.installed-test
 	$(BIN)/mypy
 
+# .venv/bin on PATH: ninja, which builds the compiled CPU kernels, is installed there.
 unit: $(VENV)/.installed-test
-	$(BIN)/python -m pytest
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest
 
 # The full suite, as CI runs it.
 test: lint typecheck unit
 
 # The fast loop (under 90 s on a 2-core machine): everything but the tests marked slow.
 fast: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -q -m "not slow"
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -m "not slow"
 
 check: lint typecheck fast
 

@@ -3,9 +3,9 @@
     .venv/bin/python benchmarks/run.py --quick --json out.json   # from the repository root
 
 Without a size flag it is the reported run (decode figures at N = K = 4096); ``--full`` adds
-the 14336 x 4096 decode shape, ``--quick`` fits in a few minutes on 2 cores, ``--tiny`` only
-shows the harness works (CI). ``python -m benchmarks.run`` works as well. The GPU figures
-come from ``benchmarks/gpu_check.py``.
+the 14336 x 4096 decode shape, ``--quick`` cuts the decision loops and repeats (the decode
+sweep stays whole), ``--tiny`` only shows the harness works (CI). ``python -m
+benchmarks.run`` works as well. The GPU figures come from ``benchmarks/gpu_check.py``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ SCHEMA_VERSION = 2
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="fewer repeats and M: a few minutes")
+    size.add_argument("--quick", action="store_true", help="fewer decision repeats")
     size.add_argument("--full", action="store_true", help="also the 14336 x 4096 decode shape")
     size.add_argument("--tiny", action="store_true", help="tiny sizes: a smoke run (CI)")
     parser.add_argument(

@@ -10,6 +10,8 @@ extent (the tail paths), and the input dtype varies as well as the output.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import attrs
@@ -133,17 +135,23 @@ def test_every_fp8_byte_decodes_exactly(level: str) -> None:
 @pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("kernel", sorted(KERNELS))
 @pytest.mark.parametrize("m", [1, 7, 200])
-def test_one_and_two_threads_agree_exactly(kernel: str, level: str, m: int) -> None:
-    config = kp.quant_config(KERNELS[kernel], weight_shape=(96, 160), out_dtype="bfloat16")
+@pytest.mark.parametrize(("out", "bias"), [("bfloat16", False), ("float32", True)])
+def test_one_and_two_threads_agree_exactly(
+    kernel: str, level: str, m: int, out: str, bias: bool
+) -> None:
+    # Every path: one token, a few, torch's GEMM on panels (bf16, no bias) and the decoded
+    # panels (fp32 or a bias); N = 97 leaves a partial block of rows.
+    config = kp.quant_config(KERNELS[kernel], weight_shape=(97, 160), out_dtype=out, bias=bias)
     impl = _bind(kernel, level, config)
-    bundle = impl.quantize_weights(torch.randn(96, 160))
-    x = torch.randn(m, 160).to(torch.bfloat16)
+    bundle = impl.quantize_weights(torch.randn(97, 160))
+    x = torch.randn(m, 160).to(getattr(torch, out))
+    b = torch.randn(97).to(getattr(torch, out)) if bias else None
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = impl.apply(x, bundle)
+        one = impl.apply(x, bundle, b)
         torch.set_num_threads(2)
-        two = impl.apply(x, bundle)
+        two = impl.apply(x, bundle, b)
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(one, two)
@@ -257,7 +265,26 @@ def test_an_interrupted_build_is_named_not_waited_on_forever(tmp_path: Path) -> 
     _check_no_stale_lock("avx2", tmp_path)
 
 
-def test_the_build_name_changes_with_the_source_flags_and_torch() -> None:
+def test_the_build_name_is_per_level_and_hashes_more_than_the_level() -> None:
     name = _build_name("avx2")
     assert name.startswith("kernelpick_cpu_fp8_avx2_")
+    assert _build_name("avx2") == name  # stable within a process
     assert _build_name("avx512") != name.replace("avx2", "avx512")  # the flags differ too
+
+
+def test_a_failed_build_reports_its_cause_again_not_a_missing_library(tmp_path: Path) -> None:
+    # In a fresh process whose compiler fails: the second attempt must raise the first error
+    # (the compiler's), not torch's "could not load" of a library that was never built.
+    code = (
+        "from kernelpick.kernels._cpu_build import KernelBuildError, load_ops\n"
+        "messages = []\n"
+        "for _ in range(2):\n"
+        "    try:\n"
+        "        load_ops('avx2')\n"
+        "    except KernelBuildError as error:\n"
+        "        messages.append(str(error))\n"
+        "assert len(messages) == 2 and messages[0] == messages[1], messages\n"
+    )
+    env = {**os.environ, "CXX": "/bin/false", "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr

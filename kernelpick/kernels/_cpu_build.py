@@ -67,6 +67,9 @@ _STALE_LOCK_SECONDS = 600
 # holds it around load_ops).
 LOCK = threading.RLock()
 _LOADED: set[str] = set()
+# A level whose build failed, with its error: a retry in the same process would only report
+# that the library is missing (torch's build records see nothing to rebuild), hiding why.
+_FAILED: dict[str, KernelBuildError] = {}
 
 
 class KernelBuildError(KernelpickError):
@@ -130,6 +133,16 @@ def _cflags(level: str) -> list[str]:
     return [*_BASE_FLAGS, *ISA_LEVELS[level][1], f"-DKP_LEVEL={level}"]
 
 
+def _compiler_identity() -> str:
+    # Its path and its version line: a compiler upgraded in place is a new build too.
+    path = shutil.which(_compiler()) or _compiler()
+    try:
+        run = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return path
+    return f"{path} {run.stdout.splitlines()[0] if run.stdout else ''}"
+
+
 def _build_name(level: str) -> str:
     # Everything the library depends on is in the name: the source, the flags, the compiler
     # and torch (whose headers ninja does not track), so an edit or an upgrade is a new
@@ -139,7 +152,7 @@ def _build_name(level: str) -> str:
     parts = [
         *(path.read_bytes() for path in (_SOURCE, *_HEADERS)),
         " ".join(_cflags(level) + list(_LINK_FLAGS)).encode(),
-        (shutil.which(_compiler()) or _compiler()).encode(),
+        _compiler_identity().encode(),
         f"{torch.__version__} {torch.version.git_version}".encode(),
     ]
     digest = hashlib.sha256(b"\0".join(parts)).hexdigest()[:12]
@@ -196,25 +209,35 @@ def load_ops(level: str) -> None:
     with LOCK:
         if level in _LOADED:
             return
-        if _host_lacks(level):
-            raise KernelBuildError(level, "this CPU lacks the instructions of that level")
-        # Imported here: it pulls in setuptools, and most processes never build anything.
-        from torch.utils import cpp_extension
-
-        name = _build_name(level)
-        directory = _build_directory(name)
-        _check_no_stale_lock(level, directory)
+        if level in _FAILED:
+            raise _FAILED[level]
         try:
-            directory.mkdir(parents=True, exist_ok=True)
-            cpp_extension.load(
-                name=name,
-                sources=[str(_SOURCE)],
-                extra_cflags=_cflags(level),
-                extra_ldflags=list(_LINK_FLAGS),
-                build_directory=str(directory),
-                is_python_module=False,
-                verbose=False,
-            )
-        except (RuntimeError, OSError, subprocess.CalledProcessError) as error:
-            raise KernelBuildError(level, str(error)) from error
+            _build_and_load(level)
+        except KernelBuildError as error:
+            _FAILED[level] = error
+            raise
         _LOADED.add(level)
+
+
+def _build_and_load(level: str) -> None:
+    if _host_lacks(level):
+        raise KernelBuildError(level, "this CPU lacks the instructions of that level")
+    # Imported here: it pulls in setuptools, and most processes never build anything.
+    from torch.utils import cpp_extension
+
+    name = _build_name(level)
+    directory = _build_directory(name)
+    _check_no_stale_lock(level, directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        cpp_extension.load(
+            name=name,
+            sources=[str(_SOURCE)],
+            extra_cflags=_cflags(level),
+            extra_ldflags=list(_LINK_FLAGS),
+            build_directory=str(directory),
+            is_python_module=False,
+            verbose=False,
+        )
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as error:
+        raise KernelBuildError(level, str(error)) from error

@@ -168,7 +168,6 @@ void decode_rows_f32(const uint8_t* w, int64_t rows, int64_t k, float* out) {
   });
 }
 
-void decode_rows_bf16(const uint8_t* w, int64_t rows, int64_t k, uint16_t* out);
 
 // ---------------------------------------------------------------------------------------
 // The GEMV path: per ISA, a vector type, its width along K, decode, load and multiply-add.

@@ -19,7 +19,9 @@ constexpr int kPrefetch = 2048;
 // back from L2 (measured 3.5 against 4.4 ms at M = 64, N = K = 4096). Beyond, the
 // activations no longer fit in L2 beside the rows, and panels of decoded rows take over.
 constexpr int64_t kSmallM = 64;
-// Rows per panel of the many-token path, and the most decoded bytes it may take (L2).
+// Rows per panel of the many-token path, and the most decoded bytes it may take (L2). That
+// path runs for more than kSmallM tokens where torch's bf16 GEMM would not be exact
+// enough, which only an AVX512-BF16 build meets; the other builds hand those to fp32 GEMM.
 constexpr int64_t kPanelRows = 64;
 constexpr int64_t kScratchBytes = int64_t(512) << 10;
 

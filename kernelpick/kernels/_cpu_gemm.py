@@ -22,7 +22,7 @@ from kernelpick.core._specs import KernelKind
 from kernelpick.kernels._base import RowMajorKernel, WeightBundle
 from kernelpick.kernels._cpu_build import ISA_LEVELS, LOCK, isa_level, load_ops, op_name
 
-__all__ = ["CpuFp8Gemm", "CpuFp8GemmW8A16", "cpu_fp8_gemm"]
+__all__ = ["CpuFp8Gemm", "CpuFp8GemmW8A16"]
 
 
 class _Op(Protocol):
@@ -72,22 +72,6 @@ def _custom_op(level: str) -> _Op:
         torch.library.register_fake(name)(_fake)
         torch.library.register_autograd(name, _no_backward, setup_context=_no_context)
     return cast(_Op, getattr(torch.ops.kernelpick, op_name(level)))
-
-
-def cpu_fp8_gemm(
-    level: str,
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    weight_scale: torch.Tensor,
-    bias: torch.Tensor | None,
-    *,
-    quantize_input: bool,
-    out_dtype: torch.dtype,
-) -> torch.Tensor:
-    """``x [M, K]`` times the e4m3fn ``weight [N, K]`` scaled by ``weight_scale`` (fp32, 1 or N
-    values), plus ``bias``, in ``out_dtype``; activations quantized per token to e4m3fn
-    first when ``quantize_input``. Runs the build of ``level`` (see ``ISA_LEVELS``)."""
-    return _custom_op(level)(x, weight, weight_scale, bias, quantize_input, out_dtype)
 
 
 @attrs.frozen
