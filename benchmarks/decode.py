@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import gc
 import math
+import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -37,6 +38,7 @@ import attrs
 import torch
 
 import kernelpick as kp
+from kernelpick.core import CpuArch
 from kernelpick.kernels import KernelBase, WeightBundle
 
 __all__ = [
@@ -339,13 +341,18 @@ def run_decode(
     tokens: Sequence[int],
     repeats: int,
     rotation_bytes: int | None = None,
+    cpu_isa: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """The decode figures for each ``(N, K)`` in ``shapes`` at each M in ``tokens``.
 
     ``rotation_bytes``: the bytes each rotation must at least span; None for twice the
-    last-level cache (0 for just 2 buffers: a smoke run at tiny sizes).
+    last-level cache (0 for just 2 buffers: a smoke run at tiny sizes). ``cpu_isa``: ISA
+    flags to select and build with instead of the probed ones (say ``avx2, fma, f16c``, to
+    time the AVX2 build on an AVX-512 CPU); a subset of the CPU's own.
     """
     caps = kp.probe("cpu")
+    if cpu_isa is not None:
+        caps = attrs.evolve(caps, arch=CpuArch(platform.machine(), cpu_isa))
     llc, llc_source = llc_bytes()
     target = 2 * llc if rotation_bytes is None else rotation_bytes
     bandwidth = measure_bandwidth(min(2**30, max(4 * target, 4 * MIB)), repeats)
@@ -361,6 +368,7 @@ def run_decode(
         "repeats": repeats,
         "activation_dtype": ACTIVATION,
         "torch_threads": torch.get_num_threads(),
+        "cpu_isa": sorted(caps.arch.isa) if isinstance(caps.arch, CpuArch) else [],
         "schemes": dict(CANDIDATES),
         "shapes": results,
     }

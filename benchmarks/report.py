@@ -200,6 +200,8 @@ def _decode(results: Mapping[str, Any]) -> list[str]:
         " bytes / the best bandwidth seen",
     ]
     lines += [f"  {name}: {what}" for name, what in _DECODE_NAMES.items()]
+    if decode.get("cpu_isa"):
+        lines.append(f"  FP8 kernels selected for CPU ISA: {', '.join(decode['cpu_isa'])}")
     for shape in decode.get("shapes", []):
         lines += ["", *_decode_shape(shape, bandwidth)]
     return lines

@@ -15,6 +15,8 @@ import json
 import sys
 from pathlib import Path
 
+import attrs
+
 # Run as a script, Python puts benchmarks/ itself on the path, not the repository root that
 # the ``benchmarks`` package (and, without an install, ``kernelpick``) is imported from.
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,6 +40,10 @@ def _parser() -> argparse.ArgumentParser:
     size.add_argument("--full", action="store_true", help="also the 14336 x 4096 decode shape")
     size.add_argument("--tiny", action="store_true", help="tiny sizes: a smoke run (CI)")
     parser.add_argument(
+        "--cpu-isa", default=None, metavar="FLAGS",
+        help="comma-separated ISA flags to select the FP8 kernels for (e.g. avx2,fma,f16c)",
+    )  # fmt: skip
+    parser.add_argument(
         "--json", nargs="?", const="-", default=None, metavar="PATH",
         help="also write the results as JSON to PATH, or (without one) only JSON to stdout",
     )  # fmt: skip
@@ -49,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     sizes = {"tiny": SuiteConfig.tiny, "quick": SuiteConfig.quick, "full": SuiteConfig.full}
     config = next((make() for name, make in sizes.items() if getattr(args, name)), SuiteConfig())
+    if args.cpu_isa:
+        isa = tuple(flag.strip() for flag in args.cpu_isa.split(",") if flag.strip())
+        config = attrs.evolve(config, cpu_isa=isa)
     results = {"schema_version": SCHEMA_VERSION, **run_suite(config)}
     if args.json == "-":
         json.dump(results, sys.stdout, indent=2, sort_keys=True)

@@ -70,6 +70,8 @@ class SuiteConfig:
     decode_shapes: tuple[tuple[int, int], ...] = (DECODE_SHAPE,)
     decode_repeats: int = 7
     rotation_bytes: int | None = None
+    # ISA flags the FP8 kernels are selected and built for, instead of the probed ones.
+    cpu_isa: tuple[str, ...] | None = None
 
     @classmethod
     def full(cls) -> SuiteConfig:
@@ -217,7 +219,11 @@ def run_suite(config: SuiteConfig) -> dict[str, Any]:
     # fresh allocation (page faults) as it always has.
     results |= _quantization(config)
     results["decode"] = run_decode(
-        config.decode_shapes, config.decode_tokens, config.decode_repeats, config.rotation_bytes
+        config.decode_shapes,
+        config.decode_tokens,
+        config.decode_repeats,
+        config.rotation_bytes,
+        config.cpu_isa,
     )
     results |= _memory(config)
     return results

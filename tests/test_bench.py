@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 
@@ -19,6 +20,7 @@ from benchmarks.decode import BASELINES, CANDIDATES, llc_bytes, measure_bandwidt
 from benchmarks.memory import peak_extra_rss, resident_bytes
 from benchmarks.report import DECODE_TARGETS, TARGETS, render
 from benchmarks.suite import SuiteConfig, run_suite
+from kernelpick.core import CpuArch
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_KEYS = {
@@ -97,6 +99,19 @@ def test_the_decode_figures_cover_every_m_and_name_the_kernels_that_ran() -> Non
         assert row["read_ms"] > 0
         assert set(row) >= ROW_FIGURES
         assert all(row[figure] > 0 for figure in ROW_FIGURES)
+
+
+def test_the_decode_figures_can_time_the_avx2_build_on_any_x86_cpu() -> None:
+    # The ISA given replaces the probed one for selection and the build: what a CPU with
+    # only AVX2 would run, timed here.
+    avx2 = ("avx2", "f16c", "fma")
+    decode = run_decode(((64, 64),), (1,), 1, 0, cpu_isa=avx2)
+    assert decode["cpu_isa"] == list(avx2)
+    caps = attrs.evolve(kp.probe("cpu"), arch=CpuArch("x86_64", avx2))
+    config = kp.quant_config("fp8_per_channel", weight_shape=(64, 64))
+    decision = kp.choose(caps, config)
+    assert isinstance(decision, kp.Selected)
+    assert decode["shapes"][0]["kernels"]["ptpc"] == decision.kernel
 
 
 def test_the_rotation_spans_the_cache_and_the_bandwidth_is_read_from_memory() -> None:
