@@ -172,16 +172,27 @@ void decode_rows_f32(const uint8_t* w, int64_t rows, int64_t k, float* out) {
 // ---------------------------------------------------------------------------------------
 // The GEMV path: per ISA, a vector type, its width along K, decode, load and multiply-add.
 
-struct F32x8 {  // AVX2 + FMA + F16C
+struct F32x8 {  // AVX2 + FMA + F16C, 16 weights a step: one widening and one shift for both
   using Acc = __m256;
-  using W = __m256;
+  struct W {
+    __m256 a, b;
+  };
   using X = float;
   struct Ctx {};
-  static constexpr int kStep = 8;
+  static constexpr int kStep = 16;
   static Acc zero() { return _mm256_setzero_ps(); }
-  static W weights(const uint8_t* w, const Ctx&) { return decode8(w); }
-  static W activations(const X* x) { return _mm256_loadu_ps(x); }
-  static Acc madd(Acc acc, W x, W w) { return _mm256_fmadd_ps(x, w, acc); }
+  static W weights(const uint8_t* w, const Ctx&) {
+    const __m256i bytes =
+        _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+    const __m256i h = _mm256_slli_epi16(
+        _mm256_add_epi16(bytes, _mm256_and_si256(bytes, _mm256_set1_epi16(0x80))), 7);
+    return {_mm256_cvtph_ps(_mm256_castsi256_si128(h)),
+            _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1))};
+  }
+  static W activations(const X* x) { return {_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8)}; }
+  static Acc madd(Acc acc, W x, W w) {
+    return _mm256_fmadd_ps(x.b, w.b, _mm256_fmadd_ps(x.a, w.a, acc));
+  }
   static Acc add(Acc a, Acc b) { return _mm256_add_ps(a, b); }
   static float sum(Acc acc) { return hsum8(acc); }
 };
