@@ -39,7 +39,7 @@ import torch
 
 import kernelpick as kp
 from kernelpick.core import CpuArch
-from kernelpick.kernels import KernelBase, WeightBundle
+from kernelpick.kernels import CpuFp8Gemm, KernelBase, WeightBundle
 
 __all__ = [
     "BASELINES",
@@ -297,6 +297,8 @@ def _shape(
         "n": n,
         "k": k,
         "kernels": {c.name: c.decision for c in candidates},
+        # The compiled CPU kernels' ISA build (avx2, avx512, avx512_bf16), where one ran.
+        "builds": {c.name: c.kernel.level for c in candidates if isinstance(c.kernel, CpuFp8Gemm)},
         "degraded": {c.name: c.degraded for c in candidates},
         "fp8_weight_bytes": fp8_bytes,
         "read_gbps": read_bytes / fastest_read / 1e9,

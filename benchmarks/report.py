@@ -126,8 +126,10 @@ def _decode_shape(shape: Mapping[str, Any], bandwidth: float) -> list[str]:
     n, k = shape["n"], shape["k"]
     kernels: Mapping[str, str] = shape.get("kernels", {})
     degraded: Mapping[str, bool] = shape.get("degraded", {})
+    builds: Mapping[str, str] = shape.get("builds", {})
     ran = ", ".join(
-        f"{name}: {kernel}{' (DEGRADED)' if degraded.get(name) else ''}"
+        f"{name}: {kernel}{f' [{builds[name]}]' if name in builds else ''}"
+        f"{' (DEGRADED)' if degraded.get(name) else ''}"
         for name, kernel in kernels.items()
     )
     rotation = ", ".join(

@@ -23,8 +23,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import kernelpick as kp  # noqa: E402
 from benchmarks.report import render  # noqa: E402  (needs ROOT on the path)
 from benchmarks.suite import SuiteConfig, run_suite  # noqa: E402
+from kernelpick.core import CpuArch  # noqa: E402
 
 __all__ = ["main"]
 
@@ -50,14 +52,30 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _cpu_isa(parser: argparse.ArgumentParser, text: str) -> tuple[str, ...]:
+    """The flags of ``--cpu-isa``: some, and each one this CPU has (the kernels built for
+    them must run here; a misspelled flag would silently pick another build)."""
+    flags = tuple(sorted({flag.strip().lower() for flag in text.split(",") if flag.strip()}))
+    host = kp.probe("cpu").arch
+    have = host.isa if isinstance(host, CpuArch) else frozenset()
+    if not flags:
+        parser.error("--cpu-isa: give at least one ISA flag, e.g. avx2,fma,f16c")
+    missing = [flag for flag in flags if flag not in have]
+    if missing:
+        parser.error(
+            f"--cpu-isa: this CPU lacks {', '.join(missing)}; it has {', '.join(sorted(have))}"
+        )
+    return flags
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the suite at the size asked for, print the table, write JSON if asked."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     sizes = {"tiny": SuiteConfig.tiny, "quick": SuiteConfig.quick, "full": SuiteConfig.full}
     config = next((make() for name, make in sizes.items() if getattr(args, name)), SuiteConfig())
-    if args.cpu_isa:
-        isa = tuple(flag.strip() for flag in args.cpu_isa.split(",") if flag.strip())
-        config = attrs.evolve(config, cpu_isa=isa)
+    if args.cpu_isa is not None:
+        config = attrs.evolve(config, cpu_isa=_cpu_isa(parser, args.cpu_isa))
     results = {"schema_version": SCHEMA_VERSION, **run_suite(config)}
     if args.json == "-":
         json.dump(results, sys.stdout, indent=2, sort_keys=True)

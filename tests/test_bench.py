@@ -112,6 +112,17 @@ def test_the_decode_figures_can_time_the_avx2_build_on_any_x86_cpu() -> None:
     decision = kp.choose(caps, config)
     assert isinstance(decision, kp.Selected)
     assert decode["shapes"][0]["kernels"]["ptpc"] == decision.kernel
+    assert decode["shapes"][0]["builds"] == {"ptpc": "avx2", "w8a16": "avx2"}
+
+
+@pytest.mark.parametrize("flags", ["", ",", "avx2,no_such_flag", "avx512bf16"])
+def test_cpu_isa_flags_this_cpu_lacks_are_refused_before_anything_runs(flags: str) -> None:
+    # A misspelled flag ("avx512bf16" for avx512_bf16) would silently time another build.
+    from benchmarks.run import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--tiny", "--cpu-isa", flags])
+    assert exit_info.value.code == 2
 
 
 def test_the_rotation_spans_the_cache_and_the_bandwidth_is_read_from_memory() -> None:

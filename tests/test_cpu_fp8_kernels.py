@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import attrs
@@ -261,8 +263,15 @@ def test_an_interrupted_build_is_named_not_waited_on_forever(tmp_path: Path) -> 
     os.utime(lock, (old, old))
     with pytest.raises(KernelBuildError, match="interrupted"):
         _check_no_stale_lock("avx2", tmp_path)
-    os.utime(lock)  # a fresh lock is another build at work: wait for it as torch does
+    # A fresh lock is another build at work: waited for until it goes.
+    os.utime(lock)
+    remover = threading.Timer(0.6, lock.unlink)
+    remover.start()
+    started = time.monotonic()
     _check_no_stale_lock("avx2", tmp_path)
+    remover.join()
+    assert time.monotonic() - started >= 0.5
+    assert not lock.exists()
 
 
 def test_the_build_name_is_per_level_and_hashes_more_than_the_level() -> None:
@@ -288,3 +297,29 @@ def test_a_failed_build_reports_its_cause_again_not_a_missing_library(tmp_path: 
     env = {**os.environ, "CXX": "/bin/false", "TORCH_EXTENSIONS_DIR": str(tmp_path)}
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
+
+
+def test_threads_binding_at_once_register_the_op_once() -> None:
+    # In a fresh process: eight threads bind the same level together; a second registration
+    # of the fake or the autograd refusal would warn "Overriding a previously registered".
+    code = (
+        "import threading, warnings\n"
+        "import kernelpick as kp\n"
+        "from kernelpick.kernels._cpu_gemm import _custom_op\n"
+        "warnings.simplefilter('error')\n"
+        "barrier = threading.Barrier(8)\n"
+        "errors = []\n"
+        "def bind():\n"
+        "    barrier.wait()\n"
+        "    try:\n"
+        "        _custom_op('avx2')\n"
+        "    except Exception as error:\n"
+        "        errors.append(repr(error))\n"
+        "threads = [threading.Thread(target=bind) for _ in range(8)]\n"
+        "[t.start() for t in threads]\n"
+        "[t.join() for t in threads]\n"
+        "assert not errors, errors\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert "Overriding" not in run.stderr

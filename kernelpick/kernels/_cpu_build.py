@@ -62,6 +62,7 @@ _LINK_FLAGS = ("-fopenmp",)
 
 # A build lock older than this was left by a build that was killed (a build takes seconds).
 _STALE_LOCK_SECONDS = 600
+_LOCK_POLL_SECONDS = 0.5
 
 # Held while a level is built, loaded and its op registered (re-entrant: the registration
 # holds it around load_ops).
@@ -84,7 +85,7 @@ class KernelBuildError(KernelpickError):
         super().__init__(
             f"building the {level} CPU FP8 kernel failed: {detail.strip()[-2000:]}\n"
             "Set KERNELPICK_DISABLED_KERNELS=cpu_fp8_gemm,cpu_fp8_w8a16_gemm to run "
-            "without it, or fix the toolchain (a C++17 compiler, ninja, Python headers)."
+            "without it; if the compiler failed, fix the toolchain (a C++17 compiler, ninja)."
         )
 
     def __reduce__(self) -> tuple[type[KernelBuildError], tuple[str, str]]:
@@ -137,7 +138,9 @@ def _compiler_identity() -> str:
     # Its path and its version line: a compiler upgraded in place is a new build too.
     path = shutil.which(_compiler()) or _compiler()
     try:
-        run = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
+        run = subprocess.run(
+            [path, "--version"], capture_output=True, text=True, errors="replace", timeout=30
+        )
     except (OSError, subprocess.SubprocessError):
         return path
     return f"{path} {run.stdout.splitlines()[0] if run.stdout else ''}"
@@ -167,19 +170,25 @@ def _build_directory(name: str) -> Path:
 
 
 def _check_no_stale_lock(level: str, directory: Path) -> None:
-    # torch's build lock has no timeout: a build killed part-way leaves it, and every later
-    # process would wait on it forever, silently.
+    """Wait while another process builds this level; raise once its lock is stale.
+
+    torch's build lock has no timeout: a build killed part-way leaves it, and every later
+    process would wait on it forever, silently. A build takes seconds, so a lock older than
+    ``_STALE_LOCK_SECONDS`` was left by one that died.
+    """
     lock = directory / "lock"
-    try:
-        age = time.time() - lock.stat().st_mtime
-    except FileNotFoundError:
-        return
-    if age > _STALE_LOCK_SECONDS:
-        raise KernelBuildError(
-            level,
-            f"{lock} is {age / 60:.0f} minutes old: a build of this kernel was interrupted. "
-            "Remove the file if no other process is building it.",
-        )
+    while True:
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except FileNotFoundError:
+            return
+        if age > _STALE_LOCK_SECONDS:
+            raise KernelBuildError(
+                level,
+                f"{lock} is {age / 60:.0f} minutes old: a build of this kernel was "
+                "interrupted. Remove the file if no other process is building it.",
+            )
+        time.sleep(_LOCK_POLL_SECONDS)
 
 
 def _host_lacks(level: str) -> bool:
@@ -211,17 +220,14 @@ def load_ops(level: str) -> None:
             return
         if level in _FAILED:
             raise _FAILED[level]
-        try:
-            _build_and_load(level)
-        except KernelBuildError as error:
-            _FAILED[level] = error
-            raise
+        _build_and_load(level)
         _LOADED.add(level)
 
 
 def _build_and_load(level: str) -> None:
     if _host_lacks(level):
-        raise KernelBuildError(level, "this CPU lacks the instructions of that level")
+        flags = ", ".join(sorted(ISA_LEVELS[level][0]))
+        raise KernelBuildError(level, f"this CPU lacks some of that level's instructions ({flags})")
     # Imported here: it pulls in setuptools, and most processes never build anything.
     from torch.utils import cpp_extension
 
@@ -240,4 +246,8 @@ def _build_and_load(level: str) -> None:
             verbose=False,
         )
     except (RuntimeError, OSError, subprocess.CalledProcessError) as error:
-        raise KernelBuildError(level, str(error)) from error
+        # Remembered: the compiler's message is the cause a retry must report again. (A
+        # stale lock or a CPU without the ISA is not: those can change while we run.)
+        failure = KernelBuildError(level, str(error))
+        _FAILED[level] = failure
+        raise failure from error

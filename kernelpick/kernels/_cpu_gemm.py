@@ -9,7 +9,6 @@ The op is a ``torch.library`` custom op with a fake (meta) implementation, so
 
 from __future__ import annotations
 
-import functools
 from typing import ClassVar, Protocol, cast
 
 import attrs
@@ -62,16 +61,23 @@ def _no_context(ctx: object, inputs: tuple[object, ...], output: torch.Tensor) -
     return None
 
 
-@functools.cache
+# Each level's op, registered once: held under LOCK, so threads binding at once neither
+# build twice nor register the fake and the autograd refusal twice.
+_OPS: dict[str, _Op] = {}
+
+
 def _custom_op(level: str) -> _Op:
     """The custom op of ``level``, built or loaded on first use, with its fake (for tracing)
     and its refusal of a backward pass registered."""
-    with LOCK:  # one registration, even when threads bind at once
-        load_ops(level)
-        name = f"kernelpick::{op_name(level)}"
-        torch.library.register_fake(name)(_fake)
-        torch.library.register_autograd(name, _no_backward, setup_context=_no_context)
-    return cast(_Op, getattr(torch.ops.kernelpick, op_name(level)))
+    with LOCK:
+        op = _OPS.get(level)
+        if op is None:
+            load_ops(level)
+            name = f"kernelpick::{op_name(level)}"
+            torch.library.register_fake(name)(_fake)
+            torch.library.register_autograd(name, _no_backward, setup_context=_no_context)
+            op = _OPS[level] = cast(_Op, getattr(torch.ops.kernelpick, op_name(level)))
+        return op
 
 
 @attrs.frozen
