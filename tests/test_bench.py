@@ -221,3 +221,13 @@ def test_the_memory_sampler_sees_a_temporary_allocation() -> None:
     value, extra = peak_extra_rss(allocate)
     assert value == 1
     assert extra >= 32 * 2**20
+
+
+def test_the_build_route_figures_run(capsys: pytest.CaptureFixture[str]) -> None:
+    # The harness only: docs/kernels.md's route figures come from the full run.
+    from benchmarks.build_route import main
+
+    assert main(["--tiny"]) == 0
+    out = capsys.readouterr().out
+    assert "M=1" in out
+    assert "inductor_ms" in out
