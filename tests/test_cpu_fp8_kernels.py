@@ -29,7 +29,7 @@ from kernelpick.kernels._cpu_build import (
     ISA_LEVELS,
     KernelBuildError,
     _build_name,
-    _check_no_stale_lock,
+    _wait_for_build_lock,
     isa_level,
 )
 from tests.emulation import BOUND, emulate, relative_error
@@ -262,13 +262,13 @@ def test_an_interrupted_build_is_named_not_waited_on_forever(tmp_path: Path) -> 
     old = lock.stat().st_mtime - 3600
     os.utime(lock, (old, old))
     with pytest.raises(KernelBuildError, match="interrupted"):
-        _check_no_stale_lock("avx2", tmp_path)
+        _wait_for_build_lock("avx2", tmp_path)
     # A fresh lock is another build at work: waited for until it goes.
     os.utime(lock)
     remover = threading.Timer(0.6, lock.unlink)
     remover.start()
     started = time.monotonic()
-    _check_no_stale_lock("avx2", tmp_path)
+    _wait_for_build_lock("avx2", tmp_path)
     remover.join()
     assert time.monotonic() - started >= 0.5
     assert not lock.exists()

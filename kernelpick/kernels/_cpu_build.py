@@ -169,7 +169,7 @@ def _build_directory(name: str) -> Path:
     return Path(root) / "kernelpick" / name
 
 
-def _check_no_stale_lock(level: str, directory: Path) -> None:
+def _wait_for_build_lock(level: str, directory: Path) -> None:
     """Wait while another process builds this level; raise once its lock is stale.
 
     torch's build lock has no timeout: a build killed part-way leaves it, and every later
@@ -233,7 +233,7 @@ def _build_and_load(level: str) -> None:
 
     name = _build_name(level)
     directory = _build_directory(name)
-    _check_no_stale_lock(level, directory)
+    _wait_for_build_lock(level, directory)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         cpp_extension.load(

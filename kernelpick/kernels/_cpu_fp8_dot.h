@@ -40,23 +40,23 @@ struct Epilogue {
     float y = acc * (x_scale ? x_scale[t] : 1.0f) * (w_scale[per_channel ? n : 0] * decode_scale);
     return bias ? y + bias[n] : y;
   }
-  // One row's values [n0, n0 + count) from acc (stride ``step``), into out's dtype.
-  void store(int64_t t, int64_t n0, int64_t count, const float* acc, int64_t step) const {
+  // One row's values [n0, n0 + count) from acc, into out's dtype.
+  void store(int64_t t, int64_t n0, int64_t count, const float* acc) const {
     const int64_t base = t * ldo + n0;
     switch (out_dtype) {
       case at::kFloat: {
         float* o = static_cast<float*>(out) + base;
-        for (int64_t c = 0; c < count; ++c) o[c] = value(acc[c * step], t, n0 + c);
+        for (int64_t c = 0; c < count; ++c) o[c] = value(acc[c], t, n0 + c);
         break;
       }
       case at::kBFloat16: {
         at::BFloat16* o = static_cast<at::BFloat16*>(out) + base;
-        for (int64_t c = 0; c < count; ++c) o[c] = at::BFloat16(value(acc[c * step], t, n0 + c));
+        for (int64_t c = 0; c < count; ++c) o[c] = at::BFloat16(value(acc[c], t, n0 + c));
         break;
       }
       default: {
         at::Half* o = static_cast<at::Half*>(out) + base;
-        for (int64_t c = 0; c < count; ++c) o[c] = at::Half(value(acc[c * step], t, n0 + c));
+        for (int64_t c = 0; c < count; ++c) o[c] = at::Half(value(acc[c], t, n0 + c));
         break;
       }
     }
@@ -158,7 +158,7 @@ void dot_panel(const typename V::X* x, int64_t m, int64_t kp, const uint8_t* w, 
           for (int64_t i = 0; i < mb; ++i) acc[i * kNB + j] = one[i];
         }
       }
-      for (int64_t i = 0; i < mb; ++i) epi.store(t + i, n0 + c, nb, acc + i * kNB, 1);
+      for (int64_t i = 0; i < mb; ++i) epi.store(t + i, n0 + c, nb, acc + i * kNB);
     }
   }
 }
@@ -184,7 +184,7 @@ void one_token(const typename V::X* x, int64_t kp, const uint8_t* w, int64_t n, 
       for (; s < steps; ++s) acc[0] = V::madd(acc[0], V::activations(x + s * V::kStep), row.at(s));
       for (int j = 1; j < kChains; ++j) acc[0] = V::add(acc[0], acc[j]);
       const float sum = V::sum(acc[0]);
-      epi.store(0, r, 1, &sum, 1);
+      epi.store(0, r, 1, &sum);
     }
   });
 }
@@ -228,7 +228,7 @@ void few_tokens(const typename V::X* x, int64_t m, int64_t kp, const uint8_t* w,
           for (int64_t t = 0; t < m; ++t) acc[t * kNB + c] = one[t];
         }
       }
-      for (int64_t t = 0; t < m; ++t) epi.store(t, n0, nb, acc + t * kNB, 1);
+      for (int64_t t = 0; t < m; ++t) epi.store(t, n0, nb, acc + t * kNB);
     }
   });
 }

@@ -89,7 +89,7 @@ void panels(const at::Tensor& xc, const uint8_t* w, int64_t n, int64_t k, bool b
     if (bf16) y = y.to(at::kFloat);
     const float* acc = y.data_ptr<float>();
     at::parallel_for(0, m, 1, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t) epi.store(t, n0, nb, acc + t * nb, 1);
+      for (int64_t t = t0; t < t1; ++t) epi.store(t, n0, nb, acc + t * nb);
     });
   }
 }
