@@ -2,46 +2,60 @@
 ``check(caps, config) -> Reason | None`` and ``render() -> str``.
 
 ``kp.rules.KIND_RULES`` are the rules the core adds to every kernel of a kind, so a new
-weight-only kernel cannot forget the per-token check. A rule of your own is any frozen
-class with the same two methods (the ``Requirement`` protocol).
+weight-only kernel cannot forget the per-token check; both read ``kp.rules.KIND_TABLE``,
+which says how each kind serves each ``ActivationGrouping``. A rule of your own is any
+frozen class with the same two methods (the ``Requirement`` protocol).
 """
 
+from kernelpick.core._kinds import KIND_TABLE, Service
+from kernelpick.core._quant import ActivationGrouping
 from kernelpick.core._requirements import (
     ActivationScales,
     Alignment,
     CpuIsa,
+    CudaArchs,
     DynamicActivationScales,
     Fp8Dtypes,
     InputDtypes,
     MinComputeCapability,
+    MinTokens,
     MinTorch,
     NeedsLibrary,
     NeedsToolchain,
     NeedsTorchFeature,
     NotBothPerTensor,
     OutDtypes,
+    QuantDtypes,
     Requirement,
     RocmArchs,
+    ScaleDtypes,
     WeightScales,
 )
 from kernelpick.core._specs import KIND_RULES
 
 __all__ = [
     "KIND_RULES",
+    "KIND_TABLE",
+    "ActivationGrouping",
     "ActivationScales",
     "Alignment",
     "CpuIsa",
+    "CudaArchs",
     "DynamicActivationScales",
     "Fp8Dtypes",
     "InputDtypes",
     "MinComputeCapability",
+    "MinTokens",
     "MinTorch",
     "NeedsLibrary",
     "NeedsToolchain",
     "NeedsTorchFeature",
     "NotBothPerTensor",
     "OutDtypes",
+    "QuantDtypes",
     "Requirement",
     "RocmArchs",
+    "ScaleDtypes",
+    "Service",
     "WeightScales",
 ]

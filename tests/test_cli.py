@@ -146,7 +146,7 @@ def test_devices_and_kernels_list_the_profiles_and_the_catalog() -> None:
     assert cupy["kind"] == "W8A16"
     assert "cupy usable" in cupy["requires"]
     _, text, _ = run_cli("kernels")
-    assert "activation none, or per-tensor (degraded)" in text
+    assert "activation none, or per-tensor or per-token-group (degraded)" in text
 
 
 def test_colour_only_on_a_tty_and_never_with_no_color() -> None:

@@ -265,7 +265,9 @@ def test_the_cpu_profile_selects_the_compiled_kernels() -> None:
 
 
 def test_compiled_kernels_come_first_in_the_cpu_section() -> None:
-    assert CATALOG.ids_for("cpu")[:3] == (FP8_GEMM, W8A16_GEMM, "cpu_rowwise_scaled_mm")
+    ids = CATALOG.ids_for("cpu")
+    assert ids[:2] == (FP8_GEMM, W8A16_GEMM)
+    assert ids.index("cpu_rowwise_scaled_mm") > 1
     for kernel, kind in [(FP8_GEMM, kp.KernelKind.W8A8), (W8A16_GEMM, kp.KernelKind.W8A16)]:
         spec = CATALOG.kernel(kernel)
         assert spec.kind is kind

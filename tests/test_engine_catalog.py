@@ -2,8 +2,9 @@
 
 The catalog below mirrors vLLM's CUDA FP8 scaled-mm order (FlashInfer, CUTLASS, the torch
 per-tensor / row-wise / channel-wise paths) with the two weight-only kernels of the
-original bug, Marlin and Humming, appended. Their specs declare hardware facts only: the
-per-token rule is the core's, keyed on the declared W8A16 kind.
+original bug, Marlin and Humming, appended. Their specs declare hardware facts, and Marlin
+the activation groupings it stands in for (per-tensor and block FP8's 1x128), as vLLM
+lets it: the per-token rule is the core's, keyed on the declared W8A16 kind.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ E4M3 = kp.rules.Fp8Dtypes(frozenset({Dtype.FLOAT8_E4M3FN, Dtype.FLOAT8_E4M3FNUZ}
 PER_TENSOR = frozenset({GroupShape.PER_TENSOR})
 ACT_ANY = frozenset({GroupShape.PER_TENSOR, GroupShape.PER_TOKEN})
 WEIGHT_ANY = frozenset({GroupShape.PER_TENSOR, GroupShape.PER_CHANNEL})
+BLOCK_WEIGHTS = WEIGHT_ANY | {GroupShape.block(128)}
+# vLLM's Marlin FP8 serves per-tensor and block (1x128 activation groups) configs on GPUs
+# without FP8 tensor cores, leaving activations unquantized.
+MARLIN_FALLBACK = frozenset({GroupShape.PER_TENSOR, GroupShape.per_group(128)})
 
 
 @attrs.frozen
@@ -96,7 +101,13 @@ ENGINE = kp.Catalog(
                 kp.rules.NotBothPerTensor(),
             ),
         ),
-        kp.KernelSpec("marlin", CUDA, W8A16, (SM75, E4M3, kp.rules.WeightScales(WEIGHT_ANY))),
+        kp.KernelSpec(
+            "marlin",
+            CUDA,
+            W8A16,
+            (SM75, E4M3, kp.rules.WeightScales(BLOCK_WEIGHTS)),
+            fallback=MARLIN_FALLBACK,
+        ),
         kp.KernelSpec("humming", CUDA, W8A16, (SM75, E4M3)),
     )
 )
@@ -125,6 +136,41 @@ def test_per_tensor_on_sm80_falls_back_to_marlin_degraded() -> None:
     assert isinstance(decision, kp.Selected)
     assert (decision.kernel, decision.degraded) == ("marlin", True)
     assert decision.alternatives == ("humming",)
+
+
+def test_block_fp8_on_sm75_selects_marlin_degraded_as_vllm_does() -> None:
+    config = kp.quant_config("fp8_block", weight_shape=SHAPE)
+    decision = kp.choose(kp.device_profile("t4"), config, catalog=ENGINE)
+    assert isinstance(decision, kp.Selected), decision.render()
+    assert (decision.kernel, decision.degraded) == ("marlin", True)
+    assert decision.alternatives == ("humming",)  # also degraded: it declares no narrowing
+    strict = kp.choose(kp.device_profile("t4"), config, kp.Policy(strict=True), catalog=ENGINE)
+    assert isinstance(strict, kp.Rejected)
+
+
+def test_a_stricter_engine_declares_no_block_fallback_and_says_why() -> None:
+    stricter = kp.Catalog(
+        tuple(
+            attrs.evolve(spec, fallback=frozenset({GroupShape.PER_TENSOR}))
+            if spec.kind is W8A16
+            else spec
+            for spec in ENGINE
+        )
+    )
+    block = kp.quant_config("fp8_block", weight_shape=SHAPE)
+    decision = kp.choose(kp.device_profile("t4"), block, catalog=stricter)
+    assert isinstance(decision, kp.Rejected)
+    for kernel in ("marlin", "humming"):
+        [reason] = [r for r in decision.reasons if r.kernel == kernel]
+        assert reason.code is kp.RejectCode.WEIGHT_ONLY_ACTIVATION
+        assert reason.render() == (
+            "weight-only (W8A16) kernel cannot honour per-group (1, 128) activation quantization"
+        )
+    # Per-tensor still falls back: the narrowing is per grouping.
+    per_tensor = kp.quant_config("fp8_per_tensor", weight_shape=SHAPE)
+    fallback = kp.choose(kp.device_profile("t4"), per_tensor, catalog=stricter)
+    assert isinstance(fallback, kp.Selected)
+    assert (fallback.kernel, fallback.degraded) == ("marlin", True)
 
 
 def test_ptpc_on_h100_selects_the_engines_cutlass_kernel() -> None:

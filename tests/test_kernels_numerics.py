@@ -24,25 +24,29 @@ from tests.emulation import BOUND, emulate, relative_error
 
 PER_CHANNEL, PER_TENSOR = "fp8_per_channel", "fp8_per_tensor"
 STATIC, WEIGHT_ONLY = "fp8_per_tensor_static", "fp8_weight_only"
-# What each kernel implements (W8A16 kernels take per-tensor activation configs degraded).
+BLOCK, INT8, MXFP8 = "fp8_block", "int8_per_channel", "mxfp8"
+# What each kernel implements (W8A16 kernels take per-tensor and block activation configs
+# degraded).
 IMPLEMENTS = {
     "cpu_fp8_gemm": (PER_CHANNEL,),
     "cpu_fp8_w8a16_gemm": (WEIGHT_ONLY, PER_TENSOR, STATIC),
+    "cpu_int8_int_mm": (INT8,),
     "cpu_rowwise_scaled_mm": (PER_CHANNEL,),
     "cpu_tensorwise_scaled_mm": (PER_TENSOR, STATIC),
-    "cpu_dequant_reference": (PER_CHANNEL, PER_TENSOR, STATIC),
-    "cpu_w8a16_reference": (WEIGHT_ONLY, PER_TENSOR, STATIC),
+    "cpu_dequant_reference": (PER_CHANNEL, PER_TENSOR, STATIC, BLOCK, INT8, MXFP8),
+    "cpu_w8a16_reference": (WEIGHT_ONLY, PER_TENSOR, STATIC, BLOCK, MXFP8),
     "rocm_rowwise_scaled_mm": (PER_CHANNEL,),
     "rocm_tensorwise_scaled_mm": (PER_TENSOR, STATIC),
     "rocm_channelwise_unfused": (PER_CHANNEL,),
-    "rocm_w8a16_torch": (WEIGHT_ONLY, PER_TENSOR, STATIC),
+    "rocm_w8a16_torch": (WEIGHT_ONLY, PER_TENSOR, STATIC, BLOCK),
     "cuda_rowwise_scaled_mm": (PER_CHANNEL,),
     "cuda_tensorwise_scaled_mm": (PER_TENSOR, STATIC),
     "cuda_channelwise_unfused": (PER_CHANNEL,),
-    "cuda_w8a16_torch": (WEIGHT_ONLY, PER_TENSOR, STATIC),
+    "cuda_w8a16_torch": (WEIGHT_ONLY, PER_TENSOR, STATIC, BLOCK, MXFP8),
 }
 DEVICE = {"cpu": "cpu", "rocm": "mi300x", "cuda": "h100"}
 UNALIGNED_OK = {
+    "cpu_int8_int_mm",
     "cpu_fp8_gemm",
     "cpu_fp8_w8a16_gemm",
     "cpu_dequant_reference",

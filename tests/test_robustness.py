@@ -164,15 +164,19 @@ HOST_ISA = HOST.arch.isa if isinstance(HOST.arch, CpuArch) else frozenset()
 # The compiled kernels: CPU-only families whose op takes e4m3fn weights, the only flavour a
 # CPU has (DeviceCaps.fp8_format), and which need the host's ISA and a C++ toolchain.
 COMPILED = frozenset({"cpu_fp8_gemm", "cpu_fp8_w8a16_gemm"})
+# int8 kernels store int8 whatever the device's FP8 flavour: one case is enough.
+ONE_FLAVOUR = COMPILED | {"cpu_int8_int_mm"}
 CASES = [
     pytest.param(kernel, fp8, id=f"{kernel}-{fp8.value}")
     for kernel in sorted(k for k in LAUNCHES if k.startswith("cpu"))
     for fp8 in FP8
-    if kernel not in COMPILED or fp8 is Dtype.FLOAT8_E4M3FN
+    if kernel not in ONE_FLAVOUR or fp8 is Dtype.FLOAT8_E4M3FN
 ]
 
 
 def _scheme(kernel: str) -> str:
+    if "int8" in kernel:
+        return "int8_per_channel"
     return "fp8_weight_only" if "w8a16" in kernel else (
         "fp8_per_tensor" if "tensorwise" in kernel else "fp8_per_channel"
     )  # fmt: skip

@@ -82,11 +82,11 @@ def test_dtype_parse_accepts(value: object, expected: Dtype) -> None:
     [
         ("bfloat61", "bfloat16"),
         ("float61", "float16"),
-        ("int8", None),
+        ("int4", "int8"),
         ("xyz", None),
         ("", None),
         (None, None),
-        (_TorchLike("torch.int8"), None),
+        (_TorchLike("torch.int32"), None),
     ],
 )
 def test_dtype_parse_rejects_unknown(value: object, closest: str | None) -> None:
@@ -349,6 +349,21 @@ SCHEME_KEYS: list[tuple[kp.Scheme, QuantKey, QuantKey | None]] = [
         QuantKey(E4M3FN, ScaleSpec(PER_CHANNEL, static=True)),
         None,
     ),
+    (
+        kp.Scheme.FP8_BLOCK,
+        QuantKey(E4M3FN, ScaleSpec(GroupShape(128, 128), static=True)),
+        QuantKey(E4M3FN, ScaleSpec(GroupShape(1, 128), static=False)),
+    ),
+    (
+        kp.Scheme.INT8_PER_CHANNEL,
+        QuantKey(Dtype.INT8, ScaleSpec(PER_CHANNEL, static=True)),
+        QuantKey(Dtype.INT8, ScaleSpec(PER_TOKEN, static=False)),
+    ),
+    (
+        kp.Scheme.MXFP8,
+        QuantKey(E4M3FN, ScaleSpec(GroupShape(32, 1), static=True, dtype=Dtype.FLOAT8_E8M0FNU)),
+        QuantKey(E4M3FN, ScaleSpec(GroupShape(1, 32), static=False, dtype="float8_e8m0fnu")),
+    ),
 ]
 
 
@@ -484,10 +499,26 @@ def test_scheme_of_inverts_scheme(name: kp.Scheme, out_dtype: str, bias: bool) -
 @pytest.mark.parametrize(
     "config",
     [
-        # block-scaled weight (DeepSeek style)
+        # block-scaled weight with per-token activations: not fp8_block, whose groups match
         kp.QuantConfig(
             weight=QuantKey(E4M3FN, ScaleSpec(GroupShape.block(128), static=True)),
-            activation=QuantKey(E4M3FN, ScaleSpec(GroupShape.per_group(128), False)),
+            activation=QuantKey(E4M3FN, ScaleSpec(PER_TOKEN, False)),
+            weight_shape=(256, 256),
+            input_dtype="bfloat16",
+            out_dtype="bfloat16",
+        ),
+        # block weights of 128 with 1x64 activation groups: the sizes disagree
+        kp.QuantConfig(
+            weight=QuantKey(E4M3FN, ScaleSpec(GroupShape.block(128), static=True)),
+            activation=QuantKey(E4M3FN, ScaleSpec(GroupShape.per_group(64), False)),
+            weight_shape=(256, 256),
+            input_dtype="bfloat16",
+            out_dtype="bfloat16",
+        ),
+        # MXFP8's groups with fp32 scales: not mxfp8
+        kp.QuantConfig(
+            weight=QuantKey(E4M3FN, ScaleSpec(GroupShape(32, 1), static=True)),
+            activation=QuantKey(E4M3FN, ScaleSpec(GroupShape(1, 32), False)),
             weight_shape=(256, 256),
             input_dtype="bfloat16",
             out_dtype="bfloat16",

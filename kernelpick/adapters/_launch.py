@@ -38,6 +38,7 @@ from kernelpick.kernels import (
     CpuFp8GemmW8A16,
     CupyGemvW8A16,
     DequantMatmul,
+    Int8IntMM,
     KernelBase,
     ReferenceW8A8,
     ReferenceW8A16,
@@ -112,6 +113,7 @@ LAUNCHES: Mapping[str, Launch] = MappingProxyType(
         "cuda_channelwise_unfused": Launch(
             ChannelwiseUnfused, fused_bias=BIAS_IN_16_BIT, fused_quant=True
         ),
+        "cuda_int8_int_mm": Launch(Int8IntMM),
         "cuda_w8a16_cupy": Launch(CupyGemvW8A16),
         "cuda_w8a16_torch": Launch(DequantMatmul),
         "rocm_rowwise_scaled_mm": Launch(RowwiseScaledMM, fused_bias=BIAS_IN_16_BIT),
@@ -120,6 +122,7 @@ LAUNCHES: Mapping[str, Launch] = MappingProxyType(
         "rocm_w8a16_torch": Launch(DequantMatmul),
         "cpu_fp8_gemm": Launch(CpuFp8Gemm),
         "cpu_fp8_w8a16_gemm": Launch(CpuFp8GemmW8A16),
+        "cpu_int8_int_mm": Launch(Int8IntMM),
         "cpu_rowwise_scaled_mm": Launch(RowwiseScaledMM),
         "cpu_tensorwise_scaled_mm": Launch(TensorwiseScaledMM),
         "cpu_dequant_reference": Launch(ReferenceW8A8),

@@ -9,24 +9,28 @@ from __future__ import annotations
 
 from kernelpick.core._arch import CudaArch, Platform
 from kernelpick.core._device import FEATURE_SCALED_MM, FEATURE_SCALED_MM_ROWWISE
-from kernelpick.core._dtypes import E4M3_FORMATS, HIGH_PRECISION, Dtype
+from kernelpick.core._dtypes import E4M3_FORMATS, HIGH_PRECISION, SCALE_DTYPES, Dtype
 from kernelpick.core._quant import GroupShape
 from kernelpick.core._requirements import (
     ActivationScales,
     Alignment,
     CpuIsa,
+    CudaArchs,
     DynamicActivationScales,
     Fp8Dtypes,
     InputDtypes,
     MinComputeCapability,
+    MinTokens,
     MinTorch,
     NeedsLibrary,
     NeedsToolchain,
     NeedsTorchFeature,
     NotBothPerTensor,
     OutDtypes,
+    QuantDtypes,
     Requirement,
     RocmArchs,
+    ScaleDtypes,
     WeightScales,
 )
 from kernelpick.core._specs import Catalog, KernelKind, KernelSpec
@@ -75,6 +79,63 @@ TENSORWISE: tuple[Requirement, ...] = (
 UNFUSED: tuple[Requirement, ...] = ROWWISE
 # Weight-only: dequantize a per-channel or per-tensor weight; activations stay as they come.
 WEIGHT_ONLY: tuple[Requirement, ...] = (E4M3, WeightScales(TENSOR_OR_CHANNEL))
+# Weight-only by dequantizing with torch ops, which expand any group of scales (blocks too),
+# fp32 or E8M0 (an E8M0 scale widens to fp32 exactly): the block-FP8 and MXFP8 fallback.
+DEQUANT_ANY = (E4M3, ScaleDtypes(SCALE_DTYPES))
+# Block FP8 (DeepSeek-V3, Qwen3 FP8): 1x128 dynamic activation groups, 128x128 weight blocks.
+BLOCK_128: tuple[Requirement, ...] = (
+    E4M3,
+    ActivationScales(frozenset({GroupShape.per_group(128)})),
+    WeightScales(frozenset({GroupShape.block(128)})),
+    DynamicActivationScales(),
+)
+# The block and MX rows call torch.nn.functional.scaled_mm, the _scaled_mm_v2 API
+# (pytorch#163854, #164141): it takes the recipe and the scale swizzle explicitly and holds
+# cuBLASLt's padded 128x128 scale layout (pytorch#166752, merged for torch 2.10).
+TORCH_2_10 = MinTorch("2.10")
+# cuBLASLt's VEC128_32F / BLK128x128_32F scale modes run on SM 9.0 only (NVIDIA
+# CUDALibrarySamples#270: "currently only supported on SM90"); torch refuses other SMs with
+# "DeepSeek style (1x128, 128x128) scaling only supported in CUDA for SM90" and needs
+# cuBLASLt 12.9 (aten/src/ATen/native/cuda/ScaledBlas.cpp, _check_deepseek_support).
+SM90_CUDA_12_9 = CudaArchs({9: "12.9"})
+# K and N multiples of 128: torch's fake-tensor check of scaled_mm (what torch.compile
+# runs) sizes the block scales as K // 128 and N // 128, floor, so a partial block fails
+# there (torch/_meta_registrations.py, _check_scaled_mm_sizes_v2, is_1x128_128x128).
+ALIGN_128 = Alignment(128)
+# bf16 and fp32 outputs are what torch's block-scaled tests run (test/test_scaled_matmul_cuda
+# .py, test_scaled_mm_vs_emulated_block_wise); fp16 is unverified, so left to other rows.
+BLOCK_OUT = OutDtypes(frozenset({Dtype.BFLOAT16, Dtype.FLOAT32}))
+E8M0 = frozenset({Dtype.FLOAT8_E8M0FNU})
+# MXFP8 (OCP MX v1.0): e4m3 with one E8M0 scale per 32 elements along K, both operands.
+MX_32: tuple[Requirement, ...] = (
+    E4M3,
+    ActivationScales(frozenset({GroupShape(1, 32)}), E8M0),
+    WeightScales(frozenset({GroupShape(32, 1)}), E8M0),
+    DynamicActivationScales(),
+)
+# cuBLASLt's VEC32_UE8M0 mode is Blackwell's: SM 10.x (pytorch#146655, "capability 10.0 and
+# higher") and SM 12.x in the TN layout kernelpick uses (pytorch#198126); torch maps it from
+# CUDA 12.8 (aten/src/ATen/cuda/CUDABlas.cpp, get_scale_mode, CUDA_VERSION >= 12080).
+SM100_SM120_MX = CudaArchs({10: "12.8", 12: "12.8"})
+# K in whole 32-element MX blocks; the rule covers N too, where torch asks only 16
+# (ScaledBlas.cpp: mat2 dims divisible by 16), so the row is conservative on N.
+ALIGN_32 = Alignment(32)
+# SmoothQuant / compressed-tensors int8 W8A8: per-token dynamic activations, per-channel
+# (or per-tensor) symmetric int8 weights.
+INT8 = QuantDtypes(frozenset({Dtype.INT8}))
+INT8_PER_TOKEN: tuple[Requirement, ...] = (
+    INT8,
+    ActivationScales(PER_TOKEN),
+    WeightScales(TENSOR_OR_CHANNEL),
+    DynamicActivationScales(),
+)
+# torch._int_mm on CUDA checks "self.size(0) needs to be greater than 16" and K, N
+# "a multiple of 8" (aten/src/ATen/native/cuda/Blas.cpp, _int_mm_out_cuda; a PR to pad
+# small M, pytorch#178469, was closed).
+INT_MM_CUDA: tuple[Requirement, ...] = (Alignment(8), MinTokens(17, "torch._int_mm on CUDA"))
+# cuBLASLt's int8 IMMA kernels need Turing (SM 7.5) or newer; torch tests _int_mm on sm75
+# (pytorch#121277).
+SM75 = MinComputeCapability(CudaArch(7, 5))
 # AVX2+FMA+F16C, every x86-64 CPU since Haswell / Zen 1: F16C's vcvtph2ps decodes FP8
 # exactly (an e4m3 byte shifted into an fp16 is its value times 2^-8), FMA accumulates in
 # fp32; code built for them faults without them (docs/design.md, CpuIsa).
@@ -89,8 +150,12 @@ CPU_PER_TOKEN: tuple[Requirement, ...] = (
     DynamicActivationScales(),
     WeightScales(TENSOR_OR_CHANNEL),
 )
-# The CPU reference quantizes and dequantizes in fp32, so any W8A8 scale mix and shape works.
-ANY_GROUPING: tuple[Requirement, ...] = (E4M3,)
+# The CPU reference quantizes and dequantizes in fp32, so any W8A8 scale mix, shape and
+# format works: e4m3 or int8 values, fp32 or E8M0 scales.
+ANY_GROUPING: tuple[Requirement, ...] = (
+    QuantDtypes(E4M3_FORMATS | {Dtype.INT8}),
+    ScaleDtypes(SCALE_DTYPES),
+)
 
 _CUDA = (
     KernelSpec(
@@ -99,6 +164,21 @@ _CUDA = (
         W8A8,
         (SM89, TORCH_2_8, *ROWWISE, BF16),
         "torch._scaled_mm with row-wise scales (CUTLASS)",
+    ),
+    KernelSpec(
+        "cuda_block_scaled_mm",
+        CUDA,
+        W8A8,
+        (SM90_CUDA_12_9, TORCH_2_10, *BLOCK_128, ALIGN_128, BLOCK_OUT),
+        "scaled_mm with 1x128 activation and 128x128 weight block scales (cuBLASLt, Hopper)",
+    ),
+    KernelSpec(
+        # bf16 out: what torch's MX tests run, a bias included (pytorch#152665).
+        "cuda_mxfp8_scaled_mm",
+        CUDA,
+        W8A8,
+        (SM100_SM120_MX, TORCH_2_10, *MX_32, ALIGN_32, BF16),
+        "scaled_mm with 1x32 E8M0 block scales, MXFP8 (cuBLASLt, Blackwell)",
     ),
     KernelSpec(
         "cuda_tensorwise_scaled_mm",
@@ -113,6 +193,13 @@ _CUDA = (
         W8A8,
         (SM89, TORCH_2_8, *UNFUSED, ANY_OUT),
         "unit-scale torch._scaled_mm to fp32, then activation and weight scales",
+    ),
+    KernelSpec(
+        "cuda_int8_int_mm",
+        CUDA,
+        W8A8,
+        (SM75, *INT8_PER_TOKEN, *INT_MM_CUDA, ANY_OUT),
+        "torch._int_mm (int8 x int8 -> int32, cuBLASLt), then token and channel scales",
     ),
     KernelSpec(
         # FP8 is decoded in software, so any GPU torch supports runs it (T4 is SM 7.5).
@@ -132,8 +219,8 @@ _CUDA = (
         "cuda_w8a16_torch",
         CUDA,
         W8A16,
-        (*WEIGHT_ONLY, ANY_OUT),
-        "dequantize with torch ops, then matmul",
+        (*DEQUANT_ANY, ANY_OUT),
+        "dequantize with torch ops (any scale grouping, blocks too), then matmul",
     ),
 )
 
@@ -161,11 +248,13 @@ _ROCM = (
         "unit-scale torch._scaled_mm to fp32, then activation and weight scales",
     ),
     KernelSpec(
+        # fp32 scales only: on gfx942 the weight is reread as e4m3fnuz with doubled scales,
+        # and an E8M0 scale has no arithmetic in torch to double it with.
         "rocm_w8a16_torch",
         ROCM,
         W8A16,
-        (*WEIGHT_ONLY, ANY_OUT),
-        "dequantize with torch ops, then matmul",
+        (E4M3, ScaleDtypes(frozenset({Dtype.FLOAT32})), ANY_OUT),
+        "dequantize with torch ops (any scale grouping, blocks too), then matmul",
     ),
 )
 
@@ -185,6 +274,15 @@ _CPU = (
         (CPU_FP8_ISA, CPP_TOOLCHAIN, *WEIGHT_ONLY, ANY_OUT),
         "FP8 weights decoded in registers (AVX2/AVX-512 C++): GEMV for small M, bf16/fp32 "
         "tiles for large M, activations kept in their own dtype",
+    ),
+    KernelSpec(
+        # torch's CPU _int_mm is oneDNN's int8 GEMM (VNNI / AMX where the CPU has them) for
+        # any M, K and N (measured on torch 2.13: M=1, K=60, N=12 runs).
+        "cpu_int8_int_mm",
+        CPU,
+        W8A8,
+        (*INT8_PER_TOKEN, ANY_OUT),
+        "torch._int_mm (oneDNN int8 GEMM), then token and channel scales",
     ),
     KernelSpec(
         # torch runs CPU _scaled_mm through oneDNN only where the CPU has amx_int8
@@ -220,8 +318,8 @@ _CPU = (
         "cpu_w8a16_reference",
         CPU,
         W8A16,
-        (*WEIGHT_ONLY, ANY_OUT),
-        "dequantize the weight, fp32 matmul",
+        (*DEQUANT_ANY, ANY_OUT),
+        "dequantize the weight (any scale grouping), fp32 matmul",
     ),
 )
 

@@ -1,5 +1,5 @@
-"""The rules that read the layer's config: formats, scale granularities, shape, dtypes,
-and the two kind rules the core adds to every kernel of a kind."""
+"""The rules that read the layer's config: formats, scale granularities and dtypes, shape,
+tokens per call and dtypes. The two kind rules the core adds are in ``_kinds``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import attrs
 
 from kernelpick.core._device import DeviceCaps
 from kernelpick.core._dtypes import Dtype
-from kernelpick.core._quant import GroupShape, QuantConfig
+from kernelpick.core._errors import InvalidValueError
+from kernelpick.core._quant import GroupShape, QuantConfig, QuantKey
 from kernelpick.core._reasons import Reason, RejectCode
 from kernelpick.core._rule_fields import (
     fp8_dtypes,
@@ -15,20 +16,27 @@ from kernelpick.core._rule_fields import (
     high_precision_dtypes,
     listed,
     positive_multiple,
+    quantized_dtypes,
+    scale_dtypes,
 )
 
 __all__ = [
-    "ActivationQuantized",
+    "FP32_SCALES",
     "ActivationScales",
     "Alignment",
     "DynamicActivationScales",
     "Fp8Dtypes",
     "InputDtypes",
+    "MinTokens",
     "NotBothPerTensor",
     "OutDtypes",
-    "WeightOnlyActivation",
+    "QuantDtypes",
+    "ScaleDtypes",
     "WeightScales",
 ]
+
+# What a kernel reads unless it says otherwise: scales rounded to nothing coarser than fp32.
+FP32_SCALES = frozenset({Dtype.FLOAT32})
 
 
 # One named converter per field: attrs' mypy plugin reads named functions only.
@@ -46,6 +54,20 @@ def _out_dtypes(value: object) -> frozenset[Dtype]:
 
 def _input_dtypes(value: object) -> frozenset[Dtype]:
     return high_precision_dtypes(value, "InputDtypes dtypes")
+
+
+def _scale_dtypes(value: object) -> frozenset[Dtype]:
+    return scale_dtypes(value, "scale dtypes")
+
+
+def _quantized_dtypes(value: object) -> frozenset[Dtype]:
+    return quantized_dtypes(value, "QuantDtypes dtypes")
+
+
+def _scale_dtype_reason(wanted: frozenset[Dtype], key: QuantKey, operand: str) -> Reason | None:
+    if key.scale.dtype in wanted:
+        return None
+    return Reason(RejectCode.SCALE_DTYPE, listed(wanted), f"{key.scale.dtype} ({operand})")
 
 
 @attrs.frozen
@@ -68,19 +90,28 @@ class Fp8Dtypes:
 
 @attrs.frozen
 class ActivationScales:
-    """A W8A8 kernel reads activation scales of these granularities."""
+    """A W8A8 kernel reads activation scales of these granularities, kept in one of
+    ``dtypes`` (fp32 unless the kernel says otherwise, so no kernel misreads E8M0)."""
 
     groups: frozenset[GroupShape] = attrs.field(converter=_activation_groups)
+    dtypes: frozenset[Dtype] = attrs.field(default=FP32_SCALES, converter=_scale_dtypes)
 
     def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
         act = config.activation
         # A weight-only config is judged by the kind rule, not here.
-        if act is None or act.scale.group in self.groups:
+        if act is None:
             return None
-        return Reason(RejectCode.ACTIVATION_SCALES, listed(self.groups), act.scale.group.render())
+        if act.scale.group not in self.groups:
+            found = act.scale.group.render()
+            return Reason(RejectCode.ACTIVATION_SCALES, listed(self.groups), found)
+        return _scale_dtype_reason(self.dtypes, act, "activation")
 
     def render(self) -> str:
-        return f"activation {listed(self.groups)}"
+        return f"activation {listed(self.groups)}{_unless_fp32(self.dtypes)}"
+
+
+def _unless_fp32(dtypes: frozenset[Dtype]) -> str:
+    return "" if dtypes == FP32_SCALES else f" ({listed(dtypes)} scales)"
 
 
 @attrs.frozen
@@ -101,18 +132,80 @@ class DynamicActivationScales:
 
 @attrs.frozen
 class WeightScales:
-    """The kernel reads weight scales of these granularities."""
+    """The kernel reads weight scales of these granularities, kept in one of ``dtypes``
+    (fp32 unless the kernel says otherwise)."""
 
     groups: frozenset[GroupShape] = attrs.field(converter=_weight_groups)
+    dtypes: frozenset[Dtype] = attrs.field(default=FP32_SCALES, converter=_scale_dtypes)
 
     def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
         group = config.weight.scale.group
-        if group in self.groups:
-            return None
-        return Reason(RejectCode.WEIGHT_SCALES, listed(self.groups), group.render())
+        if group not in self.groups:
+            return Reason(RejectCode.WEIGHT_SCALES, listed(self.groups), group.render())
+        return _scale_dtype_reason(self.dtypes, config.weight, "weight")
 
     def render(self) -> str:
-        return f"weight {listed(self.groups)}"
+        return f"weight {listed(self.groups)}{_unless_fp32(self.dtypes)}"
+
+
+@attrs.frozen
+class ScaleDtypes:
+    """Both operands' scales are kept in one of these dtypes: for a kernel that reads any
+    granularity (a dequantizing reference) but not every scale format."""
+
+    dtypes: frozenset[Dtype] = attrs.field(converter=_scale_dtypes)
+
+    def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
+        found = _scale_dtype_reason(self.dtypes, config.weight, "weight")
+        if found is None and config.activation is not None:
+            found = _scale_dtype_reason(self.dtypes, config.activation, "activation")
+        return found
+
+    def render(self) -> str:
+        return f"scales {listed(self.dtypes)}"
+
+
+@attrs.frozen
+class QuantDtypes:
+    """The config's quantized operands use one of these formats, FP8 or int8 (names such
+    as ``"int8"`` are parsed). ``Fp8Dtypes`` is the FP8-only form."""
+
+    dtypes: frozenset[Dtype] = attrs.field(converter=_quantized_dtypes)
+
+    def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
+        act = config.activation
+        if config.weight.dtype in self.dtypes and (act is None or act.dtype in self.dtypes):
+            return None
+        found = {config.weight.dtype} | ({act.dtype} if act else set())
+        return Reason(RejectCode.QUANT_DTYPE, listed(self.dtypes), listed(found - self.dtypes))
+
+    def render(self) -> str:
+        return f"quantized {listed(self.dtypes)}"
+
+
+def _positive_tokens(_inst: object, attribute: attrs.Attribute[int], value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InvalidValueError("MinTokens minimum", value, "a positive integer, e.g. 17")
+
+
+@attrs.frozen
+class MinTokens:
+    """Every call passes at least ``minimum`` rows (tokens): for a GEMM with a floor on M,
+    read from the config's ``min_tokens`` (1, its default, includes decode)."""
+
+    minimum: int = attrs.field(validator=_positive_tokens)
+    why: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
+
+    def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
+        if config.min_tokens >= self.minimum:
+            return None
+        why = f" ({self.why})" if self.why else ""
+        decode = " (decode)" if config.min_tokens == 1 else ""
+        needed = f"M >= {self.minimum} rows per call{why}"
+        return Reason(RejectCode.TOKEN_COUNT, needed, f"M >= {config.min_tokens}{decode}")
+
+    def render(self) -> str:
+        return f"M >= {self.minimum}"
 
 
 @attrs.frozen
@@ -182,39 +275,3 @@ class InputDtypes:
 
     def render(self) -> str:
         return f"input {listed(self.dtypes)}"
-
-
-# The two kind rules below are not declared by kernels: the core applies them to every
-# kernel of the kind (see specs.KIND_RULES), so no kernel can forget them.
-
-
-@attrs.frozen
-class ActivationQuantized:
-    """A W8A8 kernel quantizes activations, so the config must say how."""
-
-    def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
-        if config.activation is not None:
-            return None
-        return Reason(RejectCode.ACTIVATION_REQUIRED, "an activation quantization", "none")
-
-    def render(self) -> str:
-        return "an activation quantization (W8A8)"
-
-
-@attrs.frozen
-class WeightOnlyActivation:
-    """A W8A16 kernel leaves activations in high precision: it can stand in for a per-tensor
-    activation scale (degraded), never for a finer one such as per-token (vLLM issue 61316)."""
-
-    def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
-        act = config.activation
-        if act is None or act.scale.group == GroupShape.PER_TENSOR:
-            return None
-        return Reason(
-            RejectCode.WEIGHT_ONLY_ACTIVATION,
-            "no activation quantization, or per-tensor (degraded)",
-            act.scale.group.render(),
-        )
-
-    def render(self) -> str:
-        return "activation none, or per-tensor (degraded)"

@@ -12,12 +12,14 @@ import attrs
 
 from kernelpick.core._arch import CpuArch, CudaArch, RocmArch, Version, as_version
 from kernelpick.core._device import FEATURE_CPP_TOOLCHAIN, DeviceCaps
+from kernelpick.core._errors import InvalidValueError
 from kernelpick.core._quant import QuantConfig
 from kernelpick.core._reasons import Reason, RejectCode
 from kernelpick.core._rule_fields import as_cuda_arch, either, flag_names, non_empty_text
 
 __all__ = [
     "CpuIsa",
+    "CudaArchs",
     "MinComputeCapability",
     "MinTorch",
     "NeedsLibrary",
@@ -40,6 +42,47 @@ class MinComputeCapability:
 
     def render(self) -> str:
         return f"compute capability >= {self.arch}"
+
+
+def _cuda_table(
+    value: Mapping[int, Version | str | None],
+) -> tuple[tuple[int, Version | None], ...]:
+    if not isinstance(value, Mapping) or not value:
+        raise InvalidValueError("CudaArchs", value, "a non-empty mapping {major: least CUDA}")
+    for major in value:
+        if not isinstance(major, int) or isinstance(major, bool) or major < 1:
+            raise InvalidValueError("CudaArchs major", major, "a compute capability major, e.g. 9")
+    return tuple((k, None if v is None else Version.parse(v)) for k, v in value.items())
+
+
+@attrs.frozen
+class CudaArchs:
+    """The device's compute capability major is one of these (``{9: "12.9"}`` is SM 9.x
+    with CUDA 12.9 or newer, None: any CUDA): for kernels built for one architecture
+    family (sm_90a, sm_100a), which a newer GPU does not run."""
+
+    majors: tuple[tuple[int, Version | None], ...] = attrs.field(converter=_cuda_table)
+
+    def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
+        table = dict(self.majors)
+        arch = caps.arch
+        if not isinstance(arch, CudaArch) or arch.major not in table:
+            return Reason(RejectCode.GPU_ARCH, self._archs(), str(arch))
+        least = table[arch.major]
+        if least is not None and (caps.toolkit_version is None or caps.toolkit_version < least):
+            needed = f"CUDA {least} or newer on SM {arch.major}.x"
+            return Reason(RejectCode.TOOLKIT_VERSION, needed, caps.toolkit)
+        return None
+
+    def _archs(self) -> str:
+        parts = [
+            f"SM {major}.x" + ("" if least is None else f" with CUDA >= {least}")
+            for major, least in self.majors
+        ]
+        return either(parts)
+
+    def render(self) -> str:
+        return "arch " + self._archs()
 
 
 def _rocm_table(

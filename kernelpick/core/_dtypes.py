@@ -6,7 +6,7 @@ import enum
 
 from kernelpick.core._errors import InvalidValueError, UnknownNameError
 
-__all__ = ["E4M3_FORMATS", "HIGH_PRECISION", "Dtype", "as_dtype"]
+__all__ = ["E4M3_FORMATS", "HIGH_PRECISION", "SCALE_DTYPES", "Dtype", "as_dtype"]
 
 
 class Dtype(enum.Enum):
@@ -15,6 +15,10 @@ class Dtype(enum.Enum):
     FLOAT8_E4M3FN = "float8_e4m3fn"
     FLOAT8_E4M3FNUZ = "float8_e4m3fnuz"
     FLOAT8_E5M2 = "float8_e5m2"
+    INT8 = "int8"
+    # A scale format, never a quantized operand: a power of two, 2^(byte - 127), as OCP
+    # microscaling (MX) stores block scales.
+    FLOAT8_E8M0FNU = "float8_e8m0fnu"
     BFLOAT16 = "bfloat16"
     FLOAT16 = "float16"
     FLOAT32 = "float32"
@@ -27,26 +31,31 @@ class Dtype(enum.Enum):
         return self in _FP8
 
     @property
+    def is_quantized(self) -> bool:
+        """Whether a quantized operand may be stored in it: an FP8 format or int8."""
+        return self in _QUANTIZED
+
+    @property
     def itemsize(self) -> int:
         """Bytes per element."""
         return _ITEMSIZE[self]
 
     @property
     def finfo_max(self) -> float:
-        """Largest finite value, as ``torch.finfo`` reports it."""
+        """Largest finite value, as ``torch.finfo`` (``torch.iinfo`` for int8) reports it."""
         return _FINFO_MAX[self]
 
     @property
     def quant_max(self) -> float:
-        """The FP8 range a quantizer targets.
+        """The range a quantizer targets, symmetric about zero.
 
         Equal to ``finfo_max`` except for e4m3fnuz, where engines use 224 rather than
-        torch's 240 for accuracy on MI300, as vLLM does
-        (docs/design.md#quantization-numerics).
+        torch's 240 for accuracy on MI300, as vLLM does; int8 uses +-127, never -128, so
+        that a value and its negation both exist (docs/design.md#quantization-numerics).
         """
-        if not self.is_fp8:
+        if not self.is_quantized:
             raise InvalidValueError(
-                "dtype", self.value, "an FP8 dtype to have a quantization range"
+                "dtype", self.value, "an FP8 dtype or int8 to have a quantization range"
             )
         return 224.0 if self is Dtype.FLOAT8_E4M3FNUZ else self.finfo_max
 
@@ -72,6 +81,9 @@ def as_dtype(value: object) -> Dtype:
 
 
 _FP8 = frozenset({Dtype.FLOAT8_E4M3FN, Dtype.FLOAT8_E4M3FNUZ, Dtype.FLOAT8_E5M2})
+_QUANTIZED = _FP8 | {Dtype.INT8}
+# What a scale may be stored in: fp32, or E8M0 powers of two (MX formats).
+SCALE_DTYPES = frozenset({Dtype.FLOAT32, Dtype.FLOAT8_E8M0FNU})
 E4M3_FORMATS = frozenset({Dtype.FLOAT8_E4M3FN, Dtype.FLOAT8_E4M3FNUZ})
 HIGH_PRECISION = frozenset({Dtype.BFLOAT16, Dtype.FLOAT16, Dtype.FLOAT32})
 
@@ -79,6 +91,8 @@ _ITEMSIZE = {
     Dtype.FLOAT8_E4M3FN: 1,
     Dtype.FLOAT8_E4M3FNUZ: 1,
     Dtype.FLOAT8_E5M2: 1,
+    Dtype.INT8: 1,
+    Dtype.FLOAT8_E8M0FNU: 1,
     Dtype.BFLOAT16: 2,
     Dtype.FLOAT16: 2,
     Dtype.FLOAT32: 4,
@@ -88,6 +102,8 @@ _FINFO_MAX = {
     Dtype.FLOAT8_E4M3FN: 448.0,
     Dtype.FLOAT8_E4M3FNUZ: 240.0,
     Dtype.FLOAT8_E5M2: 57344.0,
+    Dtype.INT8: 127.0,
+    Dtype.FLOAT8_E8M0FNU: 2.0**127,
     Dtype.BFLOAT16: 3.3895313892515355e38,
     Dtype.FLOAT16: 65504.0,
     Dtype.FLOAT32: 3.4028234663852886e38,
@@ -101,5 +117,8 @@ _ALIASES = {
     "e4m3fn": Dtype.FLOAT8_E4M3FN,
     "e4m3fnuz": Dtype.FLOAT8_E4M3FNUZ,
     "e5m2": Dtype.FLOAT8_E5M2,
+    "e8m0": Dtype.FLOAT8_E8M0FNU,
+    "e8m0fnu": Dtype.FLOAT8_E8M0FNU,
+    "i8": Dtype.INT8,
 }
 _BY_NAME = {**{d.value: d for d in Dtype}, **_ALIASES}

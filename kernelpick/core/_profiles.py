@@ -1,6 +1,6 @@
 """Device profiles: named DeviceCaps for real products, so selection is testable anywhere.
 
-A profile describes a current stack: torch 2.13, CUDA 12.8, ROCm 7.0, cupy usable on
+A profile describes a current stack: torch 2.13, CUDA 12.9, ROCm 7.0, cupy usable on
 the CUDA profiles, and a C++ toolchain on the CPU profile
 (docs/design.md#device-profiles). ``attrs.evolve`` changes any fact, e.g.
 ``attrs.evolve(kp.device_profile("a100"), libraries=frozenset())`` for an A100 without cupy.
@@ -22,7 +22,8 @@ from kernelpick.core._errors import UnknownNameError
 __all__ = ["device_profile", "device_profiles"]
 
 TORCH = "2.13.0"
-CUDA = "12.8"
+# torch 2.13's CUDA 12.9 wheels: the first CUDA with cuBLASLt's block-wise FP8 scaling.
+CUDA = "12.9"
 ROCM = "7.0"
 CUPY = ("cupy",)
 

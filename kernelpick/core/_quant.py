@@ -7,14 +7,15 @@ activation and per-channel (one scale per output channel) is ``(-1, 1)`` on the 
 
 from __future__ import annotations
 
+import enum
 from typing import ClassVar
 
 import attrs
 
-from kernelpick.core._dtypes import HIGH_PRECISION, Dtype, as_dtype
+from kernelpick.core._dtypes import HIGH_PRECISION, SCALE_DTYPES, Dtype, as_dtype
 from kernelpick.core._errors import InvalidValueError, is_bool
 
-__all__ = ["GroupShape", "QuantConfig", "QuantKey", "ScaleSpec"]
+__all__ = ["ActivationGrouping", "GroupShape", "QuantConfig", "QuantKey", "ScaleSpec"]
 
 
 _NAMED = {(-1, -1): "per-tensor", (1, -1): "per-token", (-1, 1): "per-channel"}
@@ -54,7 +55,7 @@ class GroupShape:
         shape = (self.rows, self.cols)
         if shape in _NAMED:
             return _NAMED[shape]
-        if self.rows == 1:
+        if self.rows == 1 or self.cols == 1:
             return f"per-group {shape}"
         if self.rows == self.cols:
             return f"block {shape}"
@@ -66,27 +67,38 @@ GroupShape.PER_TOKEN = GroupShape(1, -1)
 GroupShape.PER_CHANNEL = GroupShape(-1, 1)
 
 
+def _scale_dtype(_inst: object, attribute: attrs.Attribute[Dtype], value: Dtype) -> None:
+    if value not in SCALE_DTYPES:
+        valid = " or ".join(sorted(d.value for d in SCALE_DTYPES))
+        raise InvalidValueError("scale dtype", value.value, valid)
+
+
 @attrs.frozen(cache_hash=True)
 class ScaleSpec:
-    """Scale granularity, and whether scales are stored (static) or computed per call (dynamic)."""
+    """Scale granularity, whether scales are stored (static) or computed per call (dynamic),
+    and the dtype they are kept in: fp32, or E8M0 powers of two for the MX formats."""
 
     group: GroupShape = attrs.field(validator=attrs.validators.instance_of(GroupShape))
     static: bool = attrs.field(validator=is_bool)
+    dtype: Dtype = attrs.field(
+        default=Dtype.FLOAT32, converter=as_dtype, validator=_scale_dtype, kw_only=True
+    )
 
     def render(self) -> str:
-        return f"{'static' if self.static else 'dynamic'} {self.group.render()}"
+        text = f"{'static' if self.static else 'dynamic'} {self.group.render()}"
+        return text if self.dtype is Dtype.FLOAT32 else f"{text} ({self.dtype} scales)"
 
 
-def _fp8(_inst: object, attribute: attrs.Attribute[Dtype], value: Dtype) -> None:
-    if not value.is_fp8:
-        raise InvalidValueError("quantized dtype", value.value, "an FP8 dtype")
+def _quantized(_inst: object, attribute: attrs.Attribute[Dtype], value: Dtype) -> None:
+    if not value.is_quantized:
+        raise InvalidValueError("quantized dtype", value.value, "an FP8 dtype or int8")
 
 
 @attrs.frozen(cache_hash=True)
 class QuantKey:
-    """One quantized operand: its FP8 dtype and how it is scaled."""
+    """One quantized operand: its FP8 or int8 dtype and how it is scaled."""
 
-    dtype: Dtype = attrs.field(converter=as_dtype, validator=_fp8)
+    dtype: Dtype = attrs.field(converter=as_dtype, validator=_quantized)
     scale: ScaleSpec = attrs.field(validator=attrs.validators.instance_of(ScaleSpec))
 
     def render(self) -> str:
@@ -120,13 +132,21 @@ def _optional_key(
         raise InvalidValueError(attribute.name, value, "a QuantKey or None (weight-only)")
 
 
+def _min_tokens(_inst: object, attribute: attrs.Attribute[int], value: object) -> None:
+    if not _extent(value):
+        raise InvalidValueError("min_tokens", value, "a positive integer (1 includes decode)")
+
+
 @attrs.frozen(cache_hash=True)
 class QuantConfig:
     """What one linear layer asks of a kernel.
 
     ``weight_shape`` is ``(N, K)`` (output features, input features) of this partition.
-    ``activation=None`` means weight-only: activations stay in ``input_dtype``. Build one
-    with ``kp.quant_config(...)`` unless you need a combination no named scheme has.
+    ``activation=None`` means weight-only: activations stay in ``input_dtype``.
+    ``min_tokens`` is the fewest rows (tokens, M) one call passes; 1, the default, includes
+    decode, and a kernel with a floor on M (``torch._int_mm`` on CUDA needs M > 16) is
+    turned down for it. Build one with ``kp.quant_config(...)`` unless you need a
+    combination no named scheme has.
     """
 
     weight: QuantKey = attrs.field(validator=attrs.validators.instance_of(QuantKey))
@@ -135,6 +155,7 @@ class QuantConfig:
     input_dtype: Dtype = attrs.field(converter=as_dtype, validator=_high_precision)
     out_dtype: Dtype = attrs.field(converter=as_dtype, validator=_high_precision)
     bias: bool = attrs.field(default=False, validator=is_bool)
+    min_tokens: int = attrs.field(default=1, validator=_min_tokens, kw_only=True)
 
     @property
     def n(self) -> int:
@@ -176,7 +197,43 @@ class QuantConfig:
         act = "none (weight-only)" if self.activation is None else self.activation.render()
         n, k = self.weight_shape
         bias = ", bias" if self.bias else ""
+        tokens = f", M >= {self.min_tokens}" if self.min_tokens > 1 else ""
         return (
-            f"weight {self.weight.render()}, activation {act}, N={n} K={k}, "
+            f"weight {self.weight.render()}, activation {act}, N={n} K={k}{tokens}, "
             f"{self.input_dtype} -> {self.out_dtype}{bias}"
         )
+
+    @property
+    def activation_grouping(self) -> ActivationGrouping:
+        """How finely this config scales activations, as the kind rules classify it."""
+        return ActivationGrouping.of(self)
+
+
+class ActivationGrouping(enum.Enum):
+    """How finely a config scales its activations, for the rules keyed on a kernel's kind.
+
+    Read from the group shape and K together, so a group that spans a whole row is
+    per-token whatever it is called: ``(1, 4096)`` on a K=4096 layer is ``(1, -1)``.
+    """
+
+    NONE = "none"  # weight-only: activations are not quantized
+    PER_TENSOR = "per-tensor"
+    TOKEN_GROUP = "per-token-group"  # (1, g) with g < K: block FP8's 1x128, MX's 1x32
+    PER_TOKEN = "per-token"
+    OTHER = "other"  # any other tiling of the activation
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def of(cls, config: QuantConfig) -> ActivationGrouping:
+        act = config.activation
+        if act is None:
+            return cls.NONE
+        rows, cols = act.scale.group.rows, act.scale.group.cols
+        whole_row = cols == -1 or cols >= config.k
+        if rows == 1:
+            return cls.PER_TOKEN if whole_row else cls.TOKEN_GROUP
+        if rows == -1 and whole_row:
+            return cls.PER_TENSOR
+        return cls.OTHER

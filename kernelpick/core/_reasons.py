@@ -28,12 +28,15 @@ class RejectCode(enum.Enum):
     TOOLCHAIN = "toolchain"
     CPU_ISA = "cpu_isa"
     FP8_DTYPE = "fp8_dtype"
+    QUANT_DTYPE = "quant_dtype"
+    SCALE_DTYPE = "scale_dtype"
     WEIGHT_ONLY_ACTIVATION = "weight_only_activation"
     ACTIVATION_REQUIRED = "activation_required"
     ACTIVATION_SCALES = "activation_scales"
     WEIGHT_SCALES = "weight_scales"
     SCALE_COMBINATION = "scale_combination"
     SHAPE_ALIGNMENT = "shape_alignment"
+    TOKEN_COUNT = "token_count"
     INPUT_DTYPE = "input_dtype"
     OUT_DTYPE = "out_dtype"
     DISABLED = "disabled"
@@ -59,6 +62,8 @@ TEMPLATES: dict[RejectCode, str] = {
     RejectCode.TOOLCHAIN: "needs {needed}; {found}",
     RejectCode.CPU_ISA: "requires CPU instructions {needed}; {found}",
     RejectCode.FP8_DTYPE: "supports FP8 {needed}; config has {found}",
+    RejectCode.QUANT_DTYPE: "supports quantized {needed}; config has {found}",
+    RejectCode.SCALE_DTYPE: "reads {needed} scales; config has {found} scales",
     RejectCode.WEIGHT_ONLY_ACTIVATION: (
         "weight-only (W8A16) kernel cannot honour {found} activation quantization"
     ),
@@ -69,6 +74,7 @@ TEMPLATES: dict[RejectCode, str] = {
     RejectCode.WEIGHT_SCALES: "supports {needed} weight scales; config has {found}",
     RejectCode.SCALE_COMBINATION: "requires {needed}; config has {found}",
     RejectCode.SHAPE_ALIGNMENT: "requires {needed}; layer has {found}",
+    RejectCode.TOKEN_COUNT: "requires {needed}; layer is called with {found}",
     RejectCode.INPUT_DTYPE: "supports input dtype {needed}; config has {found}",
     RejectCode.OUT_DTYPE: "supports output dtype {needed}; config asks for {found}",
     RejectCode.DISABLED: "disabled by policy (Policy.disabled, KERNELPICK_DISABLED_KERNELS)",

@@ -11,20 +11,22 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from kernelpick.core._config_rules import (
-    ActivationQuantized,
     ActivationScales,
     Alignment,
     DynamicActivationScales,
     Fp8Dtypes,
     InputDtypes,
+    MinTokens,
     NotBothPerTensor,
     OutDtypes,
-    WeightOnlyActivation,
+    QuantDtypes,
+    ScaleDtypes,
     WeightScales,
 )
 from kernelpick.core._device import DeviceCaps
 from kernelpick.core._device_rules import (
     CpuIsa,
+    CudaArchs,
     MinComputeCapability,
     MinTorch,
     NeedsLibrary,
@@ -32,6 +34,7 @@ from kernelpick.core._device_rules import (
     NeedsTorchFeature,
     RocmArchs,
 )
+from kernelpick.core._kinds import ActivationQuantized, WeightOnlyActivation
 from kernelpick.core._quant import QuantConfig
 from kernelpick.core._reasons import Reason
 
@@ -40,18 +43,22 @@ __all__ = [
     "ActivationScales",
     "Alignment",
     "CpuIsa",
+    "CudaArchs",
     "DynamicActivationScales",
     "Fp8Dtypes",
     "InputDtypes",
     "MinComputeCapability",
+    "MinTokens",
     "MinTorch",
     "NeedsLibrary",
     "NeedsToolchain",
     "NeedsTorchFeature",
     "NotBothPerTensor",
     "OutDtypes",
+    "QuantDtypes",
     "Requirement",
     "RocmArchs",
+    "ScaleDtypes",
     "WeightOnlyActivation",
     "WeightScales",
 ]

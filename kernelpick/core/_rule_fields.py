@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 import attrs
 
 from kernelpick.core._arch import CudaArch
-from kernelpick.core._dtypes import HIGH_PRECISION, Dtype
+from kernelpick.core._dtypes import HIGH_PRECISION, SCALE_DTYPES, Dtype
 from kernelpick.core._errors import InvalidValueError
 from kernelpick.core._quant import GroupShape
 
@@ -27,9 +27,12 @@ __all__ = [
     "listed",
     "non_empty_text",
     "positive_multiple",
+    "quantized_dtypes",
+    "scale_dtypes",
 ]
 
 _FP8 = frozenset(dtype for dtype in Dtype if dtype.is_fp8)
+_QUANTIZED = frozenset(dtype for dtype in Dtype if dtype.is_quantized)
 
 
 def either(names: Sequence[str]) -> str:
@@ -63,6 +66,16 @@ def _dtypes(value: object, what: str, allowed: frozenset[Dtype]) -> frozenset[Dt
 def fp8_dtypes(value: object) -> frozenset[Dtype]:
     """A converter: a set of FP8 dtypes, from members or names (``"float8_e4m3fn"``)."""
     return _dtypes(value, "FP8 dtypes", _FP8)
+
+
+def quantized_dtypes(value: object, what: str) -> frozenset[Dtype]:
+    """A set of FP8 or int8 dtypes, from members or names; ``what`` names the field."""
+    return _dtypes(value, what, _QUANTIZED)
+
+
+def scale_dtypes(value: object, what: str) -> frozenset[Dtype]:
+    """A set of scale dtypes (fp32, float8_e8m0fnu); ``what`` names the field."""
+    return _dtypes(value, what, SCALE_DTYPES)
 
 
 def high_precision_dtypes(value: object, what: str) -> frozenset[Dtype]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 import math
 import re
 from collections.abc import Iterable, Iterator, Mapping
@@ -11,41 +10,25 @@ from types import MappingProxyType
 import attrs
 
 from kernelpick.core._arch import Platform, as_platform
-from kernelpick.core._errors import InvalidValueError, UnknownNameError, parse_enum
-from kernelpick.core._requirements import (
+from kernelpick.core._errors import InvalidValueError, UnknownNameError
+from kernelpick.core._kinds import (
     ActivationQuantized,
-    Alignment,
-    Requirement,
+    KernelKind,
     WeightOnlyActivation,
+    as_kind,
+    fallback_groups,
 )
+from kernelpick.core._quant import GroupShape
+from kernelpick.core._requirements import Alignment, Requirement
 
-__all__ = ["KIND_RULES", "Catalog", "KernelKind", "KernelSpec"]
-
-
-class KernelKind(enum.Enum):
-    """Whether a kernel quantizes activations (W8A8) or only weights (W8A16)."""
-
-    W8A8 = "W8A8"
-    W8A16 = "W8A16"
-
-    def __str__(self) -> str:
-        return self.value
-
-    @classmethod
-    def parse(cls, value: object) -> KernelKind:
-        """From a member or its name, ``"W8A8"`` or ``"w8a16"``."""
-        return parse_enum(cls, value, "kernel kind")
+__all__ = ["KIND_RULES", "Catalog", "KernelKind", "KernelSpec", "as_kind"]
 
 
-def as_kind(value: object) -> KernelKind:
-    """``KernelKind.parse`` as a plain function, for use as an attrs converter."""
-    return KernelKind.parse(value)
-
-
-# Rules every kernel of a kind obeys, whatever its spec declares. Keyed on the declared
-# kind, so a new weight-only kernel cannot forget the per-token check that vLLM issue
-# 61316's Marlin and Humming lacked (docs/design.md#the-problem). Read-only: decisions are
-# cached, so a change here would leave cached and fresh answers disagreeing.
+# Rules every kernel of a kind obeys, whatever its spec declares; both read the kind table
+# (core._kinds.KIND_TABLE). Keyed on the declared kind, so a new weight-only kernel cannot
+# forget the per-token check that vLLM issue 61316's Marlin and Humming lacked
+# (docs/design.md#the-problem). Read-only: decisions are cached, so a change here would
+# leave cached and fresh answers disagreeing.
 KIND_RULES: Mapping[KernelKind, tuple[Requirement, ...]] = MappingProxyType(
     {
         KernelKind.W8A8: (ActivationQuantized(),),
@@ -86,12 +69,25 @@ def _summary(_inst: object, attribute: attrs.Attribute[str], value: str) -> None
         raise InvalidValueError("kernel summary", value, "a string")
 
 
+def _fallback(value: Iterable[GroupShape] | None) -> frozenset[GroupShape] | None:
+    # A converter does not see the kind: post-init checks each shape against the table.
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes, GroupShape)) or not isinstance(value, Iterable):
+        raise InvalidValueError("fallback", value, "None or a set of GroupShape values")
+    return frozenset(value)
+
+
 @attrs.frozen
 class KernelSpec:
     """One kernel: its id, platform, kind and the requirements it declares.
 
     The kind's own rule (W8A16 kernels cannot honour per-token activations, W8A8 kernels
     need an activation quantization) is added by the core and must not be listed here.
+    ``fallback`` narrows which activation groupings a W8A16 kernel serves as a degraded
+    stand-in: None takes every one the kind table allows (per-tensor and per-token groups
+    such as block FP8's 1x128), a set of ``GroupShape`` only those, ``frozenset()`` none.
+    Per-token is never one, and a W8A8 kernel has none: both are refused here.
     """
 
     id: str = attrs.field(validator=_kernel_id)
@@ -99,11 +95,16 @@ class KernelSpec:
     kind: KernelKind = attrs.field(converter=as_kind)
     requires: tuple[Requirement, ...] = attrs.field(default=(), converter=_requirements)
     summary: str = attrs.field(default="", validator=_summary)
+    fallback: frozenset[GroupShape] | None = attrs.field(
+        default=None, converter=_fallback, kw_only=True
+    )
     # Derived once: every uncached decision reads it for every kernel of the platform.
     _rules: tuple[Requirement, ...] = attrs.field(init=False, eq=False, hash=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
-        object.__setattr__(self, "_rules", KIND_RULES[self.kind] + self.requires)
+        fallback = fallback_groups(self.kind, self.fallback)
+        own = KIND_RULES[self.kind] if fallback is None else (WeightOnlyActivation(fallback),)
+        object.__setattr__(self, "_rules", own + self.requires)
 
     @property
     def alignment(self) -> int | None:

@@ -11,6 +11,7 @@ from kernelpick.kernels._base import Kernel, KernelBase, RowMajorKernel, WeightB
 from kernelpick.kernels._canonical import canonicalize_fp8_, dequantize_weight, quantize_weight
 from kernelpick.kernels._cpu_build import KernelBuildError
 from kernelpick.kernels._cpu_gemm import CpuFp8Gemm, CpuFp8GemmW8A16
+from kernelpick.kernels._int8 import Int8IntMM
 from kernelpick.kernels._reference import ReferenceW8A8, ReferenceW8A16
 from kernelpick.kernels._scaled_mm import ChannelwiseUnfused, RowwiseScaledMM, TensorwiseScaledMM
 from kernelpick.kernels._w8a16 import CupyGemvW8A16, DequantMatmul
@@ -21,6 +22,7 @@ __all__ = [
     "CpuFp8GemmW8A16",
     "CupyGemvW8A16",
     "DequantMatmul",
+    "Int8IntMM",
     "Kernel",
     "KernelBase",
     "KernelBuildError",

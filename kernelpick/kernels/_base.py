@@ -18,7 +18,8 @@ from kernelpick.core._quant import GroupShape, QuantConfig
 from kernelpick.core._specs import KernelKind, KernelSpec
 from kernelpick.kernels._bundle import Kernel, WeightBundle
 from kernelpick.kernels._canonical import (
-    CANONICAL_FP8,
+    canonical_dtype,
+    canonical_scale_dtype,
     check_finite,
     check_positive_finite,
     quantize_weight,
@@ -26,6 +27,7 @@ from kernelpick.kernels._canonical import (
 from kernelpick.kernels._cupy_ops import quantize_per_token_cupy
 from kernelpick.kernels._fnuz import as_fnuz
 from kernelpick.kernels._quantize import (
+    quantize,
     quantize_per_tensor,
     quantize_per_token,
     quantize_static,
@@ -36,7 +38,6 @@ __all__ = ["Kernel", "KernelBase", "RowMajorKernel", "WeightBundle"]
 
 _FLOATS = tuple(torch_dtype(d) for d in sorted(HIGH_PRECISION, key=lambda d: d.value))
 _F32 = (torch.float32,)
-_CANONICAL = (torch_dtype(CANONICAL_FP8),)
 
 
 def _one_value(name: str, scale: torch.Tensor) -> torch.Tensor:
@@ -89,7 +90,7 @@ class KernelBase:
                 f"a {self.spec.kind} family, as {self.spec.id}'s catalog row declares",
             )
         n, k = self.config.weight_shape
-        view = self._arrange(torch.empty((n, k), dtype=self.fp8, device="meta"))
+        view = self._arrange(torch.empty((n, k), dtype=self.weight_dtype, device="meta"))
         strides = tuple(
             s if e != 1 else None for e, s in zip(view.shape, view.stride(), strict=True)
         )
@@ -104,6 +105,17 @@ class KernelBase:
     @property
     def fp8(self) -> torch.dtype:
         return torch_dtype(self.fp8_format)
+
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        """The bundle weight's dtype: int8 for an int8 config, else the device's FP8."""
+        return torch.int8 if self.config.weight.dtype is Dtype.INT8 else self.fp8
+
+    @property
+    def activation_format(self) -> Dtype:
+        """What activations are quantized to: int8, or the device's FP8 flavour."""
+        act = self.config.activation
+        return Dtype.INT8 if act is not None and act.dtype is Dtype.INT8 else self.fp8_format
 
     @property
     def out_dtype(self) -> torch.dtype:
@@ -142,7 +154,8 @@ class KernelBase:
         - ``weight_scale`` and a static ``input_scale`` are positive and finite.
         """
         n, k = self.config.weight_shape
-        check_tensor("weight", weight, dtypes=_CANONICAL, shape=(n, k), device=self.device)
+        stored = (torch_dtype(canonical_dtype(self.config)),)
+        check_tensor("weight", weight, dtypes=stored, shape=(n, k), device=self.device)
         if not weight.is_contiguous():
             raise reject("weight", weight, "a contiguous row-major [N, K] tensor")
         align = self.spec.alignment
@@ -150,7 +163,7 @@ class KernelBase:
             raise reject("weight", weight, f"N and K multiples of {align} for {self.kernel_id}")
         scale = self._weight_scale(weight_scale)
         static = self._input_scale(input_scale)
-        if self.fp8_format is Dtype.FLOAT8_E4M3FNUZ:
+        if self.fp8_format is Dtype.FLOAT8_E4M3FNUZ and weight.dtype is torch.float8_e4m3fn:
             weight, scale, static = as_fnuz(weight, scale, static)
         return WeightBundle(self._arrange(weight), scale, static)
 
@@ -178,7 +191,8 @@ class KernelBase:
 
     def _weight_scale(self, scale: torch.Tensor) -> torch.Tensor:
         shape = self.config.weight_scale_shape
-        check_tensor("weight_scale", scale, dtypes=_F32, device=self.device)
+        dtypes = (canonical_scale_dtype(self.config),)
+        check_tensor("weight_scale", scale, dtypes=dtypes, device=self.device)
         if shape == (1,):
             return _one_value("weight_scale", scale)
         if tuple(scale.shape) != shape:
@@ -202,9 +216,10 @@ class KernelBase:
     def quantize_input(
         self, x: torch.Tensor, bundle: WeightBundle
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The activation in FP8 and its fp32 scale: ``[M, 1]`` per token, 0-dim per tensor."""
+        """The activation quantized (FP8 or int8) and its fp32 scale: ``[M, 1]`` per token,
+        0-dim per tensor, ``[M, ceil(K/g)]`` per ``(1, g)`` group (powers of two if E8M0)."""
         act = self.config.activation
-        fp8 = self.fp8_format
+        fp8 = self.activation_format
         if act is None:
             raise NotImplementedError(f"{self.kernel_id} quantizes no activations")
         if act.scale.static:
@@ -212,19 +227,22 @@ class KernelBase:
                 expected = "a bundle from prepare_weights, holding the static input_scale"
                 raise KernelInputError("bundle.input_scale", (), "None", "-", expected)
             return quantize_static(x, bundle.input_scale, fp8), bundle.input_scale
-        if act.scale.group == GroupShape.PER_TOKEN:
-            if self.fused_quant:
+        group = act.scale.group
+        if group == GroupShape.PER_TOKEN and act.scale.dtype is Dtype.FLOAT32:
+            if self.fused_quant and fp8.is_fp8:
                 return quantize_per_token_cupy(x if x.stride(-1) == 1 else x.contiguous(), fp8)
             return quantize_per_token(x, fp8)
-        return quantize_per_tensor(x, fp8)
+        if group == GroupShape.PER_TENSOR and act.scale.dtype is Dtype.FLOAT32:
+            return quantize_per_tensor(x, fp8)
+        return quantize(x, (group.rows, group.cols), fp8, act.scale.dtype)
 
     def apply(
         self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
         """``x [..., K]`` -> ``[..., N]`` in the config's output dtype."""
         # A bundle whose tensors were cast (say by a model-wide .half()) must not run.
-        check_tensor("bundle.weight", bundle.weight, dtypes=(self.fp8,))
-        check_tensor("bundle.scale", bundle.scale, dtypes=_F32)
+        check_tensor("bundle.weight", bundle.weight, dtypes=(self.weight_dtype,))
+        check_tensor("bundle.scale", bundle.scale, dtypes=(canonical_scale_dtype(self.config),))
         self._check_layout(bundle)
         return self._apply(x, bundle, bias)
 

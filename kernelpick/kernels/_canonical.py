@@ -2,11 +2,13 @@
 
 Whatever kernel runs a layer and whatever device it runs on, its persistent tensors are:
 
-- ``weight``: FP8 ``[N, K]``, contiguous and row-major, in the OCP ``float8_e4m3fn``
-  format. Zero is the byte 0x00, never negative zero (0x80), and no byte is NaN (0x7F,
-  0xFF), so the same bytes read as e4m3fnuz are the same values halved (see ``fnuz``);
-- ``weight_scale``: fp32, ``config.weight_scale_shape``: ``[N, 1]`` per channel, ``[1]``
-  per tensor;
+- ``weight``: ``[N, K]``, contiguous and row-major: FP8 in the OCP ``float8_e4m3fn``
+  format, or int8 (values in -127..127) for an int8 config. In FP8, zero is the byte
+  0x00, never negative zero (0x80), and no byte is NaN (0x7F, 0xFF), so the same bytes
+  read as e4m3fnuz are the same values halved (see ``fnuz``);
+- ``weight_scale``: ``config.weight_scale_shape``: ``[N, 1]`` per channel, ``[1]`` per
+  tensor, ``[ceil(N/b), ceil(K/b)]`` per ``b x b`` block, ``[N, ceil(K/32)]`` for MXFP8;
+  fp32, or ``float8_e8m0fnu`` where the config's scales are E8M0;
 - ``input_scale``: fp32 ``[1]``, for schemes with a static activation scale.
 
 These are the names and shapes of compressed-tensors' "float-quantized" format, which
@@ -26,12 +28,14 @@ from kernelpick.kernels._quantize import (
     quantize_in_chunks,
     quantize_static,
 )
-from kernelpick.kernels._torch import check_tensor, reject
+from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
 
 __all__ = [
     "CANONICAL_FP8",
     "SCALE_DTYPES",
+    "canonical_dtype",
     "canonical_scale",
+    "canonical_scale_dtype",
     "canonicalize_fp8_",
     "check_finite",
     "check_fp8_finite",
@@ -131,19 +135,35 @@ def check_finite(name: str, weight: torch.Tensor, chunk_rows: int = CHUNK_ROWS) 
             raise reject(name, weight, expected)
 
 
+def canonical_dtype(config: QuantConfig) -> Dtype:
+    """The format a config's weight is stored in: int8, or e4m3fn for every FP8 config."""
+    return Dtype.INT8 if config.weight.dtype is Dtype.INT8 else CANONICAL_FP8
+
+
+def canonical_scale_dtype(config: QuantConfig) -> torch.dtype:
+    """The dtype a config's weight scale is stored in: fp32, or float8_e8m0fnu (MX)."""
+    return torch_dtype(config.weight.scale.dtype)
+
+
 def quantize_weight(
     weight: torch.Tensor, config: QuantConfig, *, chunk_rows: int = CHUNK_ROWS
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A high-precision ``weight [N, K]`` in canonical form: (FP8 weight, fp32 scale).
+    """A high-precision ``weight [N, K]`` in canonical form: (FP8 or int8 weight, scale).
 
     Quantized a chunk of rows at a time, so the fp32 working copy is at most
     ``chunk_rows`` rows.
     """
-    fp8, scale = quantize_in_chunks(
-        weight, config.weight_block, CANONICAL_FP8, chunk_rows=chunk_rows
+    fmt = canonical_dtype(config)
+    q, scale = quantize_in_chunks(
+        weight,
+        config.weight_block,
+        fmt,
+        chunk_rows=chunk_rows,
+        scale_dtype=config.weight.scale.dtype,
     )
-    positive_zero_(fp8, chunk_rows)
-    return fp8, scale.reshape(config.weight_scale_shape)
+    if fmt is CANONICAL_FP8:
+        positive_zero_(q, chunk_rows)
+    return q, scale.reshape(config.weight_scale_shape).to(canonical_scale_dtype(config))
 
 
 def one_tensor_scale(

@@ -1,11 +1,16 @@
-"""FP8 quantization with torch ops: activations per call, weights once after loading.
+"""FP8 and int8 quantization with torch ops: activations per call, weights once after loading.
 
-One formula everywhere: per group, ``scale = amax / fp8_max`` clamped below at
-``1 / (fp8_max * 512)`` so an all-zero group does not divide by zero, then
-``clamp(x / scale, -fp8_max, fp8_max)`` cast to FP8. The clamp comes before the cast
-because out-of-range casts differ by format (e4m3fn saturates, e4m3fnuz gives NaN, e5m2
-gives inf), and reductions run in fp32 because CPU FP8 tensors cannot reduce (torch 2.13
-has no FP8 ``amax`` or ``sum`` on the CPU).
+One formula everywhere: per group, ``scale = amax / qmax`` clamped below at
+``1 / (qmax * 512)`` so an all-zero group does not divide by zero, then
+``clamp(x / scale, -qmax, qmax)`` cast to the format; int8 rounds half to even first, as
+a cast to an integer would truncate. The clamp comes before the cast because
+out-of-range casts differ by format (e4m3fn saturates, e4m3fnuz gives NaN, e5m2 gives
+inf), and reductions run in fp32 because CPU FP8 tensors cannot reduce (torch 2.13 has
+no FP8 ``amax`` or ``sum`` on the CPU).
+
+E8M0 scales (the MX formats) are powers of two: ``2^(floor(log2(amax)) - emax)``, with
+``emax = floor(log2(qmax))`` (8 for e4m3fn), as the OCP Microscaling spec v1.0 computes
+the shared exponent; values beyond range saturate to +-qmax.
 
 Group shapes here are ``(rows, cols)`` over the tensor as given, ``-1`` for a whole
 dimension: per-token on an activation ``[M, K]`` is ``(1, -1)``; per-channel on a weight
@@ -14,6 +19,8 @@ dimension: per-token on an activation ``[M, K]`` is ``(1, -1)``; per-channel on 
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from kernelpick.core._dtypes import Dtype
@@ -21,6 +28,7 @@ from kernelpick.kernels._torch import torch_dtype
 
 __all__ = [
     "CHUNK_ROWS",
+    "E8M0_EXPONENTS",
     "SCALE_FLOOR_DIVISOR",
     "dequantize",
     "quantize",
@@ -39,6 +47,10 @@ CHUNK_ROWS = 512
 SCALE_FLOOR_DIVISOR = 512.0
 
 
+# The exponents a float8_e8m0fnu holds: 2^-127 .. 2^127 (byte 0xFF is NaN).
+E8M0_EXPONENTS = (-127, 127)
+
+
 def scale_floor(fp8: Dtype) -> float:
     """The least scale of a group, so that an all-zero group does not divide by zero."""
     return 1.0 / (fp8.quant_max * SCALE_FLOOR_DIVISOR)
@@ -50,9 +62,22 @@ def _scaled(t: torch.Tensor, scale: torch.Tensor, fp8: Dtype) -> torch.Tensor:
     return t.to(torch.float32, copy=True).div_(scale).clamp_(-limit, limit)
 
 
-def _cast(t: torch.Tensor, scale: torch.Tensor, fp8: Dtype) -> torch.Tensor:
-    """``t / scale``, clamped to the FP8 range, cast."""
-    return _scaled(t, scale, fp8).to(torch_dtype(fp8))
+def _cast(t: torch.Tensor, scale: torch.Tensor, fmt: Dtype) -> torch.Tensor:
+    """``t / scale``, clamped to the format's range (int8: rounded half to even), cast."""
+    scaled = _scaled(t, scale, fmt)
+    if fmt is Dtype.INT8:
+        scaled.round_()
+    return scaled.to(torch_dtype(fmt))
+
+
+def _power_of_two_scale(amax: torch.Tensor, fmt: Dtype) -> torch.Tensor:
+    """The E8M0 scale of groups with largest magnitude ``amax`` (fp32), as fp32 values."""
+    emax = math.floor(math.log2(fmt.quant_max))
+    # frexp is exact: amax = mantissa * 2^exponent with mantissa in [0.5, 1), so
+    # floor(log2(amax)) = exponent - 1; zero gives exponent 0, clamped below like the rest.
+    exponent = torch.frexp(amax).exponent - 1 - emax
+    low, high = E8M0_EXPONENTS
+    return torch.ldexp(torch.ones_like(amax), exponent.clamp_(low, high))
 
 
 def _row_scale(t: torch.Tensor, fp8: Dtype) -> torch.Tensor:
@@ -105,46 +130,61 @@ def _group_amax(values: torch.Tensor, extents: tuple[int, int]) -> torch.Tensor:
     return padded.view(grid[0], rows, grid[1], cols).amax(dim=(1, 3))
 
 
+def _group_scale(amax: torch.Tensor, fmt: Dtype, scale_dtype: Dtype) -> torch.Tensor:
+    if scale_dtype is Dtype.FLOAT8_E8M0FNU:
+        return _power_of_two_scale(amax, fmt)
+    return (amax / fmt.quant_max).clamp_(min=scale_floor(fmt))
+
+
 def quantize(
-    t: torch.Tensor, group: tuple[int, int], fp8: Dtype
+    t: torch.Tensor, group: tuple[int, int], fmt: Dtype, scale_dtype: Dtype = Dtype.FLOAT32
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Any group shape over a 2-D ``t``: (FP8 ``t``, fp32 scales ``[ceil(R/r), ceil(C/c)]``)."""
+    """Any group shape over a 2-D ``t``: (``t`` in ``fmt``, fp32 scales
+    ``[ceil(R/r), ceil(C/c)]``). With ``scale_dtype`` E8M0 the scales are powers of two,
+    still returned as fp32 (exact in E8M0)."""
     shape = (t.shape[0], t.shape[1])
     extents = _extents(group, shape)
     values = t.float()
-    scale = (_group_amax(values, extents) / fp8.quant_max).clamp_(min=scale_floor(fp8))
-    return _cast(values, _expand(scale, extents, shape), fp8), scale
+    scale = _group_scale(_group_amax(values, extents), fmt, scale_dtype)
+    return _cast(values, _expand(scale, extents, shape), fmt), scale
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor, group: tuple[int, int]) -> torch.Tensor:
-    """The fp32 values that ``quantize`` encoded: ``q * scale`` group by group."""
+    """The fp32 values that ``quantize`` encoded: ``q * scale`` group by group (E8M0 scales
+    widen to fp32 exactly)."""
     shape = (q.shape[0], q.shape[1])
+    scale = scale.float()
     expanded = scale if scale.dim() == 0 else _expand(scale, _extents(group, shape), shape)
     return q.float() * expanded
 
 
 def quantize_in_chunks(
-    w: torch.Tensor, group: tuple[int, int], fp8: Dtype, *, chunk_rows: int = CHUNK_ROWS
+    w: torch.Tensor,
+    group: tuple[int, int],
+    fp8: Dtype,
+    *,
+    chunk_rows: int = CHUNK_ROWS,
+    scale_dtype: Dtype = Dtype.FLOAT32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize a 2-D ``w`` a chunk of rows at a time, so the fp32 working copy is at most
-    ``chunk_rows`` rows. Same result as ``quantize(w, group, fp8)``.
+    ``chunk_rows`` rows. Same result as ``quantize(w, group, fp8, scale_dtype)``.
     """
     shape = (w.shape[0], w.shape[1])
     rows, cols = _extents(group, shape)
     out = torch.empty(shape, dtype=torch_dtype(fp8), device=w.device)
-    if (rows, cols) == (1, shape[1]):  # per channel: the common case, kept lean
+    if (rows, cols) == (1, shape[1]) and scale_dtype is Dtype.FLOAT32:  # per channel, lean
         row_scales = torch.empty((shape[0], 1), dtype=torch.float32, device=w.device)
         for start in range(0, shape[0], chunk_rows):
             chunk = w[start : start + chunk_rows]
             scale = row_scales[start : start + chunk_rows]
             scale.copy_(_row_scale(chunk, fp8))
-            out[start : start + chunk_rows].copy_(_scaled(chunk, scale, fp8))  # casts on copy
+            out[start : start + chunk_rows].copy_(_cast(chunk, scale, fp8))
         return out, row_scales
     if rows < shape[0]:
         step = max(rows, chunk_rows // rows * rows)
         scales = []
         for start in range(0, shape[0], step):
-            q, scale = quantize(w[start : start + step], (rows, cols), fp8)
+            q, scale = quantize(w[start : start + step], (rows, cols), fp8, scale_dtype)
             out[start : start + step] = q
             scales.append(scale)
         return out, torch.cat(scales)
@@ -156,7 +196,7 @@ def quantize_in_chunks(
             for s in range(0, shape[0], chunk_rows)
         ]
     ).amax(dim=0, keepdim=True)
-    scale = (amax / fp8.quant_max).clamp_(min=scale_floor(fp8))
+    scale = _group_scale(amax, fp8, scale_dtype)
     for start in range(0, shape[0], chunk_rows):
         chunk = w[start : start + chunk_rows]
         height = chunk.shape[0]

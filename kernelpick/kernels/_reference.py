@@ -40,7 +40,7 @@ class ReferenceW8A8(RowMajorKernel):
         act = self.config.activation
         if act is not None and not act.scale.static:
             group = (act.scale.group.rows, act.scale.group.cols)
-            xq, x_scale = quantize(x, group, self.fp8_format)
+            xq, x_scale = quantize(x, group, self.activation_format, act.scale.dtype)
             values = dequantize(xq, x_scale, group)
         else:
             xq, x_scale = self.quantize_input(x, bundle)

@@ -1,0 +1,57 @@
+"""INT8 W8A8 on ``torch._int_mm``: int8 x int8 with exact int32 sums, then both scales.
+
+The activation is quantized per token (symmetric int8, round half to even), multiplied
+with the int8 weight on the device's integer GEMM (cuBLASLt on CUDA, oneDNN on the CPU),
+and the int32 sums are scaled in fp32: ``acc * x_scale[M, 1] * w_scale[1, N]``. The sums
+are exact, so the only roundings are the quantization and the fp32 epilogue.
+
+The weight goes in as the ``[K, N]`` transpose of the stored ``[N, K]`` (``KernelBase``'s
+view): row-major x column-major, the one layout cuBLASLt's int8 kernels take on every SM
+(torch's own test skips only the case where neither operand is transposed, pytorch#169961).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import attrs
+import torch
+
+from kernelpick.core._specs import KernelKind
+from kernelpick.kernels._base import KernelBase, WeightBundle
+from kernelpick.kernels._torch import reject
+
+__all__ = ["INT_MM_MIN_ROWS", "Int8IntMM"]
+
+# torch._int_mm on a GPU refuses "self.size(0) needs to be greater than 16"
+# (aten/src/ATen/native/cuda/Blas.cpp, _int_mm_out_cuda): the catalog's MinTokens(17).
+INT_MM_MIN_ROWS = 17
+
+
+@attrs.frozen
+class Int8IntMM(KernelBase):
+    """Per-token int8 activations x per-channel (or per-tensor) int8 weights."""
+
+    KIND: ClassVar[KernelKind] = KernelKind.W8A8
+
+    def _matmul(
+        self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        # The CPU's oneDNN GEMM takes any M; the GPU's check would surface as torch's bare
+        # RuntimeError, so it is said here with what to do about it. ROCm devices are
+        # "cuda" in torch and run the same check.
+        m = x.shape[0]
+        if self.device.type == "cuda" and m < INT_MM_MIN_ROWS:
+            expected = (
+                f"at least {INT_MM_MIN_ROWS} rows (M > 16, got M={m}): torch._int_mm on a GPU "
+                f"refuses fewer; {self.kernel_id}'s rule MinTokens({INT_MM_MIN_ROWS}) holds "
+                "only for a config whose min_tokens says every call passes that many"
+            )
+            raise reject("x", x, expected)
+        xq, x_scale = self.quantize_input(x, bundle)
+        acc = torch._int_mm(xq, bundle.weight).to(torch.float32)
+        acc *= x_scale
+        acc *= bundle.scale if bundle.scale.dim() == 0 else bundle.scale.view(1, -1)
+        if bias is not None:
+            acc += bias.float()
+        return acc.to(self.out_dtype)
