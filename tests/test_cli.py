@@ -356,3 +356,29 @@ def test_a_closed_stream_given_to_main_takes_nothing() -> None:
     out = io.StringIO()
     assert main(["explain", "--shape", "0,1"], env={}, out=out, err=err) == EXIT_BAD_INPUT
     assert out.getvalue() == ""
+
+
+def test_explain_takes_the_block_size_and_the_tokens_per_call() -> None:
+    status, out, _ = run_cli(
+        "explain", "--device", "a100", "--scheme", "int8_per_channel", "--json"
+    )
+    assert status == 2
+    assert json.loads(out)["outcome"] == "rejected"
+    status, out, _ = run_cli(
+        "explain", "--device", "a100", "--scheme", "int8_per_channel", "--min-tokens", "17"
+    )
+    assert status == 0
+    assert "M >= 17" in out
+    assert out.rstrip().endswith("=> selected cuda_int8_int_mm")
+    status, out, _ = run_cli(
+        "explain", "--device", "h100", "--scheme", "fp8_block", "--block-size", "64", "--json"
+    )
+    record = json.loads(out)
+    config = kp.quant_config("fp8_block", weight_shape=(4096, 4096), block_size=64)
+    assert record["config"]["description"] == config.render()
+    assert record["kernel"] == kp.choose(kp.device_profile("h100"), config).to_dict()["kernel"]
+    status, _, err = run_cli(
+        "explain", "--device", "h100", "--scheme", "fp8_per_channel", "--block-size", "128"
+    )
+    assert status == 1
+    assert "only fp8_block takes a block size" in err

@@ -83,7 +83,12 @@ def _conclusion(decision: kp.Decision, style: Style) -> str:
 def explain(args: argparse.Namespace, env: Mapping[str, str], out: TextIO, err: TextIO) -> int:
     caps = _caps(args.device)
     config = kp.quant_config(
-        args.scheme, weight_shape=shape(args.shape), out_dtype=args.out_dtype, bias=args.bias
+        args.scheme,
+        weight_shape=shape(args.shape),
+        out_dtype=args.out_dtype,
+        bias=args.bias,
+        block_size=args.block_size,
+        min_tokens=args.min_tokens,
     )
     policy = _policy(args, env)
     decision = kp.choose(caps, config, policy)
@@ -119,10 +124,20 @@ def explain(args: argparse.Namespace, env: Mapping[str, str], out: TextIO, err: 
     return EXIT_SELECTED if chosen is not None else EXIT_REJECTED
 
 
+_OTHER_FORMAT = frozenset({kp.RejectCode.FP8_DTYPE, kp.RejectCode.QUANT_DTYPE})
+
+
+def _nearest_miss(verdict: Verdict) -> tuple[bool, int]:
+    # A kernel for another format (an FP8 kernel for an int8 layer) is the farthest miss.
+    return (any(r.code in _OTHER_FORMAT for r in verdict.reasons), len(verdict.reasons))
+
+
 def _first_w8a8_reason(decision: kp.Rejected) -> kp.Reason | None:
-    for verdict in decision.trace:
-        if verdict.kind is kp.KernelKind.W8A8 and verdict.reasons:
-            return verdict.reasons[0]
+    # The nearest miss among the W8A8 kernels (the first of equals): an int8 layer on an
+    # A100 names _int_mm's token floor, not an FP8 kernel's arch or format.
+    misses = [v for v in decision.trace if v.kind is kp.KernelKind.W8A8 and v.reasons]
+    if misses:
+        return min(misses, key=_nearest_miss).reasons[0]
     return decision.reasons[0] if decision.reasons else None
 
 

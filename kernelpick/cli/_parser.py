@@ -103,6 +103,15 @@ def parser() -> argparse.ArgumentParser:
     )
     _layer_options(explain)
     explain.add_argument("--bias", action="store_true", help="the layer has a bias")
+    explain.add_argument(
+        "--block-size", type=int, default=None, help="fp8_block's block size (default 128)"
+    )
+    explain.add_argument(
+        "--min-tokens",
+        type=int,
+        default=1,
+        help="the fewest rows (tokens) one call passes; 1, the default, includes decode",
+    )
     explain.add_argument("--disable", default=None, help="kernel ids to skip, comma-separated")
     explain.add_argument("--force", default=None, help="the only kernel to consider")
     explain.add_argument(
