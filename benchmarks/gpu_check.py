@@ -26,12 +26,24 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+# Every CUDA kernel of the catalog, with a scheme it serves. A case the device cannot run
+# is reported with the selector's reasons instead of a time: block FP8 off SM 9.0, MXFP8
+# off SM 10.x/12.x, and int8 at M <= 16 (torch._int_mm on a GPU needs M > 16).
 KERNELS = {
     "cuda_rowwise_scaled_mm": "fp8_per_channel",
+    "cuda_block_scaled_mm": "fp8_block",
+    "cuda_mxfp8_scaled_mm": "mxfp8",
     "cuda_tensorwise_scaled_mm": "fp8_per_tensor",
     "cuda_channelwise_unfused": "fp8_per_channel",
+    "cuda_int8_int_mm": "int8_per_channel",
     "cuda_w8a16_cupy": "fp8_weight_only",
     "cuda_w8a16_torch": "fp8_weight_only",
+}
+# Kernels whose rules turn down some of the cases on every device, or on most.
+_NOTES = {
+    "cuda_block_scaled_mm": "SM 9.0 only",
+    "cuda_mxfp8_scaled_mm": "SM 10.x / 12.x only",
+    "cuda_int8_int_mm": "M > 16 only",
 }
 TOKENS = (1, 16, 2048)
 SIZE = 8192
@@ -53,7 +65,9 @@ def plan() -> list[Case]:
 def _print_plan(cases: list[Case]) -> None:
     print(f"{len(cases)} kernel cases (error vs fp32 reference, time vs bf16 torch.matmul):")
     for case in cases:
-        print(f"  {case.kernel:<28} {case.scheme:<16} M={case.m:<5} N={case.n} K={case.k}")
+        note = _NOTES.get(case.kernel, "")
+        line = f"  {case.kernel:<28} {case.scheme:<16} M={case.m:<5} N={case.n} K={case.k}"
+        print(f"{line}  ({note})" if note else line)
     print("figures: gpu_ptpc_vs_bf16_8192, gpu_quant_bw_fraction, gpu_w8a16_gemv_vs_bf16")
 
 
@@ -80,12 +94,11 @@ def _run_case(case: Case, caps: Any, median_ms: Timer) -> dict[str, Any]:
 
     import kernelpick as kp
     from kernelpick.adapters import bind
-    from kernelpick.core import GroupShape
     from kernelpick.kernels import dequantize_weight, quantize_weight
-    from kernelpick.kernels._quantize import quantize_per_tensor, quantize_per_token
 
     record: dict[str, Any] = asdict(case)
-    config = kp.quant_config(case.scheme, weight_shape=(case.n, case.k))
+    # Each call passes case.m rows, which a kernel with a floor on M (int8) reads.
+    config = kp.quant_config(case.scheme, weight_shape=(case.n, case.k), min_tokens=case.m)
     decision = kp.choose(caps, config, kp.Policy(force=case.kernel))
     if isinstance(decision, kp.Rejected):
         why = [r.render() for r in decision.reasons if r.kernel == case.kernel]
@@ -101,12 +114,7 @@ def _run_case(case: Case, caps: Any, median_ms: Timer) -> dict[str, Any]:
     out = kernel.apply(x, bundle).float()
     # The reference multiplies the same quantized operands in fp32.
     w_deq = dequantize_weight(fp8_weight, scale, config)
-    if config.activation is None:
-        x_deq = x.float()
-    else:  # torch ops, so the fused cupy quantizer is checked too
-        per_token = config.activation.scale.group == GroupShape.PER_TOKEN
-        xq, x_scale = (quantize_per_token if per_token else quantize_per_tensor)(x, caps.fp8_format)
-        x_deq = xq.float() * x_scale
+    x_deq = _activation_reference(x, config, caps)
     reference = x_deq @ w_deq.t()
     exact = x.float() @ w.t()
     w_bf16 = w.to(torch.bfloat16)
@@ -121,6 +129,31 @@ def _run_case(case: Case, caps: Any, median_ms: Timer) -> dict[str, Any]:
         vs_bf16=kernel_ms / bf16_ms,
     )
     return record
+
+
+def _activation_reference(x: Any, config: Any, caps: Any) -> Any:
+    """The activation as the kernel should see it, quantized with torch ops (so the fused
+    cupy quantizer is checked too) and dequantized to fp32."""
+    from kernelpick.core import Dtype, GroupShape
+    from kernelpick.kernels._quantize import (
+        dequantize,
+        quantize,
+        quantize_per_tensor,
+        quantize_per_token,
+    )
+
+    act = config.activation
+    if act is None:
+        return x.float()
+    fmt = Dtype.INT8 if act.dtype is Dtype.INT8 else caps.fp8_format
+    group = act.scale.group
+    if group in (GroupShape.PER_TOKEN, GroupShape.PER_TENSOR):
+        per_token = group == GroupShape.PER_TOKEN
+        xq, x_scale = (quantize_per_token if per_token else quantize_per_tensor)(x, fmt)
+        return xq.float() * x_scale
+    shape = (group.rows, group.cols)
+    xq, x_scale = quantize(x, shape, fmt, act.scale.dtype)
+    return dequantize(xq, x_scale, shape)
 
 
 def _figures(caps: Any, median_ms: Timer) -> dict[str, Any]:

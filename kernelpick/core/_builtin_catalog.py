@@ -89,21 +89,19 @@ BLOCK_128: tuple[Requirement, ...] = (
     WeightScales(frozenset({GroupShape.block(128)})),
     DynamicActivationScales(),
 )
-# The block and MX rows call torch.nn.functional.scaled_mm, the _scaled_mm_v2 API
-# (pytorch#163854, #164141): it takes the recipe and the scale swizzle explicitly and holds
-# cuBLASLt's padded 128x128 scale layout (pytorch#166752, merged for torch 2.10).
+# The block and MX rows call torch.nn.functional.scaled_mm (the _scaled_mm_v2 API of
+# pytorch#164141, with the padded 128x128 scale layout of pytorch#166752), both merged
+# after torch 2.9's branch cut (Sept-Nov 2025): 2.10 is the first release with them.
 TORCH_2_10 = MinTorch("2.10")
-# cuBLASLt's VEC128_32F / BLK128x128_32F scale modes run on SM 9.0 only (NVIDIA
-# CUDALibrarySamples#270: "currently only supported on SM90"); torch refuses other SMs with
-# "DeepSeek style (1x128, 128x128) scaling only supported in CUDA for SM90" and needs
-# cuBLASLt 12.9 (aten/src/ATen/native/cuda/ScaledBlas.cpp, _check_deepseek_support).
+# cuBLASLt's VEC128_32F / BLK128x128_32F scales run on SM 9.0 only (NVIDIA
+# CUDALibrarySamples#270); torch refuses other SMs and cuBLASLt before 12.9
+# (aten/src/ATen/native/cuda/ScaledBlas.cpp, _check_deepseek_support).
 SM90_CUDA_12_9 = CudaArchs({9: "12.9"})
-# K and N multiples of 128: torch's fake-tensor check of scaled_mm (what torch.compile
-# runs) sizes the block scales as K // 128 and N // 128, floor, so a partial block fails
-# there (torch/_meta_registrations.py, _check_scaled_mm_sizes_v2, is_1x128_128x128).
+# K, N multiples of 128: torch's fake-tensor check (torch.compile's) sizes block scales
+# K // 128 and N // 128 (torch/_meta_registrations.py, _check_scaled_mm_sizes_v2).
 ALIGN_128 = Alignment(128)
-# bf16 and fp32 outputs are what torch's block-scaled tests run (test/test_scaled_matmul_cuda
-# .py, test_scaled_mm_vs_emulated_block_wise); fp16 is unverified, so left to other rows.
+# bf16 and fp32 out: what torch's block-scaled tests run (test_scaled_matmul_cuda.py,
+# test_scaled_mm_vs_emulated_block_wise); fp16 is unverified, so left to other rows.
 BLOCK_OUT = OutDtypes(frozenset({Dtype.BFLOAT16, Dtype.FLOAT32}))
 E8M0 = frozenset({Dtype.FLOAT8_E8M0FNU})
 # MXFP8 (OCP MX v1.0): e4m3 with one E8M0 scale per 32 elements along K, both operands.
@@ -117,8 +115,7 @@ MX_32: tuple[Requirement, ...] = (
 # higher") and SM 12.x in the TN layout kernelpick uses (pytorch#198126); torch maps it from
 # CUDA 12.8 (aten/src/ATen/cuda/CUDABlas.cpp, get_scale_mode, CUDA_VERSION >= 12080).
 SM100_SM120_MX = CudaArchs({10: "12.8", 12: "12.8"})
-# K in whole 32-element MX blocks; the rule covers N too, where torch asks only 16
-# (ScaledBlas.cpp: mat2 dims divisible by 16), so the row is conservative on N.
+# K in whole 32-element MX blocks; conservative on N, where torch asks 16 (ScaledBlas.cpp).
 ALIGN_32 = Alignment(32)
 # SmoothQuant / compressed-tensors int8 W8A8: per-token dynamic activations, per-channel
 # (or per-tensor) symmetric int8 weights.
@@ -129,12 +126,11 @@ INT8_PER_TOKEN: tuple[Requirement, ...] = (
     WeightScales(TENSOR_OR_CHANNEL),
     DynamicActivationScales(),
 )
-# torch._int_mm on CUDA checks "self.size(0) needs to be greater than 16" and K, N
-# "a multiple of 8" (aten/src/ATen/native/cuda/Blas.cpp, _int_mm_out_cuda; a PR to pad
-# small M, pytorch#178469, was closed).
+# torch._int_mm on CUDA: "self.size(0) needs to be greater than 16", K and N "a multiple
+# of 8" (aten/src/ATen/native/cuda/Blas.cpp, _int_mm_out_cuda; pytorch#178469 to pad
+# small M was closed).
 INT_MM_CUDA: tuple[Requirement, ...] = (Alignment(8), MinTokens(17, "torch._int_mm on CUDA"))
-# cuBLASLt's int8 IMMA kernels need Turing (SM 7.5) or newer; torch tests _int_mm on sm75
-# (pytorch#121277).
+# cuBLASLt's int8 IMMA kernels: Turing (SM 7.5) on; torch tests _int_mm on sm75 (#121277).
 SM75 = MinComputeCapability(CudaArch(7, 5))
 # AVX2+FMA+F16C, every x86-64 CPU since Haswell / Zen 1: F16C's vcvtph2ps decodes FP8
 # exactly (an e4m3 byte shifted into an fp16 is its value times 2^-8), FMA accumulates in

@@ -8,6 +8,7 @@ an FP8 weight of one's own canonical (no -0, no NaN byte) before ``prepare_weigh
 """
 
 from kernelpick.kernels._base import Kernel, KernelBase, RowMajorKernel, WeightBundle
+from kernelpick.kernels._block_scaled_mm import BlockScaledMM, MxScaledMM
 from kernelpick.kernels._canonical import canonicalize_fp8_, dequantize_weight, quantize_weight
 from kernelpick.kernels._cpu_build import KernelBuildError
 from kernelpick.kernels._cpu_gemm import CpuFp8Gemm, CpuFp8GemmW8A16
@@ -17,6 +18,7 @@ from kernelpick.kernels._scaled_mm import ChannelwiseUnfused, RowwiseScaledMM, T
 from kernelpick.kernels._w8a16 import CupyGemvW8A16, DequantMatmul
 
 __all__ = [
+    "BlockScaledMM",
     "ChannelwiseUnfused",
     "CpuFp8Gemm",
     "CpuFp8GemmW8A16",
@@ -26,6 +28,7 @@ __all__ = [
     "Kernel",
     "KernelBase",
     "KernelBuildError",
+    "MxScaledMM",
     "ReferenceW8A8",
     "ReferenceW8A16",
     "RowMajorKernel",

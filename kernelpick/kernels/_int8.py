@@ -49,7 +49,13 @@ class Int8IntMM(KernelBase):
             )
             raise reject("x", x, expected)
         xq, x_scale = self.quantize_input(x, bundle)
-        acc = torch._int_mm(xq, bundle.weight).to(torch.float32)
+        weight = bundle.weight
+        if weight.shape[0] == 1:
+            # K=1: the [1, N] transpose has strides (1, 1), which torch's CPU _int_mm misreads
+            # (torch 2.13: K=1, N=2 returns garbage; every other K is exact). The same
+            # bytes viewed afresh get row-major strides (N, 1); no copy.
+            weight = weight.view(weight.shape)
+        acc = torch._int_mm(xq, weight).to(torch.float32)
         acc *= x_scale
         acc *= bundle.scale if bundle.scale.dim() == 0 else bundle.scale.view(1, -1)
         if bias is not None:

@@ -11,33 +11,67 @@ from typing import ClassVar
 import attrs
 import torch
 
+from kernelpick.core._quant import GroupShape
 from kernelpick.core._specs import KernelKind
 from kernelpick.kernels._base import RowMajorKernel, WeightBundle
 from kernelpick.kernels._cupy_ops import GEMV_MAX_M, w8a16_gemv_cupy
 
 __all__ = ["CupyGemvW8A16", "DequantMatmul"]
 
+# Scales that broadcast over the stored [N, K] weight as they are: 0-dim, or [N, 1].
+_BROADCAST = frozenset({GroupShape.PER_TENSOR, GroupShape.PER_CHANNEL})
+
+
+def _expand(scale: torch.Tensor, block: tuple[int, int], shape: tuple[int, int]) -> torch.Tensor:
+    """Group scales ``[ceil(N/r), ceil(K/c)]`` repeated to one per weight element ``[N, K]``
+    (edge groups cut to the weight's extent)."""
+    rows, cols = block
+    n, k = shape
+    if rows > 1:
+        scale = scale.repeat_interleave(rows, dim=0)[:n]
+    if cols > 1:
+        scale = scale.repeat_interleave(cols, dim=1)[:, :k]
+    return scale
+
 
 @attrs.frozen
 class DequantMatmul(RowMajorKernel):
-    """Dequantize ``[N, K]`` to the input dtype and run ``F.linear`` (cuBLAS / hipBLASLt)."""
+    """Dequantize ``[N, K]`` to the input dtype and run ``F.linear`` (cuBLAS / hipBLASLt).
+
+    Any grouping of the weight's scales: per tensor and per channel broadcast as they are;
+    blocks (``128 x 128``) and MX groups (``1 x 32`` of the stored weight, E8M0 scales) are
+    expanded to the weight's shape first.
+    """
 
     KIND: ClassVar[KernelKind] = KernelKind.W8A16
 
     def _matmul(
         self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        # FP8 values are exact in bf16/fp16/fp32, so the cast loses nothing; the scale
-        # product rounds once, in the compute dtype.
-        weight = bundle.weight.to(x.dtype) * bundle.scale.to(x.dtype)
+        weight = self._dequantized(bundle, x.dtype)
         out = torch.nn.functional.linear(x, weight, None if bias is None else bias.to(x.dtype))
         return out.to(self.out_dtype)
+
+    def _dequantized(self, bundle: WeightBundle, dtype: torch.dtype) -> torch.Tensor:
+        scale = bundle.scale
+        if self.config.weight.scale.group in _BROADCAST and scale.dtype == torch.float32:
+            # Per tensor or per channel: FP8 values are exact in bf16/fp16/fp32, so the cast
+            # loses nothing; the scale product rounds once, in the compute dtype.
+            return bundle.weight.to(dtype) * scale.to(dtype)
+        # fp16 tops out at 65504 and bottoms out at 2^-24: an E8M0 scale (2^-127..2^127) or
+        # a small block scale need not fit, so fp16 layers scale in fp32 and round once.
+        # bf16 has fp32's exponent range, where an E8M0 product is exact.
+        work = torch.float32 if dtype == torch.float16 else dtype
+        shape = (bundle.weight.shape[0], bundle.weight.shape[1])
+        expanded = _expand(scale.to(work), self.config.weight_block, shape)
+        return (bundle.weight.to(work) * expanded).to(dtype)
 
 
 @attrs.frozen
 class CupyGemvW8A16(DequantMatmul):
     """The cupy FP8 GEMV for small M (decode), which reads the FP8 weight once and never
-    builds a 16-bit copy; past ``GEMV_MAX_M`` rows, dequantize and call cuBLAS."""
+    builds a 16-bit copy; past ``GEMV_MAX_M`` rows, dequantize and call cuBLAS. Per-tensor
+    and per-channel scales only (its catalog row says so)."""
 
     def _matmul(
         self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None
