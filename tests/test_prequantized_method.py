@@ -178,8 +178,12 @@ def test_the_fp8_loaders_refuse_what_they_could_misread_and_write_nothing(
 
 
 ONLINE_MISUSE: list[tuple[str, Callable[[], object], str]] = [
-    ("fp8", lambda: torch.zeros(64, K, dtype=torch.float8_e4m3fn), "checkpoint_format='fp8'"),
-    ("int8", lambda: torch.zeros(64, K, dtype=torch.int8), "checkpoint_format='fp8'"),
+    (
+        "fp8",
+        lambda: torch.zeros(64, K, dtype=torch.float8_e4m3fn),
+        "checkpoint_format='pre_quantized'",
+    ),
+    ("int8", lambda: torch.zeros(64, K, dtype=torch.int8), "checkpoint_format='pre_quantized'"),
     ("meta", lambda: torch.zeros(64, K, device="meta"), "meta"),
     ("sparse", lambda: torch.zeros(64, K).to_sparse(), "dense"),
     ("complex", lambda: torch.zeros(64, K, dtype=torch.complex64), "real floating-point"),

@@ -1,5 +1,6 @@
-"""Engine integration: the FP8 linear methods (select before allocating), a one-call
-conversion of an ordinary PyTorch model, and quantized checkpoints out and in.
+"""Engine integration: the quantized (FP8 and int8) linear methods (select before
+allocating), a one-call conversion of an ordinary PyTorch model, and quantized checkpoints
+out and in (compressed-tensors' formats; transformers' FineGrainedFP8 block layout in).
 
 Each kernel selected is logged to ``logging.getLogger("kernelpick.integration")`` once per
 (device, config): INFO, WARNING for a degraded choice, the full trace at DEBUG.

@@ -1,5 +1,6 @@
-"""Quantized checkpoints out and in, in compressed-tensors' "float-quantized" format
-(what llmcompressor writes for FP8 models, and vLLM and SGLang load).
+"""Quantized checkpoints out and in: compressed-tensors' formats ("float-quantized",
+"int-quantized", "naive-quantized": what llmcompressor writes, and vLLM and SGLang load)
+both ways, and transformers' FineGrainedFP8 block checkpoints in.
 
 ``save_quantized`` writes ``model.safetensors``, holding every quantized layer's canonical
 tensors and every other tensor as it is, and the ``quantization_config``: merged into the
@@ -23,11 +24,13 @@ from kernelpick.adapters import Launch
 from kernelpick.core._device import DeviceCaps
 from kernelpick.core._errors import InvalidValueError
 from kernelpick.core._policy import Policy
-from kernelpick.core._schemes import scheme_of
+from kernelpick.core._schemes import Scheme, block_size_of, scheme_of
 from kernelpick.core._specs import Catalog
-from kernelpick.integration._ct_config import QUANTIZATION_CONFIG, from_config, matches, to_config
+from kernelpick.integration import _ct_config, _hf_fp8_config
+from kernelpick.integration._ct_config import SCHEMES, matches, to_config
 from kernelpick.integration._errors import CheckpointError, ModelConversionError
 from kernelpick.integration._layer_steps import LayerSteps
+from kernelpick.integration._layout import QUANTIZATION_CONFIG, Layout
 from kernelpick.integration._load_plan import LoadPlan, build, plan
 from kernelpick.integration._modules import Fp8Linear
 from kernelpick.integration._report import ConversionReport, LayerReport
@@ -59,12 +62,8 @@ def _quantized(model: torch.nn.Module) -> dict[str, LayerState]:
     return found
 
 
-def save_quantized(model: torch.nn.Module, directory: str | os.PathLike[str]) -> Path:
-    """Write ``model``'s quantized checkpoint to ``directory`` (created if needed).
-
-    Every quantized layer must use the same named scheme. Returns the directory.
-    """
-    layers = _quantized(model)
+def _one_scheme(layers: dict[str, LayerState]) -> tuple[Scheme, int | None]:
+    """The scheme (and fp8_block's block size) every layer shares, or an error."""
     schemes = {scheme_of(state.config) for state in layers.values()}
     named = [s for s in schemes if s is not None]
     if len(schemes) != 1 or len(named) != 1:  # none, several, or a custom config
@@ -74,6 +73,27 @@ def save_quantized(model: torch.nn.Module, directory: str | os.PathLike[str]) ->
             "one named scheme for every quantized layer (quantize_model first)",
         )  # fmt: skip
     scheme = named[0]
+    if scheme not in SCHEMES:
+        valid = ", ".join(s.value for s in SCHEMES)
+        raise InvalidValueError("scheme of the quantized layers", scheme.value, f"one of {valid}")
+    sizes = sorted({size for s in layers.values() if (size := block_size_of(s.config))})
+    if len(sizes) > 1:
+        raise InvalidValueError(
+            "block sizes of the fp8_block layers", sizes,
+            "one block size: a compressed-tensors config group holds one block_structure",
+        )  # fmt: skip
+    return scheme, sizes[0] if sizes else None
+
+
+def save_quantized(model: torch.nn.Module, directory: str | os.PathLike[str]) -> Path:
+    """Write ``model``'s quantized checkpoint to ``directory`` (created if needed), in
+    compressed-tensors' format.
+
+    Every quantized layer must use the same named scheme (and, for ``fp8_block``, the same
+    block size). Returns the directory.
+    """
+    layers = _quantized(model)
+    scheme, block_size = _one_scheme(layers)
     ignore = [
         name for name, module in model.named_modules()
         if name and name not in layers and matches(name, module, ["Linear"])
@@ -93,7 +113,7 @@ def save_quantized(model: torch.nn.Module, directory: str | os.PathLike[str]) ->
     config = getattr(model, "config", None)
     to_json = getattr(config, "to_json_string", None)
     merged: dict[str, Any] = json.loads(to_json()) if callable(to_json) else {}
-    merged[QUANTIZATION_CONFIG] = to_config(scheme, ignore)
+    merged[QUANTIZATION_CONFIG] = to_config(scheme, ignore, block_size)
     text = json.dumps(merged, indent=2, sort_keys=True) + "\n"
 
     def write_config(path: Path) -> None:
@@ -152,6 +172,11 @@ def load_quantized(
     """Fill ``model``, a high-precision skeleton, from the quantized checkpoint in
     ``directory``, replacing each quantized layer with an ``Fp8Linear`` (in place).
 
+    The checkpoint is compressed-tensors' (what ``save_quantized`` and llmcompressor
+    write: FP8 per channel, per tensor, per block or weight-only, int8 per channel) or
+    transformers' FineGrainedFP8 (``quant_method`` "fp8": ``weight`` and
+    ``weight_scale_inv`` per block), read as ``fp8_block``.
+
     ``device`` is where the tensors go: by default the skeleton's, or the CPU for a skeleton
     on the meta device. ``caps`` defaults to a probe of that device; ``catalog`` and
     ``launches`` to kernelpick's kernels, as for ``quantize_model``. Every check (the
@@ -161,21 +186,18 @@ def load_quantized(
     """
     root = Path(directory)
     config_path = root / CONFIG_NAME
-    qconfig = read_json(config_path).get(QUANTIZATION_CONFIG)
-    if qconfig is None:
-        expected = "the compressed-tensors config that save_quantized writes"
-        raise CheckpointError(str(config_path), QUANTIZATION_CONFIG, "nothing", expected)
-    scheme, targets, ignore = from_config(str(config_path), qconfig)
+    layout = read_layout(str(config_path), read_json(config_path).get(QUANTIZATION_CONFIG))
     target = _device(model, device)
     if caps is None:
         from kernelpick import probe
 
         caps = probe(target)
     steps = LayerSteps.create(
-        scheme, caps, policy, online=False, catalog=catalog, launches=launches
-    )
+        layout.scheme, caps, policy, online=False, catalog=catalog, launches=launches,
+        block_size=layout.block_size,
+    )  # fmt: skip
     with Checkpoint(root) as checkpoint:
-        planned = plan(model, checkpoint, steps, (targets, ignore), target)
+        planned = plan(model, checkpoint, steps, layout, target)
         before = model_bytes(model)
         modules, tensors = build(checkpoint, steps, planned, target)
     _commit(model, planned, modules, tensors)
@@ -183,5 +205,23 @@ def load_quantized(
         steps.log(layer.state)
     layers = tuple(LayerReport.of(layer.paths[0], layer.state) for layer in planned.layers)
     return ConversionReport(
-        scheme.value, caps.name, layers, tuple(planned.skipped), before, model_bytes(model)
-    )
+        layout.scheme.value, caps.name, layers, tuple(planned.skipped), before,
+        model_bytes(model),
+    )  # fmt: skip
+
+
+def read_layout(where: str, qconfig: object) -> Layout:
+    """The layout a ``quantization_config`` describes, by its ``quant_method``:
+    compressed-tensors', or transformers' FineGrainedFP8 ("fp8")."""
+    if qconfig is None:
+        expected = "a compressed-tensors or FineGrainedFP8 config (save_quantized writes one)"
+        raise CheckpointError(where, QUANTIZATION_CONFIG, "nothing", expected)
+    if not isinstance(qconfig, Mapping):
+        raise CheckpointError(where, QUANTIZATION_CONFIG, repr(qconfig), "a mapping")
+    method = qconfig.get("quant_method")
+    if method == _hf_fp8_config.METHOD:
+        return _hf_fp8_config.from_hf_config(where, qconfig)
+    if method == _ct_config.METHOD:
+        return _ct_config.from_config(where, qconfig)
+    valid = f"{_ct_config.METHOD!r} or {_hf_fp8_config.METHOD!r} (transformers' FineGrainedFP8)"
+    raise CheckpointError(where, "quant_method", repr(method), valid)

@@ -1,4 +1,5 @@
-"""``quantize_model``: convert every eligible ``nn.Linear`` of a model to FP8, in place.
+"""``quantize_model``: convert every eligible ``nn.Linear`` of a model to FP8 or int8, in
+place.
 
 Every check runs read-only before the first change: selection for every layer, shapes,
 dtypes, NaN/Inf and the device. A failure there raises ``ModelConversionError`` and the
@@ -159,8 +160,12 @@ def quantize_model(
     launches: Mapping[str, Launch] | None = None,
     chunk_rows: int = CHUNK_ROWS,
     progress: bool | None = None,
+    block_size: int | None = None,
 ) -> ConversionReport:
     """Replace every ``nn.Linear`` of ``model`` (in place) with an ``Fp8Linear``.
+
+    ``scheme`` is one of ``ONLINE_SCHEMES``; ``block_size`` is ``fp8_block``'s (None: 128).
+    An ``int8_per_channel`` layer's ``Fp8Linear`` holds an int8 weight.
 
     ``skip(name, module)`` keeps a layer as it is. A linear whose weight is shared with a
     module that stays in high precision (a ``lm_head`` tied to the input embedding) is kept
@@ -196,7 +201,7 @@ def quantize_model(
         caps = probe(groups[0][0][0].weight.device if groups else None)
     steps = LayerSteps.create(
         scheme, caps, policy, online=True, catalog=catalog, launches=launches,
-        chunk_rows=chunk_rows,
+        chunk_rows=chunk_rows, block_size=block_size,
     )  # fmt: skip
     plans = _plan_all(steps, groups)
     before = model_bytes(model)

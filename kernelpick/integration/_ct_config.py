@@ -1,63 +1,113 @@
 """The compressed-tensors quantization config: what kernelpick writes, and what it reads.
 
-A checkpoint holds one config group: FP8 weights (8-bit symmetric floats) and, except for
-weight-only, FP8 activations. Each named scheme is one row of ``_ARGS``; reading refuses
-anything outside the table by name (an unknown strategy, block scales, a KV-cache scheme,
-transforms, sparsity), so no checkpoint is half understood. The field names and values
-are those compressed-tensors' ``QuantizationConfig`` writes (``quant_method``
-"compressed-tensors", ``format`` "float-quantized"), which vLLM and SGLang load too.
+A checkpoint holds one config group: 8-bit symmetric weights (FP8 or int8) and, except for
+weight-only, activations of the same type. Each named scheme is one row of ``_ROWS``;
+reading refuses anything outside the table by name (an unknown strategy, non-square
+blocks, a KV-cache scheme, transforms, sparsity), so no checkpoint is half understood.
+The field names and values are those compressed-tensors' ``QuantizationConfig`` and
+``QuantizationArgs`` write (``quant_method`` "compressed-tensors"; ``format``
+"float-quantized", "int-quantized" or "naive-quantized"; the ``FP8_BLOCK`` and ``W8A8``
+presets' arguments), which vLLM and SGLang load too.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
+import attrs
 import torch
 
-from kernelpick.core._schemes import Scheme
+from kernelpick.core._schemes import DEFAULT_BLOCK_SIZE, Scheme
 from kernelpick.integration._errors import CheckpointError
+from kernelpick.integration._layout import Layout, Stored
 
-__all__ = ["QUANTIZATION_CONFIG", "from_config", "matches", "to_config"]
+__all__ = [
+    "METHOD",
+    "SCHEMES",
+    "CompressedTensorsLayout",
+    "from_config",
+    "matches",
+    "to_config",
+]
 
-QUANTIZATION_CONFIG = "quantization_config"
-_METHOD = "compressed-tensors"
-_FP8 = {"num_bits": 8, "type": "float", "symmetric": True}
+METHOD = "compressed-tensors"
 
-# scheme: (weights strategy, input_activations (strategy, dynamic), or None for weight-only)
-_ARGS: dict[Scheme, tuple[str, tuple[str, bool] | None]] = {
-    Scheme.FP8_PER_CHANNEL: ("channel", ("token", True)),
-    Scheme.FP8_PER_TENSOR: ("tensor", ("tensor", True)),
-    Scheme.FP8_PER_TENSOR_STATIC: ("tensor", ("tensor", False)),
-    Scheme.FP8_WEIGHT_ONLY: ("channel", None),
+
+@attrs.frozen
+class _Row:
+    """A scheme's arguments: the weights' type and strategy, the input activations'
+    (strategy, dynamic) or None for weight-only, and the checkpoint format."""
+
+    type: str
+    weights: str
+    activations: tuple[str, bool] | None
+    format: str
+
+
+_ROWS = {
+    Scheme.FP8_PER_CHANNEL: _Row("float", "channel", ("token", True), "float-quantized"),
+    Scheme.FP8_PER_TENSOR: _Row("float", "tensor", ("tensor", True), "float-quantized"),
+    Scheme.FP8_PER_TENSOR_STATIC: _Row("float", "tensor", ("tensor", False), "float-quantized"),
+    # compressed-tensors stores weight-only FP8 as "naive-quantized": the FP8 weight plus
+    # its scales, as the others.
+    Scheme.FP8_WEIGHT_ONLY: _Row("float", "channel", None, "naive-quantized"),
+    # weights in b x b blocks (block_structure [b, b]), activations in 1 x b groups
+    # (group_size b), as the FP8_BLOCK preset.
+    Scheme.FP8_BLOCK: _Row("float", "block", ("group", True), "float-quantized"),
+    Scheme.INT8_PER_CHANNEL: _Row("int", "channel", ("token", True), "int-quantized"),
 }
-# compressed-tensors stores W8A8 FP8 layers as "float-quantized" and weight-only ones as
-# "naive-quantized"; both are the FP8 weight plus its scales.
-_FORMATS = {True: "float-quantized", False: "naive-quantized"}
+SCHEMES = tuple(_ROWS)  # the schemes a compressed-tensors config can say
 # Settings that, when present and not empty, change what the tensors mean.
 _UNSUPPORTED = ("kv_cache_scheme", "sparsity_config", "transform_config", "moe_sparsity_config")
 
 
-def _args(strategy: str, dynamic: bool) -> dict[str, Any]:
-    return {**_FP8, "strategy": strategy, "dynamic": dynamic, "group_size": None}
+@attrs.frozen(kw_only=True)
+class CompressedTensorsLayout(Layout):
+    """A compressed-tensors checkpoint: the modules ``targets`` match and ``ignore`` does
+    not are quantized, with their scale stored as ``weight_scale``."""
+
+    targets: tuple[str, ...]
+    ignore: tuple[str, ...]
+
+    def role(self, name: str, module: torch.nn.Module, stored: Stored) -> bool | str | None:
+        if not matches(name, module, self.targets):
+            return None
+        return "the checkpoint keeps it in high precision" if matches(
+            name, module, self.ignore
+        ) else True  # fmt: skip
 
 
-def to_config(scheme: Scheme, ignore: Iterable[str]) -> dict[str, Any]:
+def _args(
+    type_: str, strategy: str, dynamic: bool, group_size: int | None = None
+) -> dict[str, Any]:
+    return {"num_bits": 8, "type": type_, "symmetric": True, "strategy": strategy,
+            "dynamic": dynamic, "group_size": group_size}  # fmt: skip
+
+
+def to_config(
+    scheme: Scheme, ignore: Iterable[str], block_size: int | None = None
+) -> dict[str, Any]:
     """The ``quantization_config`` of a checkpoint whose every ``Linear`` but ``ignore`` is
-    quantized with ``scheme``."""
-    weights, activations = _ARGS[scheme]
-    fmt = _FORMATS[activations is not None]
+    quantized with ``scheme`` (``block_size``: fp8_block's, 128 when None)."""
+    row = _ROWS[scheme]
+    weights = _args(row.type, row.weights, False)
+    activations = None if row.activations is None else _args(row.type, *row.activations)
+    if scheme is Scheme.FP8_BLOCK and activations is not None:
+        size = DEFAULT_BLOCK_SIZE if block_size is None else block_size
+        weights["block_structure"] = [size, size]
+        activations["group_size"] = size
     group = {
         "targets": ["Linear"],
-        "weights": _args(weights, False),
-        "input_activations": None if activations is None else _args(*activations),
+        "weights": weights,
+        "input_activations": activations,
         "output_activations": None,
-        "format": fmt,
+        "format": row.format,
     }
     return {
-        "quant_method": _METHOD,
-        "format": fmt,
+        "quant_method": METHOD,
+        "format": row.format,
         "quantization_status": "compressed",
         "config_groups": {"group_0": group},
         "ignore": sorted(ignore),
@@ -73,25 +123,75 @@ def _field(where: str, config: Mapping[str, Any], key: str, allowed: Iterable[ob
     return value
 
 
-def _read_args(where: str, args: object, strategies: Iterable[str]) -> tuple[str, bool]:
+@attrs.frozen
+class _Args:
+    type: str
+    strategy: str
+    dynamic: bool
+    size: int | None  # the block's rows and columns, or the activation group's size
+
+
+def _positive(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _read_args(where: str, args: object, types: Iterable[str], strategies: Iterable[str]) -> _Args:
     if not isinstance(args, Mapping):
         raise CheckpointError(where, "", repr(args), "a mapping of quantization arguments")
     _field(where, args, "num_bits", [8])
-    _field(where, args, "type", ["float"])
+    type_ = str(_field(where, args, "type", types))
     _field(where, {"symmetric": True, **args}, "symmetric", [True])
-    for key in ("group_size", "block_structure", "actorder", "scale_dtype"):
+    for key in ("actorder", "scale_dtype"):
         _field(where, args, key, [None, False] if key == "actorder" else [None])
     strategy = str(_field(where, args, "strategy", strategies))
     dynamic = bool(_field(where, {"dynamic": False, **args}, "dynamic", [True, False]))
-    return strategy, dynamic
+    block, group = args.get("block_structure"), args.get("group_size")
+    size: int | None = None
+    if strategy == "block":
+        if not (isinstance(block, list) and len(block) == 2 and all(map(_positive, block))):
+            raise CheckpointError(where, "block_structure", repr(block), "[rows, cols] of ints")
+        if block[0] != block[1]:
+            raise CheckpointError(where, "block_structure", repr(block),
+                                  "square blocks [b, b]: fp8_block scales b x b tiles")  # fmt: skip
+        size = block[0]
+    else:
+        _field(where, args, "block_structure", [None])
+    if strategy == "group":
+        if not _positive(group):
+            raise CheckpointError(where, "group_size", repr(group), "a positive int")
+        size = group
+    else:
+        _field(where, args, "group_size", [None])
+    return _Args(type_, strategy, dynamic, size)
 
 
-def from_config(where: str, config: object) -> tuple[Scheme, tuple[str, ...], tuple[str, ...]]:
-    """(scheme, targets, ignore) of a compressed-tensors ``quantization_config``, or a
-    ``CheckpointError`` naming the first setting kernelpick does not read."""
-    if not isinstance(config, Mapping):
-        raise CheckpointError(where, QUANTIZATION_CONFIG, repr(config), "a mapping")
-    _field(where, config, "quant_method", [_METHOD])
+def _scheme(at: str, weights: _Args, activations: _Args | None) -> Scheme:
+    """The row ``weights`` and ``activations`` make, or a ``CheckpointError``."""
+    if activations is not None and activations.type != weights.type:
+        mixed = f"{activations.type!r}, with {weights.type!r} weights"
+        raise CheckpointError(f"{at}.input_activations", "type", mixed, repr(weights.type))
+    act = None if activations is None else (activations.strategy, activations.dynamic)
+    found = (weights.type, weights.strategy, act)
+    for scheme, row in _ROWS.items():
+        if (row.type, row.weights, row.activations) != found:
+            continue
+        if activations is not None and activations.size != weights.size:  # fp8_block's
+            raise CheckpointError(
+                f"{at}.input_activations", "group_size", repr(activations.size),
+                f"{weights.size}, the weights' block size: fp8_block quantizes "
+                "activations in groups as wide as the blocks",
+            )  # fmt: skip
+        return scheme
+    supported = "; ".join(
+        f"{s.value}: ({r.type}, {r.weights}, {r.activations})" for s, r in _ROWS.items()
+    )
+    raise CheckpointError(at, "weights/input_activations", str(found), supported)
+
+
+def from_config(where: str, config: Mapping[str, Any]) -> CompressedTensorsLayout:
+    """The layout of a compressed-tensors ``quantization_config``, or a ``CheckpointError``
+    naming the first setting kernelpick does not read."""
+    _field(where, config, "quant_method", [METHOD])
     _field(where, {"quantization_status": "compressed", **config}, "quantization_status",
            ["compressed"])  # fmt: skip
     for key in _UNSUPPORTED:
@@ -105,27 +205,27 @@ def from_config(where: str, config: object) -> tuple[Scheme, tuple[str, ...], tu
     at = f"{where}: config_groups.{name}"
     if not isinstance(group, Mapping):
         raise CheckpointError(at, "", repr(group), "weights and input_activations (not a preset)")
-    weights = _read_args(f"{at}.weights", group.get("weights"), ["channel", "tensor"])
-    if weights[1]:
+    weights = _read_args(f"{at}.weights", group.get("weights"), ["float", "int"],
+                         ["channel", "tensor", "block"])  # fmt: skip
+    if weights.dynamic:
         raise CheckpointError(f"{at}.weights", "dynamic", "True", "False: weights have scales")
     act = group.get("input_activations")
-    activations = None if act is None else _read_args(f"{at}.input_activations", act,
-                                                       ["token", "tensor"])  # fmt: skip
+    activations = None if act is None else _read_args(
+        f"{at}.input_activations", act, ["float", "int"], ["token", "tensor", "group"]
+    )  # fmt: skip
     if group.get("output_activations") is not None:
         raise CheckpointError(at, "output_activations", repr(group["output_activations"]), "None")
-    found = (weights[0], activations)
-    schemes = [scheme for scheme, args in _ARGS.items() if args == found]
-    if not schemes:
-        supported = "; ".join(f"{s.value}: {a}" for s, a in _ARGS.items())
-        raise CheckpointError(at, "weights/input_activations", str(found), supported)
-    fmt = _FORMATS[activations is not None]
+    scheme = _scheme(at, weights, activations)
+    fmt = _ROWS[scheme].format
     _field(at, {"format": fmt, **group}, "format", [fmt])
     _field(where, {"format": fmt, **config}, "format", [fmt])
     targets = group.get("targets")
     ignore = config.get("ignore") or []
     if not _strings(targets) or not targets or not _strings(ignore):
         raise CheckpointError(at, "targets/ignore", repr((targets, ignore)), "lists of names")
-    return schemes[0], tuple(targets), tuple(ignore)
+    block = weights.size if scheme is Scheme.FP8_BLOCK else None
+    return CompressedTensorsLayout(where=where, scheme=scheme, block_size=block,
+                                   targets=tuple(targets), ignore=tuple(ignore))  # fmt: skip
 
 
 def _strings(value: object) -> bool:

@@ -1,4 +1,5 @@
-"""The steps that make one linear an FP8 layer: select, check, bind, quantize, install, run.
+"""The steps that make one linear a quantized layer (FP8 or int8): select, check, bind,
+quantize, install, run.
 
 The linear method (an engine's layers), ``quantize_model`` and ``load_quantized`` all make
 their layers with these, so a layer is made the same way whichever path made it. The
@@ -14,8 +15,7 @@ from collections.abc import Mapping, Sequence
 import attrs
 import torch
 
-from kernelpick.adapters import LAUNCHES, Launch, bind
-from kernelpick.core import default_catalog
+from kernelpick.adapters import Launch, bind
 from kernelpick.core._decision import Rejected, Selected
 from kernelpick.core._device import DeviceCaps
 from kernelpick.core._dtypes import Dtype
@@ -26,6 +26,7 @@ from kernelpick.core._schemes import Scheme, quant_config
 from kernelpick.core._select import choose
 from kernelpick.core._specs import Catalog
 from kernelpick.integration._errors import KernelSelectionError
+from kernelpick.integration._launch_tables import check_rows, launch_table
 from kernelpick.integration._log import log_selection
 from kernelpick.integration._state import LayerState, attach, layer_state
 from kernelpick.kernels._base import Kernel
@@ -37,8 +38,17 @@ __all__ = ["ONLINE_SCHEMES", "LayerSteps", "frozen", "install", "positive_sizes"
 
 # Schemes whose scales can all be computed from the weights and the live activations.
 # fp8_per_tensor_static needs activation scales calibrated on data, which only a
-# pre-quantized checkpoint (checkpoint_format="fp8") can bring.
-ONLINE_SCHEMES = (Scheme.FP8_PER_CHANNEL, Scheme.FP8_PER_TENSOR, Scheme.FP8_WEIGHT_ONLY)
+# pre-quantized checkpoint (checkpoint_format="pre_quantized") can bring.
+ONLINE_SCHEMES = (
+    Scheme.FP8_PER_CHANNEL,
+    Scheme.FP8_PER_TENSOR,
+    Scheme.FP8_WEIGHT_ONLY,
+    Scheme.FP8_BLOCK,
+    Scheme.INT8_PER_CHANNEL,
+)
+# Schemes the integration does not make layers for: mxfp8's E8M0 scales have no loader,
+# checkpoint format or cast rule here yet (its kernels run through kernelpick.kernels).
+_NOT_INTEGRATED = (Scheme.MXFP8,)
 
 
 def positive_sizes(sizes: object) -> tuple[int, ...]:
@@ -58,48 +68,12 @@ def frozen(tensor: torch.Tensor) -> torch.nn.Parameter:
     return torch.nn.Parameter(tensor, requires_grad=False)
 
 
-def _launches(launches: object) -> dict[str, Launch] | None:
-    if launches is None:
-        return None
-    if not isinstance(launches, Mapping):
-        expected = "None or a mapping of kernel id to kernelpick.adapters.Launch (LAUNCHES)"
-        raise InvalidValueError("launches", type(launches).__name__, expected)
-    for key, row in launches.items():  # the first bad entry, named: a table has dozens
-        if not isinstance(key, str):
-            raise InvalidValueError("launches key", key, "a kernel id (a str) of the catalog")
-        if not isinstance(row, Launch):
-            family = row.__name__ if isinstance(row, type) else "YourKernelFamily"
-            found = f"class {row.__name__}" if isinstance(row, type) else type(row).__name__
-            raise InvalidValueError(
-                f"launches[{key!r}]", found, f"a kernelpick.adapters.Launch, e.g. Launch({family})"
-            )
-    # Copied into a plain dict: a later change to the caller's table cannot reach layers
-    # already made, and a model holding it can still be deep-copied (a mappingproxy cannot).
-    return dict(launches)
-
-
-def _check_rows(catalog: Catalog | None, launches: Mapping[str, Launch] | None) -> None:
-    """Every kernel ``catalog`` may select has a row in ``launches``, or ``InvalidValueError``
-    naming the first that has none and how to add it. Checked for the whole catalog
-    once, not per selection: a cast or a move selects again in the middle of torch's walk
-    over the model, after the modules before the layer changed, so the tables must be
-    known to fit before the first layer is made."""
-    rows = LAUNCHES if launches is None else launches
-    for spec in (default_catalog() if catalog is None else catalog).kernels:
-        if spec.id not in rows:
-            # Not a misspelling: the catalog names a kernel the table cannot run.
-            expected = (
-                f"a launch row for every catalog id: add {{**LAUNCHES, {spec.id!r}: "
-                "Launch(<family>)} to launches, or leave the id out of the catalog"
-            )
-            raise InvalidValueError("launches", f"no row for {spec.id!r}", expected)
-
-
 @attrs.frozen(eq=False)  # compared by identity: it holds a dict, which cannot be hashed
 class LayerSteps:
     """What every step needs: the scheme, the device to select for, the policy, the kernel
-    tables (``catalog`` and ``launches``; kernelpick's own when None) and the rows
-    quantized at a time. Made by ``create``, which checks and fills in the defaults."""
+    tables (``catalog`` and ``launches``; kernelpick's own when None), the rows quantized
+    at a time and, for ``fp8_block``, the block size (None: the scheme's 128). Made by
+    ``create``, which checks and fills in the defaults."""
 
     scheme: Scheme
     caps: DeviceCaps
@@ -107,6 +81,7 @@ class LayerSteps:
     catalog: Catalog | None
     launches: Mapping[str, Launch] | None
     chunk_rows: int
+    block_size: int | None = None
 
     @classmethod
     def create(
@@ -119,38 +94,56 @@ class LayerSteps:
         catalog: Catalog | None = None,
         launches: Mapping[str, Launch] | None = None,
         chunk_rows: int = CHUNK_ROWS,
+        block_size: int | None = None,
     ) -> LayerSteps:
         """The steps for ``scheme``. ``online`` steps quantize high-precision weights, so
-        the scheme must be one of ``ONLINE_SCHEMES``. ``caps`` defaults to a probe of the
-        current device, ``policy`` to ``Policy.from_env(os.environ)`` (so ``KERNELPICK_*``
+        the scheme must be one of ``ONLINE_SCHEMES``; ``mxfp8`` is refused either way.
+        ``block_size`` is ``fp8_block``'s only. ``caps`` defaults to a probe of the current
+        device, ``policy`` to ``Policy.from_env(os.environ)`` (so ``KERNELPICK_*``
         variables reach engines). Every catalog id needs a row in ``launches``."""
         parsed = Scheme.parse(scheme)
+        if parsed in _NOT_INTEGRATED:
+            valid = ", ".join(s.value for s in Scheme if s not in _NOT_INTEGRATED)
+            raise InvalidValueError(
+                "scheme", parsed.value,
+                f"one of {valid}: the integration has no loader, checkpoint format or cast "
+                f"for {parsed.value}'s E8M0 scales yet; run its kernels through "
+                "kernelpick.kernels (quantize_weights, apply)",
+            )  # fmt: skip
         if online and parsed not in ONLINE_SCHEMES:
             valid = ", ".join(s.value for s in ONLINE_SCHEMES)
             raise InvalidValueError(
                 "scheme", parsed.value,
                 f"one of {valid}: {parsed.value} needs activation scales calibrated on "
                 "data, which online quantization cannot compute; load them from a "
-                "pre-quantized checkpoint with checkpoint_format='fp8'",
+                "pre-quantized checkpoint with checkpoint_format='pre_quantized'",
             )  # fmt: skip
+        if block_size is not None:
+            if parsed is not Scheme.FP8_BLOCK:
+                raise InvalidValueError(
+                    "block_size", block_size, f"None: only fp8_block has one, not {parsed.value}"
+                )
+            if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+                raise InvalidValueError("block_size", block_size, "a positive integer, e.g. 128")
         if not isinstance(chunk_rows, int) or isinstance(chunk_rows, bool) or chunk_rows < 1:
             raise InvalidValueError("chunk_rows", chunk_rows, "a positive integer")
-        rows = _launches(launches)
-        _check_rows(catalog, rows)
+        rows = launch_table(launches)
+        check_rows(catalog, rows)
         if caps is None:
             from kernelpick import probe  # the facade's probe, shared with kp.probe's cache
 
             caps = probe()
         policy = Policy.from_env(os.environ, catalog) if policy is None else policy
-        return cls(parsed, caps, policy, catalog, rows, chunk_rows)
+        return cls(parsed, caps, policy, catalog, rows, chunk_rows, block_size)
 
     # -- select ------------------------------------------------------------------------
 
     def config(self, n: int, k: int, dtype: object, *, bias: bool = False) -> QuantConfig:
         """A layer's QuantConfig: ``dtype`` (a torch or kernelpick dtype) is in and out."""
         return quant_config(
-            self.scheme, weight_shape=(n, k), out_dtype=Dtype.parse(dtype), bias=bias
-        )
+            self.scheme, weight_shape=(n, k), out_dtype=Dtype.parse(dtype), bias=bias,
+            block_size=self.block_size,
+        )  # fmt: skip
 
     def select(
         self, config: QuantConfig, layer: str = "", caps: DeviceCaps | None = None
@@ -203,8 +196,8 @@ class LayerSteps:
         self, state: LayerState, weight: torch.Tensor
     ) -> tuple[torch.nn.Parameter, torch.nn.Parameter]:
         """A checked high-precision weight in the canonical layout, as frozen parameters:
-        the FP8 weight and its fp32 scale (per the scheme: fp32 amax, clamp floor, a chunk
-        of rows at a time)."""
+        the FP8 or int8 weight and its fp32 scale (per the scheme: per channel, per tensor
+        or per block; fp32 amax, clamp floor, a chunk of rows at a time)."""
         fp8, scale = quantize_weight(weight.detach(), state.config, chunk_rows=self.chunk_rows)
         return frozen(fp8), frozen(scale)
 

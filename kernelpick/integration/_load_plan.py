@@ -9,9 +9,9 @@ import attrs
 import torch
 
 from kernelpick.core._errors import KernelpickError
-from kernelpick.integration._ct_config import matches
 from kernelpick.integration._errors import CheckpointError, ModelConversionError
 from kernelpick.integration._layer_steps import LayerSteps, frozen, install
+from kernelpick.integration._layout import Layout, Stored
 from kernelpick.integration._modules import Fp8Linear
 from kernelpick.integration._report import SkippedLayer
 from kernelpick.integration._safetensors_io import Checkpoint
@@ -20,11 +20,13 @@ from kernelpick.integration._swap import dropped_by_swap
 from kernelpick.kernels._base import Kernel
 from kernelpick.kernels._canonical import (
     SCALE_DTYPES,
+    canonical_dtype,
     canonical_scale,
     check_finite,
     check_fp8_finite,
     positive_zero_,
 )
+from kernelpick.kernels._torch import torch_dtype
 
 __all__ = ["LoadPlan", "PlannedLayer", "build", "plan"]
 
@@ -32,7 +34,7 @@ __all__ = ["LoadPlan", "PlannedLayer", "build", "plan"]
 @attrs.frozen
 class PlannedLayer:
     """A quantized layer of the checkpoint: the skeleton's linear at each of its paths, its
-    selected and bound kernel, and the stored key of each of its tensors."""
+    selected and bound kernel, and the stored key of each of its canonical tensors."""
 
     paths: tuple[str, ...]
     module: torch.nn.Linear
@@ -57,19 +59,22 @@ def _wanted(checkpoint: Checkpoint, key: str, ok: bool, expected: str) -> str:
 
 
 def _layer_keys(
-    checkpoint: Checkpoint, path: str, config_names: list[str], n: int, k: int
+    checkpoint: Checkpoint, path: str, names: list[str], layout: Layout, state: LayerState
 ) -> dict[str, str]:
     keys: dict[str, str] = {}
-    for name in config_names:
-        key = checkpoint.source(f"{path}.{name}")
+    n, k = state.config.weight_shape
+    weight_dtype = torch_dtype(canonical_dtype(state.config))
+    for name in names:
+        stored = f"{path}.{layout.stored_name(name)}"
+        key = checkpoint.source(stored)
         if key is None:
             where = str(checkpoint.directory)
-            raise CheckpointError(where, f"{path}.{name}", "nothing", "a tensor of this layer")
+            raise CheckpointError(where, stored, "nothing", "a tensor of this layer")
         dtype, shape = checkpoint.describe(key)
         if name == "weight":
             ok, expected = (
-                dtype == torch.float8_e4m3fn and shape == (n, k),
-                f"float8_e4m3fn [{n}, {k}]",
+                dtype == weight_dtype and shape == (n, k),
+                f"{str(weight_dtype).removeprefix('torch.')} [{n}, {k}]",
             )
         elif name == "bias":
             ok, expected = dtype in SCALE_DTYPES and shape == (n,), f"fp32, bf16 or fp16 [{n}]"
@@ -79,9 +84,17 @@ def _layer_keys(
     return keys
 
 
+def _stored_in(checkpoint: Checkpoint, path: str) -> Stored:
+    def stored(name: str) -> bool:
+        return checkpoint.source(f"{path}.{name}") is not None
+
+    return stored
+
+
 def _plan_layer(
     checkpoint: Checkpoint,
     steps: LayerSteps,
+    layout: Layout,
     paths: list[str],
     module: torch.nn.Module,
     device: torch.device,
@@ -102,7 +115,7 @@ def _plan_layer(
         names.append("input_scale")
     if bias:
         names.append("bias")
-    keys = _layer_keys(checkpoint, name, names, *config.weight_shape)
+    keys = _layer_keys(checkpoint, name, names, layout, state)
     return PlannedLayer(tuple(paths), module, state, kernel, keys)
 
 
@@ -110,12 +123,13 @@ def plan(
     model: torch.nn.Module,
     checkpoint: Checkpoint,
     steps: LayerSteps,
-    patterns: tuple[tuple[str, ...], tuple[str, ...]],
+    layout: Layout,
     device: torch.device,
 ) -> LoadPlan:
     """Everything ``build`` will read, checked against the skeleton; raises
-    ``ModelConversionError`` naming every layer with no kernel, or ``CheckpointError``."""
-    targets, ignore = patterns
+    ``ModelConversionError`` naming every layer with no kernel, or ``CheckpointError``.
+    ``layout`` says which modules the checkpoint quantizes and what it names their
+    tensors."""
     paths: dict[int, list[str]] = {}
     modules: dict[int, torch.nn.Module] = {}
     for name, module in model.named_modules(remove_duplicate=False):
@@ -125,14 +139,17 @@ def plan(
     skipped: list[SkippedLayer] = []
     failures: list[tuple[str, KernelpickError]] = []
     for key, names in paths.items():
-        module = modules[key]
-        if not names[0] or not matches(names[0], module, targets):
+        module, first = modules[key], names[0]
+        if not first:
             continue
-        if matches(names[0], module, ignore):
-            skipped.append(SkippedLayer(names[0], "the checkpoint keeps it in high precision"))
+        role = layout.role(first, module, _stored_in(checkpoint, first))
+        if role is None:
+            continue
+        if isinstance(role, str):
+            skipped.append(SkippedLayer(first, role))
             continue
         try:
-            layers.append(_plan_layer(checkpoint, steps, names, module, device))
+            layers.append(_plan_layer(checkpoint, steps, layout, names, module, device))
         except KernelpickError as error:
             failures.append((names[0], error))
     if failures:
@@ -220,8 +237,8 @@ def _read_layer(
 ) -> Fp8Linear:
     name, keys, linear = layer.paths[0], layer.keys, layer.module
     shapes = (("weight_scale", layer.state.config.weight_scale_shape), ("input_scale", (1,)))
-    scales = [
-        frozen(canonical_scale(f"{name}.{key}", checkpoint.read(keys[key]).to(device), shape))
+    scales = [  # named as stored: weight_scale_inv is a transformers checkpoint's
+        frozen(canonical_scale(keys[key], checkpoint.read(keys[key]).to(device), shape))
         for key, shape in shapes
         if key in keys
     ]
@@ -248,9 +265,12 @@ def build(
             weight = weights.get(id(linear.weight))
             if weight is None:
                 stored = checkpoint.read(layer.keys["weight"])
-                check_fp8_finite(f"{name}.weight", stored)
+                fp8 = stored.dtype == torch.float8_e4m3fn  # else int8: any byte is a value
+                if fp8:
+                    check_fp8_finite(f"{name}.weight", stored)
                 weight = frozen(stored.to(device, copy=True).contiguous())
-                positive_zero_(weight.data)
+                if fp8:
+                    positive_zero_(weight.data)
                 weights[id(linear.weight)] = weight
             modules.append(_read_layer(checkpoint, steps, layer, weight, device))
         except KernelpickError as error:

@@ -3,7 +3,8 @@ call them, for each parameter ``create_weights`` registers.
 
 A loader checks everything about the tensor it is handed before it writes a byte, so a
 refused tensor leaves the parameter as it was. A fused layer (q/k/v, gate/up) loads one
-shard at a time: ``shard_id`` indexes its ``output_partition_sizes``.
+shard at a time: ``shard_id`` indexes its ``output_partition_sizes``, and each shard's
+scales go to the scale rows ``_shards`` gives it.
 """
 
 from __future__ import annotations
@@ -15,20 +16,26 @@ from typing import Protocol, cast
 import torch
 
 from kernelpick.core._errors import InvalidValueError, KernelInputError
+from kernelpick.integration._shards import scale_rows
 from kernelpick.integration._state import ALL_SHARDS, LayerState
-from kernelpick.kernels._canonical import canonical_scale, check_fp8_finite
-from kernelpick.kernels._torch import check_tensor, reject
+from kernelpick.kernels._canonical import (
+    CANONICAL_FP8,
+    canonical_dtype,
+    canonical_scale,
+    check_fp8_finite,
+)
+from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
 
 __all__ = [
     "WeightLoader",
-    "fp8_weight_loader",
     "high_precision_loader",
+    "quantized_weight_loader",
     "scale_loader",
     "tracking",
     "weight_loader_of",
 ]
 
-_PRE_QUANTIZED = "checkpoint_format='fp8' (the pre-quantized path)"
+_PRE_QUANTIZED = "checkpoint_format='pre_quantized' (or 'fp8'; the pre-quantized path)"
 _ONLINE = "checkpoint_format='high_precision' (online quantization)"
 
 
@@ -50,6 +57,12 @@ def weight_loader_of(param: torch.Tensor) -> WeightLoader:
 
 # Checks a loaded tensor for the rows it fills and returns what to copy into them.
 Accept = Callable[[str, torch.Tensor, int], torch.Tensor]
+# The rows of a parameter that a shard's weight rows (first, count) fill.
+Rows = Callable[[int, int], tuple[int, int]]
+
+
+def _same_rows(start: int, rows: int) -> tuple[int, int]:
+    return start, rows
 
 
 def _shard(state: LayerState, shard_id: object) -> tuple[int, int, int]:
@@ -63,12 +76,18 @@ def _shard(state: LayerState, shard_id: object) -> tuple[int, int, int]:
 
 
 def _loader(
-    state: LayerState, own: torch.Tensor, name: str, accept: Accept, per_shard: bool
+    state: LayerState,
+    own: torch.Tensor,
+    name: str,
+    accept: Accept,
+    per_shard: bool,
+    rows_of: Rows = _same_rows,
 ) -> WeightLoader:
     """A loader for ``own``, the parameter ``name`` of a layer. ``per_shard`` parameters
-    hold one value per shard (per-tensor scales); the others one row per output row.
-    The loader holds ``own`` weakly: it is an attribute of ``own``, and a cycle would keep a
-    replaced high-precision weight alive until the garbage collector runs."""
+    hold one value per shard (per-tensor scales); the others the rows ``rows_of`` gives a
+    shard's weight rows (the same rows, or its rows of block scales). The loader holds
+    ``own`` weakly: it is an attribute of ``own``, and a cycle would keep a replaced
+    high-precision weight alive until the garbage collector runs."""
     own_ref = weakref.ref(own)
 
     def weight_loader(
@@ -81,6 +100,8 @@ def _loader(
                 f"{state.name}.{name}, the parameter this loader was made for",
             )  # fmt: skip
         start, rows, loaded = _shard(state, shard_id)
+        if not per_shard:
+            start, rows = rows_of(start, rows)
         if not isinstance(loaded_weight, torch.Tensor):
             kind = type(loaded_weight).__name__
             raise KernelInputError(label, (), kind, "-", "a torch.Tensor")
@@ -131,30 +152,41 @@ def high_precision_loader(state: LayerState, own: torch.Tensor) -> WeightLoader:
     return _loader(state, own, "weight", accept, per_shard=False)
 
 
-def fp8_weight_loader(state: LayerState, own: torch.Tensor) -> WeightLoader:
-    """The FP8 ``weight [N, K]`` of the pre-quantized path: e4m3fn without NaN bytes (its
-    negative zeros become +0 when the layer is processed)."""
+def quantized_weight_loader(state: LayerState, own: torch.Tensor) -> WeightLoader:
+    """The quantized ``weight [N, K]`` of the pre-quantized path: e4m3fn without NaN bytes
+    (its negative zeros become +0 when the layer is processed), or int8 for an int8
+    scheme (any of -128..127: compressed-tensors' symmetric int8 reaches -128)."""
     width = state.config.k
+    fmt = canonical_dtype(state.config)
+    dtype = torch_dtype(fmt)
+    layout = "the canonical FP8 layout" if fmt is CANONICAL_FP8 else "an int8 scheme's weight"
 
     def accept(label: str, tensor: torch.Tensor, rows: int) -> torch.Tensor:
         check_tensor(label, tensor)
-        if tensor.dtype != torch.float8_e4m3fn:
+        if tensor.dtype != dtype:
             hint = f"; a high-precision weight belongs to {_ONLINE}"
-            wanted = "dtype float8_e4m3fn (the canonical FP8 layout)"
-            raise reject(label, tensor, wanted + (hint if tensor.dtype.itemsize > 1 else ""))
+            wanted = f"dtype {str(dtype).removeprefix('torch.')} ({layout})"
+            floating = tensor.is_floating_point() and tensor.dtype.itemsize > 1
+            raise reject(label, tensor, wanted + (hint if floating else ""))
         if tuple(tensor.shape) != (rows, width):
             raise reject(label, tensor, f"shape [{rows}, {width}]")
-        check_fp8_finite(label, tensor)
+        if fmt is CANONICAL_FP8:
+            check_fp8_finite(label, tensor)
         return tensor
 
     return _loader(state, own, "weight", accept, per_shard=False)
 
 
 def scale_loader(state: LayerState, own: torch.Tensor, name: str, per_shard: bool) -> WeightLoader:
-    """A scale: one per output row (``[rows, 1]`` or ``[rows]``) or, ``per_shard``, one per
-    shard. fp32, bf16 and fp16 widen to fp32 exactly; zero, negative or NaN is refused."""
+    """A scale: one per output row (``[rows, 1]`` or ``[rows]``), one row per ``b`` output
+    rows per block (``[ceil(rows / b), ceil(K / b)]``) or, ``per_shard``, one per shard.
+    fp32, bf16 and fp16 widen to fp32 exactly; zero, negative or NaN is refused."""
+    columns = state.config.weight_scale_shape[1:]
 
     def accept(label: str, tensor: torch.Tensor, rows: int) -> torch.Tensor:
-        return canonical_scale(label, tensor, (1,) if per_shard else (rows, 1))
+        return canonical_scale(label, tensor, (1,) if per_shard else (rows, *columns))
 
-    return _loader(state, own, name, accept, per_shard)
+    def rows_of(start: int, rows: int) -> tuple[int, int]:
+        return scale_rows(state.config, start, rows)
+
+    return _loader(state, own, name, accept, per_shard, rows_of)

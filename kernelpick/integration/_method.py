@@ -1,13 +1,14 @@
-"""The FP8 linear method: select before allocating, load, quantize, run.
+"""The quantized linear method: select before allocating, load, quantize, run.
 
 It follows the linear-method protocol inference engines use (``create_weights``,
 ``process_weights_after_loading``, ``apply``), so an engine can hand it its layers as they
 are. ``Fp8PtpcLinearMethod`` is the ``fp8_per_channel`` (PTPC) method: per-token dynamic
-activations, per-channel static weights. Whatever the kernel, a processed layer holds its
-weights in the canonical layout (see ``kernelpick.kernels.quantize_weight``); the kernel's
-own layout is derived from them on each call and never stored. Each step of a layer
-(select, check, bind, quantize, install, run) is in ``_layer_steps``, shared with
-``quantize_model``.
+activations, per-channel static weights; ``Fp8LinearMethod`` takes any scheme the
+integration runs (FP8 per channel, per tensor, per block, weight-only, and int8 per
+channel). Whatever the kernel, a processed layer holds its weights in the canonical layout
+(see ``kernelpick.kernels.quantize_weight``); the kernel's own layout is derived from them
+on each call and never stored. Each step of a layer (select, check, bind, quantize,
+install, run) is in ``_layer_steps``, shared with ``quantize_model``.
 """
 
 from __future__ import annotations
@@ -33,14 +34,16 @@ from kernelpick.integration._layer_steps import (
 )
 from kernelpick.integration._loaders import (
     WeightLoader,
-    fp8_weight_loader,
     high_precision_loader,
+    quantized_weight_loader,
     scale_loader,
     tracking,
 )
+from kernelpick.integration._shards import check_shards, per_tensor, scale_shape
 from kernelpick.integration._state import ALL_SHARDS, CheckpointFormat, attach, layer_state
 from kernelpick.kernels._canonical import (
     CANONICAL_FP8,
+    canonical_dtype,
     canonical_scale,
     canonicalize_fp8_,
     one_tensor_scale,
@@ -52,14 +55,16 @@ __all__ = ["ONLINE_SCHEMES", "Fp8LinearMethod", "Fp8PtpcLinearMethod"]
 
 
 class Fp8LinearMethod:
-    """The FP8 linear method for one scheme, on one device, from one checkpoint format.
+    """The quantized linear method for one scheme, on one device, from one checkpoint format.
 
     ``caps`` is the device to select for (``kp.probe()`` when None); it may describe another
     device than the one the tensors live on, in which case selection answers for that device
     and running needs the real one. ``policy`` defaults to ``Policy.from_env(os.environ)``,
     so ``KERNELPICK_*`` variables reach engines. ``checkpoint_format`` says what the loaders
     receive: ``"high_precision"`` float weights, quantized after loading (one of
-    ``ONLINE_SCHEMES``), or ``"fp8"`` weights already in the canonical layout (any scheme).
+    ``ONLINE_SCHEMES``), or ``"pre_quantized"`` (also spelled ``"fp8"``) weights already in
+    the canonical layout, FP8 or int8 (any scheme but ``mxfp8``). ``block_size`` is
+    ``fp8_block``'s (None: 128).
     A kernel of the engine's own is selected from ``catalog`` and run through its row in
     ``launches`` (both default to kernelpick's; see ``kernelpick.adapters.bind``); a catalog
     id without a row raises ``UnknownNameError`` here, before any layer is made.
@@ -75,13 +80,14 @@ class Fp8LinearMethod:
         catalog: Catalog | None = None,
         launches: Mapping[str, Launch] | None = None,
         chunk_rows: int = CHUNK_ROWS,
+        block_size: int | None = None,
     ) -> None:
         scheme = Scheme.parse(scheme)  # named first, as it is the first argument
         self._checkpoint_format = CheckpointFormat.parse(checkpoint_format)
         online = self._checkpoint_format is CheckpointFormat.HIGH_PRECISION
         self._steps = LayerSteps.create(
-            scheme, caps, policy,
-            online=online, catalog=catalog, launches=launches, chunk_rows=chunk_rows,
+            scheme, caps, policy, online=online, catalog=catalog, launches=launches,
+            chunk_rows=chunk_rows, block_size=block_size,
         )  # fmt: skip
 
     # Read-only: the layers this method made keep the steps it had, so a setting changed
@@ -89,8 +95,13 @@ class Fp8LinearMethod:
 
     @property
     def checkpoint_format(self) -> CheckpointFormat:
-        """What the loaders receive: high-precision weights, or FP8 ones."""
+        """What the loaders receive: high-precision weights, or quantized ones."""
         return self._checkpoint_format
+
+    @property
+    def block_size(self) -> int | None:
+        """``fp8_block``'s block size, when given (None: the scheme's 128)."""
+        return self._steps.block_size
 
     @property
     def scheme(self) -> Scheme:
@@ -137,26 +148,31 @@ class Fp8LinearMethod:
 
         N is ``sum(output_partition_sizes)`` and K ``input_size_per_partition``. The online
         path registers ``weight [N, K]`` in ``params_dtype``; the pre-quantized path
-        registers the canonical FP8 ``weight [N, K]``, ``weight_scale`` (``[N, 1]`` per
-        channel; one per shard per tensor) and, for static schemes, ``input_scale`` (one
-        per shard). Each carries its ``weight_loader``. On a rejection this raises
-        ``KernelSelectionError`` and the layer gains nothing.
+        registers the canonical ``weight [N, K]`` (FP8, or int8 for an int8 scheme),
+        ``weight_scale`` (``[N, 1]`` per channel; ``[ceil(N/b), ceil(K/b)]`` per block; one
+        per shard per tensor) and, for static schemes, ``input_scale`` (one per shard).
+        Each carries its ``weight_loader``. On a rejection this raises
+        ``KernelSelectionError``, and on fused block shards that would share a block of
+        scales ``InvalidValueError``; either way the layer gains nothing.
         """
         steps = self._steps
         sizes = positive_sizes(output_partition_sizes)
         config = steps.config(sum(sizes), input_size_per_partition, params_dtype)
+        pre_quantized = self.checkpoint_format is CheckpointFormat.PRE_QUANTIZED
+        if pre_quantized:  # before selecting: a layer it refuses logs no kernel
+            check_shards(config, sizes, prefix or "layer")
         state = steps.state(config, prefix, sizes)
         n, k = config.weight_shape
         params: dict[str, tuple[torch.nn.Parameter, WeightLoader]] = {}
-        if self.checkpoint_format is CheckpointFormat.HIGH_PRECISION:
+        if not pre_quantized:
             weight = frozen(torch.empty((n, k), dtype=params_dtype))
             params["weight"] = (weight, high_precision_loader(state, weight))
         else:
-            weight = frozen(torch.empty((n, k), dtype=torch_dtype(CANONICAL_FP8)))
-            params["weight"] = (weight, fp8_weight_loader(state, weight))
-            per_tensor = config.weight_scale_shape == (1,)
-            scale = frozen(torch.empty((len(sizes),) if per_tensor else (n, 1)))
-            params["weight_scale"] = (scale, scale_loader(state, scale, "weight_scale", per_tensor))
+            weight = frozen(torch.empty((n, k), dtype=torch_dtype(canonical_dtype(config))))
+            params["weight"] = (weight, quantized_weight_loader(state, weight))
+            shared = per_tensor(config)
+            scale = frozen(torch.empty(scale_shape(config, sizes)))
+            params["weight_scale"] = (scale, scale_loader(state, scale, "weight_scale", shared))
             act = config.activation
             if act is not None and act.scale.static:
                 static = frozen(torch.empty((len(sizes),)))
@@ -178,8 +194,8 @@ class Fp8LinearMethod:
         Online: refuse NaN/Inf, then quantize per the scheme (fp32 amax, clamp floor,
         chunked rows) and free the high-precision copy. Pre-quantized: fused per-tensor
         shards with different scales are requantized to the largest (as engines do), and
-        static input scales take the largest. Shards never loaded are an error. A second
-        call does nothing.
+        static input scales take the largest; per-channel and block scales stay as loaded.
+        Shards never loaded are an error. A second call does nothing.
         """
         state = layer_state(layer)
         if state.kernel is not None:
@@ -205,12 +221,13 @@ class Fp8LinearMethod:
         for name, values in (("weight_scale", scales), ("input_scale", static)):
             if values is not None:  # whoever loaded them: an engine's loader checks nothing
                 canonical_scale(f"{state.name}.{name}", values.detach(), tuple(values.shape))
-        merge = state.config.weight_scale_shape == (1,)
+        merge = per_tensor(state.config)
         scale = frozen(scales.detach().amax().reshape(1)) if merge else scales
         if static is not None:
             static = frozen(static.detach().amax().reshape(1))
         kernel.prepare_weights(weight, scale, static)  # every check before the bytes change
-        canonicalize_fp8_(f"{state.name}.weight", weight.data, self.chunk_rows)  # any loader's
+        if weight.dtype == torch_dtype(CANONICAL_FP8):  # any loader's bytes; int8 has no NaN
+            canonicalize_fp8_(f"{state.name}.weight", weight.data, self.chunk_rows)
         if merge:
             merged, _ = one_tensor_scale(
                 weight.data, state.shards, scales.detach(), self.chunk_rows

@@ -14,6 +14,7 @@ from kernelpick.integration._layer_steps import LayerSteps, run
 from kernelpick.integration._state import attach, layer_state
 from kernelpick.kernels._canonical import (
     SCALE_DTYPES,
+    canonical_dtype,
     canonical_scale,
     check_fp8_finite,
     positive_zero_,
@@ -24,13 +25,9 @@ __all__ = ["Fp8Linear"]
 
 # Integer views of the same width: a cast that converts floats leaves these alone, while
 # a move to another device or into shared memory still carries them.
-_BITS = {torch.float8_e4m3fn: torch.uint8, torch.float32: torch.int32}
+_BITS = {torch.float8_e4m3fn: torch.uint8, torch.int8: torch.int8, torch.float32: torch.int32}
 _COMPUTE = {torch_dtype(dtype): dtype for dtype in HIGH_PRECISION}
-_CANONICAL = {
-    "weight": (torch.float8_e4m3fn,),
-    "weight_scale": SCALE_DTYPES,
-    "input_scale": SCALE_DTYPES,
-}
+_SCALES = ("weight_scale", "input_scale")
 
 
 def _carried(fn: Callable[[torch.Tensor], torch.Tensor], tensor: torch.Tensor) -> torch.Tensor:
@@ -40,7 +37,7 @@ def _carried(fn: Callable[[torch.Tensor], torch.Tensor], tensor: torch.Tensor) -
     if out.dtype != bits.dtype:
         raise InvalidValueError(
             "cast of a quantized layer", str(out.dtype).removeprefix("torch."),
-            "a conversion that leaves integer tensors alone: FP8 weights and their scales "
+            "a conversion that leaves integer tensors alone: quantized weights and their scales "
             "keep their dtypes (use .to(dtype), .half(), .float() or .bfloat16())",
         )  # fmt: skip
     return out.view(tensor.dtype)
@@ -52,21 +49,23 @@ _VERSION = 2
 
 
 class Fp8Linear(torch.nn.Module):
-    """A linear layer whose FP8 weight runs on the kernel kernelpick chose for it.
+    """A linear layer whose quantized weight runs on the kernel kernelpick chose for it.
 
-    It holds the canonical ``weight`` (FP8 ``[N, K]``), ``weight_scale`` (fp32), for static
-    schemes ``input_scale``, and ``bias``; ``kernelpick_decision`` records the choice.
+    It holds the canonical ``weight`` (FP8 ``[N, K]``, or int8 for an int8 scheme),
+    ``weight_scale`` (fp32: per channel, per tensor or per block), for static schemes
+    ``input_scale``, and ``bias``; ``kernelpick_decision`` records the choice.
     ``quantize_model`` and ``load_quantized`` make it: ``steps`` are theirs, the same steps
     the linear method makes an engine's layers with, so a forward runs the kernel as the
     method's ``apply`` does.
 
     Casts keep the quantization: ``.half()``, ``.bfloat16()``, ``.float()`` and
     ``.to(dtype)`` change the activation and output dtype (and the kernel, where the
-    choice for the new dtype differs), never the FP8 weight or its fp32 scales. A dtype no
+    choice for the new dtype differs), never the quantized weight or its fp32 scales. A dtype no
     kernel takes raises before the layer changes: ``InvalidValueError`` for a dtype outside
     bf16/fp16/fp32, ``KernelSelectionError`` when no kernel fits. ``.to(device)`` moves
     the tensors and, onto another device, selects again for that device.
-    ``load_state_dict`` takes only canonical tensors: FP8 e4m3fn weights without NaN.
+    ``load_state_dict`` takes only canonical tensors: e4m3fn weights without NaN (int8
+    ones for an int8 scheme), and scales of the layer's own shape.
     """
 
     _version = _VERSION
@@ -108,7 +107,7 @@ class Fp8Linear(torch.nn.Module):
             valid = ", ".join(sorted(d.value for d in HIGH_PRECISION))
             raise InvalidValueError(
                 f"dtype for quantized layer {state.name!r}", str(target.dtype),
-                f"one of {valid}: the activations take it, the FP8 weight keeps its format",
+                f"one of {valid}: the activations take it, the quantized weight keeps its format",
             )  # fmt: skip
         retargeted = self.steps.retarget(state, dtype, target.device)
         with torch.no_grad():
@@ -145,20 +144,24 @@ class Fp8Linear(torch.nn.Module):
                 f"{_VERSION}, kernelpick's canonical layout: an older Fp8Linear stored its "
                 "kernel's layout (a transposed weight), so quantize the model again",
             )  # fmt: skip
-        for name, dtypes in _CANONICAL.items():
+        stored = torch_dtype(canonical_dtype(layer_state(self).config))
+        fp8 = stored == torch.float8_e4m3fn
+        for name in ("weight", *_SCALES):
             tensor = state_dict.get(prefix + name)
             if tensor is None or name not in self._parameters:
                 continue
             shape = tuple(self.get_parameter(name).shape)
             if name == "weight":
-                check_tensor(prefix + name, tensor, dtypes=dtypes, shape=shape)
+                check_tensor(prefix + name, tensor, dtypes=(stored,), shape=shape)
                 if not tensor.is_contiguous():
                     raise reject(prefix + name, tensor, "a contiguous row-major [N, K] tensor")
-                check_fp8_finite(prefix + name, tensor)
+                if fp8:
+                    check_fp8_finite(prefix + name, tensor)
             else:  # exactly the parameter's shape: torch refuses others after copying the weight
-                check_tensor(prefix + name, tensor, dtypes=dtypes, shape=shape)
+                check_tensor(prefix + name, tensor, dtypes=SCALE_DTYPES, shape=shape)
                 canonical_scale(prefix + name, tensor, shape)
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
-        positive_zero_(self.get_parameter("weight").data)
+        if fp8:
+            positive_zero_(self.get_parameter("weight").data)

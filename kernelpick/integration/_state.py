@@ -29,16 +29,23 @@ _STATE = "kernelpick_state"
 class CheckpointFormat(enum.Enum):
     """What the checkpoint a layer loads from holds.
 
-    ``HIGH_PRECISION``: float weights, quantized after loading (online). ``FP8``: weights
-    already quantized, in the canonical layout (see ``kernelpick.kernels.quantize_weight``):
-    FP8 ``weight``, ``weight_scale`` and, for static schemes, ``input_scale``.
+    ``HIGH_PRECISION``: float weights, quantized after loading (online). ``PRE_QUANTIZED``:
+    weights already quantized, in the canonical layout (see
+    ``kernelpick.kernels.quantize_weight``): the FP8 or int8 ``weight``, its
+    ``weight_scale`` and, for static schemes, ``input_scale``. ``FP8`` is the same member
+    under its first name, and the string ``"fp8"`` still parses to it.
     """
 
     HIGH_PRECISION = "high_precision"
-    FP8 = "fp8"
+    PRE_QUANTIZED = "pre_quantized"
+    FP8 = "pre_quantized"  # an alias: the name from before int8 weights loaded too
 
     def __str__(self) -> str:
         return self.value
+
+    @classmethod
+    def _missing_(cls, value: object) -> CheckpointFormat | None:
+        return cls.PRE_QUANTIZED if value == "fp8" else None
 
     @classmethod
     def parse(cls, value: object) -> CheckpointFormat:
