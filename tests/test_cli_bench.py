@@ -58,7 +58,8 @@ def test_bench_output_fits_the_width(width: int) -> None:
 BENCH_REFUSED = [
     (["--scheme", "bogus"], ["'bogus'", "fp8_per_channel"]),
     (["--scheme", "fp8_per_tensor_static"],
-     ["fp8_per_channel, fp8_per_tensor, fp8_weight_only", "kernelpick explain"]),
+     ["fp8_per_channel, fp8_per_tensor, fp8_weight_only", "calibrated", "kernelpick explain"]),
+    (["--scheme", "mxfp8"], ["kernelpick.kernels only", "kernelpick explain --device auto"]),
     (["--out-dtype", "int8"], ["'int8'", "bfloat16"]),
     (["--json", "/nonexistent/x.json"], ["'/nonexistent/x.json'", "No such file or directory"]),
     (["--json", str(ROOT)], ["can be written", "Is a directory"]),
@@ -68,7 +69,14 @@ BENCH_REFUSED = [
 @pytest.mark.parametrize(
     ("options", "needles"),
     BENCH_REFUSED,
-    ids=["unknown scheme", "static scheme", "unknown dtype", "no such directory", "a directory"],
+    ids=[
+        "unknown scheme",
+        "static scheme",
+        "mxfp8",
+        "unknown dtype",
+        "no such directory",
+        "a directory",
+    ],
 )
 def test_bench_refuses_bad_options_before_it_starts(options: list[str], needles: list[str]) -> None:
     status, out, err = run_cli(*BENCH_TINY, *options)

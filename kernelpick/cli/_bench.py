@@ -118,12 +118,18 @@ def bench(args: argparse.Namespace, env: Mapping[str, str], out: TextIO, err: Te
     from kernelpick.integration import ONLINE_SCHEMES
 
     if scheme not in ONLINE_SCHEMES:
-        # The Python API would load its scales from a checkpoint; the command has none.
+        # Static schemes load calibrated scales from a checkpoint, which the command has
+        # not; mxfp8 runs through kernelpick.kernels only (no linear method yet).
         online = ", ".join(s.value for s in ONLINE_SCHEMES)
+        why = (
+            "runs through kernelpick.kernels only, not the linear method bench times"
+            if scheme is kp.Scheme.MXFP8
+            else "needs activation scales calibrated on data"
+        )
         expected = (
-            f"one of {online}: bench quantizes a random layer, and {scheme.value} needs "
-            f"activation scales calibrated on data; 'kernelpick explain --device auto "
-            f"--scheme {scheme.value}' gives the kernel it would select here"
+            f"one of {online}: bench quantizes a random layer, and {scheme.value} {why}; "
+            f"'kernelpick explain --device auto --scheme {scheme.value}' gives the kernel "
+            "it would select here"
         )
         raise kp.InvalidValueError("--scheme", args.scheme, expected)
     caps = kp.probe()

@@ -3,7 +3,8 @@
 Whatever kernel runs a layer and whatever device it runs on, its persistent tensors are:
 
 - ``weight``: ``[N, K]``, contiguous and row-major: FP8 in the OCP ``float8_e4m3fn``
-  format, or int8 (values in -127..127) for an int8 config. In FP8, zero is the byte
+  format, or int8 for an int8 config (kernelpick's quantizer writes -127..127; a loaded
+  compressed-tensors checkpoint may hold -128, which every kernel multiplies exactly). In FP8, zero is the byte
   0x00, never negative zero (0x80), and no byte is NaN (0x7F, 0xFF), so the same bytes
   read as e4m3fnuz are the same values halved (see ``fnuz``);
 - ``weight_scale``: ``config.weight_scale_shape``: ``[N, 1]`` per channel, ``[1]`` per
