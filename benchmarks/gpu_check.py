@@ -36,6 +36,7 @@ KERNELS = {
     "cuda_tensorwise_scaled_mm": "fp8_per_tensor",
     "cuda_channelwise_unfused": "fp8_per_channel",
     "cuda_int8_int_mm": "int8_per_channel",
+    "cuda_int8_int_mm_padded": "int8_per_channel",
     "cuda_w8a16_cupy": "fp8_weight_only",
     "cuda_w8a16_torch": "fp8_weight_only",
 }

@@ -29,7 +29,7 @@ _FP8 = {
 }
 # The largest power of two at most each format's range: OCP MX v1.0's emax of the element
 # format (448 = 1.75 * 2^8, 224 = 1.75 * 2^7).
-_EMAX = {Dtype.FLOAT8_E4M3FN: 8, Dtype.FLOAT8_E4M3FNUZ: 7}
+_EMAX = {Dtype.FLOAT8_E4M3FN: 8, Dtype.FLOAT8_E4M3FNUZ: 7, Dtype.INT8: 6}
 
 
 def fake_quant(t: torch.Tensor, scale: torch.Tensor, fp8: Dtype) -> torch.Tensor:
@@ -110,8 +110,11 @@ def emulate(
         x_deq = xf
     elif act.scale.static:
         assert input_scale is not None
-        doubled = fp8 is Dtype.FLOAT8_E4M3FNUZ
-        x_deq = fake_quant(xf, input_scale * 2 if doubled else input_scale, fp8)
+        if act.dtype is Dtype.INT8:
+            x_deq = fake_quant(xf, input_scale, Dtype.INT8)
+        else:
+            doubled = fp8 is Dtype.FLOAT8_E4M3FNUZ
+            x_deq = fake_quant(xf, input_scale * 2 if doubled else input_scale, fp8)
     else:
         a_fmt = Dtype.INT8 if act.dtype is Dtype.INT8 else fp8
         if act.scale.group in (GroupShape.PER_TOKEN, GroupShape.PER_TENSOR) and _fp32(act):

@@ -58,11 +58,28 @@ def test_quantize_weights_refuses_a_weight_of_the_wrong_shape() -> None:
 
 
 def test_the_kernel_reads_its_alignment_from_the_catalog_row() -> None:
+    weight_only = kp.quant_config("fp8_weight_only", weight_shape=(32, 64), out_dtype="float32")
     for spec in kp.default_catalog():
-        kernel = LAUNCHES[spec.id].kernel(spec, CONFIG, CPU, torch.device("cpu"))
+        config = CONFIG if spec.kind is kp.KernelKind.W8A8 else weight_only
+        kernel = LAUNCHES[spec.id].kernel(spec, config, CPU, torch.device("cpu"))
         assert kernel.spec.alignment == spec.alignment
     assert kp.default_catalog().kernel("cpu_rowwise_scaled_mm").alignment == 16
     assert kp.default_catalog().kernel("cpu_dequant_reference").alignment is None
+
+
+def test_no_route_builds_a_weight_only_kernel_for_a_per_token_config() -> None:
+    # bind checks the rules; Launch.kernel and the family's constructor skip bind, and the
+    # kind rule still holds there (vLLM issue 61316).
+    spec = kp.default_catalog().kernel("cpu_w8a16_reference")
+    with pytest.raises(kp.InvalidValueError, match="cannot honour per-token"):
+        LAUNCHES[spec.id].kernel(spec, CONFIG, CPU, torch.device("cpu"))
+    with pytest.raises(kp.InvalidValueError, match="cannot honour per-token"):
+        ReferenceW8A16(spec, CONFIG, torch.device("cpu"), Dtype.FLOAT8_E4M3FN)
+    narrow = attrs.evolve(spec, fallback=frozenset())
+    per_tensor = kp.quant_config("fp8_per_tensor", weight_shape=(32, 64), out_dtype="float32")
+    with pytest.raises(kp.InvalidValueError, match="cannot honour per-tensor"):
+        ReferenceW8A16(narrow, per_tensor, torch.device("cpu"), Dtype.FLOAT8_E4M3FN)
+    assert ReferenceW8A16(spec, per_tensor, torch.device("cpu"), Dtype.FLOAT8_E4M3FN)
 
 
 def test_a_kernel_of_ones_own_is_three_declarations() -> None:

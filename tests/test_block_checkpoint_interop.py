@@ -199,12 +199,31 @@ HF_UNREAD: list[tuple[str, Callable[[dict[str, object]], None], str]] = [
     ("non-square blocks", lambda c: c.update(weight_block_size=[128, 64]), "square blocks"),
     ("per tensor", lambda c: c.update(weight_block_size=None), "per-tensor"),
     ("ue8m0 scales", lambda c: c.update(scale_fmt="ue8m0"), "scale_fmt"),
+    ("e5m2 weights", lambda c: c.update(fmt="e5m2"), "fmt: found 'e5m2'"),
     ("an unknown setting", lambda c: c.update(weight_dtype="fp4"), "weight_dtype"),
     ("embeddings", lambda c: c.update(modules_to_convert=["embed_tokens"]), "modules_to_conv"),
     ("kept yet quantized", lambda c: c.update(modules_to_not_convert=["mlp.down_proj"]),
      "a pattern keeping model.layers.0.mlp.down_proj"),
     ("another method", lambda c: c.update(quant_method="awq"), "quant_method: found 'awq'"),
 ]  # fmt: skip
+
+
+# quantization_config exactly as DeepSeek-V3/R1's and Qwen3-8B-FP8's config.json ship it.
+SHIPPED = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+           "weight_block_size": [128, 128]}  # fmt: skip
+
+
+def test_the_config_deepseek_and_qwen3_ship_loads(tmp_path: Path) -> None:
+    _hf_checkpoint(tmp_path, 128)
+    path = tmp_path / "config.json"
+    config = json.loads(path.read_text())
+    config["quantization_config"] = dict(SHIPPED)
+    path.write_text(json.dumps(config))
+    skeleton = llama(seed=1)
+    report = load_quantized(skeleton, tmp_path, CPU, kp.Policy())
+    assert report.scheme == "fp8_block"
+    assert report.layers
+    assert relative_error(logits(skeleton), logits(llama(seed=0))) <= FP8_BOUND
 
 
 @pytest.mark.parametrize(("case", "change", "named"), HF_UNREAD, ids=[c[0] for c in HF_UNREAD])

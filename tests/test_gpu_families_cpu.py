@@ -11,7 +11,14 @@ import torch.nn.functional as F
 
 import kernelpick as kp
 from kernelpick.core import Dtype, RejectCode, evaluate
-from kernelpick.kernels import BlockScaledMM, DequantMatmul, Int8IntMM, MxScaledMM, WeightBundle
+from kernelpick.kernels import (
+    BlockScaledMM,
+    DequantMatmul,
+    Int8IntMM,
+    Int8IntMMPadded,
+    MxScaledMM,
+    WeightBundle,
+)
 from kernelpick.kernels._block_scaled_mm import (
     block_activation_scales,
     block_weight_scales,
@@ -183,9 +190,9 @@ def test_prepare_weights_arranges_the_scales_once(
     ("scheme", "shape"),
     [
         ("fp8_block", (200, 320)),
-        ("fp8_block", (128, 128)),
+        ("fp8_block", (128, 129)),  # K = 128 would be one group a row: per-token, refused
         ("mxfp8", (96, 80)),
-        ("mxfp8", (64, 32)),
+        ("mxfp8", (64, 33)),
     ],
 )
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
@@ -237,6 +244,31 @@ def test_int8_on_a_gpu_refuses_sixteen_rows_or_fewer_by_name() -> None:
     for m in (1, 16):
         with pytest.raises(kp.KernelInputError, match=rf"M > 16, got M={m}.*MinTokens\(17\)"):
             impl.apply(torch.randn(m, 64).to(torch.bfloat16), bundle)
+
+
+@pytest.mark.parametrize("m", [1, 5, 16, 17, 40])
+def test_int8_padded_serves_decode_rows_with_the_unpadded_numbers(m: int) -> None:
+    # Bound to a GPU device name with CPU tensors: _int_mm runs on the CPU, and what is
+    # checked is the padding (17 rows in, the first M out), not cuBLASLt.
+    config = kp.quant_config("int8_per_channel", weight_shape=(48, 64), out_dtype="float32")
+    spec = kp.default_catalog().kernel("cuda_int8_int_mm_padded")
+    impl = Int8IntMMPadded(spec, config, torch.device("cuda"), E4M3)
+    weight, scale = quantize_weight(torch.randn(48, 64), config)
+    bundle = WeightBundle(weight.t(), scale)
+    x = torch.randn(m, 64, generator=torch.Generator().manual_seed(m))
+    calls: list[int] = []
+    real = torch._int_mm
+
+    def spy(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        calls.append(a.shape[0])
+        return real(a, b)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch, "_int_mm", spy)
+        got = impl.apply(x, bundle)
+    assert calls == [max(m, 17)]
+    cpu = on_cpu("cpu_int8_int_mm", config, kp.device_profile("cpu"))
+    assert torch.equal(got, cpu.apply(x, cpu.prepare_weights(weight, scale)))
 
 
 @pytest.mark.parametrize(("n", "k"), [(32, 64), (2, 1)])  # K=1: the (1, 1)-strided view

@@ -105,15 +105,16 @@ def test_int8_on_cuda_needs_more_than_16_tokens_a_call() -> None:
     caps = kp.device_profile("a100")
     decode = kp.quant_config("int8_per_channel", weight_shape=SHAPE)
     decision = kp.choose(caps, decode)
-    assert isinstance(decision, kp.Rejected)
-    [reason] = [r for r in decision.reasons if r.kernel == "cuda_int8_int_mm"]
+    [reason] = next(v for v in decision.trace if v.kernel == "cuda_int8_int_mm").reasons
     assert reason.code is kp.RejectCode.TOKEN_COUNT
     assert reason.render() == (
         "requires M >= 17 rows per call (torch._int_mm on CUDA); layer is called with "
         "M >= 1 (decode)"
     )
+    # Decode is served by padding the call to 17 rows instead.
+    assert isinstance(decision, kp.Selected)
+    assert (decision.kernel, decision.degraded) == ("cuda_int8_int_mm_padded", False)
     prefill = kp.quant_config("int8_per_channel", weight_shape=SHAPE, min_tokens=17)
-    assert kp.choose(caps, prefill) == kp.choose(caps, prefill)  # cached, and selectable:
     chosen = kp.choose(caps, prefill)
     assert isinstance(chosen, kp.Selected)
     assert chosen.kernel == "cuda_int8_int_mm"
@@ -160,6 +161,7 @@ _any_group = st.one_of(
     st.just(GroupShape.PER_TENSOR),
     _token_groups,
     st.builds(GroupShape, st.sampled_from([-1, 1, 2, 128]), st.sampled_from([-1, 1, 64, 128])),
+    st.builds(GroupShape, st.just(-1), st.integers(1, 8192)),
 )
 _fallbacks = st.one_of(
     st.none(),
@@ -199,6 +201,24 @@ _configs = st.builds(
 )
 
 
+def _one_scale_per_token(config: kp.QuantConfig) -> bool:
+    """The test's own reading of "per-token", independent of ActivationGrouping: one scale
+    per row, whether the group says -1 or spans K."""
+    act = config.activation
+    if act is None:
+        return False
+    group = act.scale.group
+    return group.rows == 1 and (group.cols == -1 or group.cols >= config.k)
+
+
+def _one_scale_per_tensor(config: kp.QuantConfig) -> bool:
+    act = config.activation
+    if act is None:
+        return False
+    group = act.scale.group
+    return group.rows == -1 and (group.cols == -1 or group.cols >= config.k)
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(catalog=_catalogs(), config=_configs, strict=st.booleans())
 def test_w8a16_never_serves_per_token_activations_in_any_declared_catalog(
@@ -206,22 +226,24 @@ def test_w8a16_never_serves_per_token_activations_in_any_declared_catalog(
 ) -> None:
     caps = kp.device_profile("t4")
     decision = kp.choose(caps, config, kp.Policy(strict=strict), catalog)
-    grouping = config.activation_grouping
+    act = config.activation
     for verdict in decision.trace:
         if verdict.kind is not W8A16 or not verdict.ok:
             continue
-        # A weight-only kernel passed: the config is weight-only, or it stands in degraded.
-        assert grouping in (ActivationGrouping.NONE, ActivationGrouping.PER_TENSOR,
-                            ActivationGrouping.TOKEN_GROUP)  # fmt: skip
-        assert verdict.degraded is (grouping is not ActivationGrouping.NONE)
+        # A weight-only kernel passed: the config is weight-only, or it stands in, degraded,
+        # for one scale per tensor or for groups of a row narrower than K.
+        assert not _one_scale_per_token(config)
+        if act is not None:
+            group = act.scale.group
+            token_group = group.rows == 1 and 0 < group.cols < config.k
+            assert _one_scale_per_tensor(config) or token_group
+        assert verdict.degraded is (act is not None)
         assert not (strict and verdict.degraded)
         spec = catalog.kernel(verdict.kernel)
-        if spec.fallback is not None and config.activation is not None:
-            assert config.activation.scale.group in spec.fallback
-    if isinstance(decision, kp.Selected):
-        chosen = catalog.kernel(decision.kernel)
-        if grouping is ActivationGrouping.PER_TOKEN:
-            assert chosen.kind is W8A8
+        if spec.fallback is not None and act is not None:
+            assert act.scale.group in spec.fallback
+    if isinstance(decision, kp.Selected) and _one_scale_per_token(config):
+        assert catalog.kernel(decision.kernel).kind is W8A8
 
 
 def test_a_spec_with_fallbacks_is_evolved_and_compared_like_any_value() -> None:
@@ -231,3 +253,16 @@ def test_a_spec_with_fallbacks_is_evolved_and_compared_like_any_value() -> None:
     wider = attrs.evolve(one, fallback=None)
     assert wider != one
     assert wider.rules[0] == kp.rules.KIND_RULES[W8A16][0]
+
+
+def test_a_group_as_wide_as_the_row_is_named_per_token_in_the_reason() -> None:
+    config = _config(GroupShape(1, 4096), 4096)
+    decision = kp.choose(kp.device_profile("t4"), config)
+    assert isinstance(decision, kp.Rejected)
+    weight_only = [r for r in decision.reasons if r.code is kp.RejectCode.WEIGHT_ONLY_ACTIVATION]
+    assert weight_only
+    for reason in weight_only:
+        assert reason.render() == (
+            "weight-only (W8A16) kernel cannot honour per-group (1, 4096) (per-token) "
+            "activation quantization"
+        )

@@ -36,9 +36,15 @@ def test_a_rejection_hints_at_what_works_computed_from_the_catalog() -> None:
     decision = kp.choose(a100, PTPC)
     assert isinstance(decision, kp.Rejected)
     # The scheme hint is what choose() itself answers for that scheme on this device.
-    weight_only = kp.choose(a100, kp.quant_config("fp8_weight_only", weight_shape=(4096, 4096)))
-    assert isinstance(weight_only, kp.Selected)
-    assert decision.hints[0] == f"on {a100.name}, fp8_weight_only selects {weight_only.kernel}"
+    exact = []
+    for scheme in kp.Scheme:
+        other = kp.choose(a100, kp.quant_config(scheme, weight_shape=(4096, 4096)))
+        # A degraded stand-in is named only when nothing exact is.
+        mine = scheme is kp.Scheme.FP8_PER_CHANNEL
+        if isinstance(other, kp.Selected) and not other.degraded and not mine:
+            exact.append(f"{scheme} selects {other.kernel}")
+    assert exact
+    assert decision.hints[0] == f"on {a100.name}, " + "; ".join(exact)
     # The device hint names what the first device-bound kernel needs, and that device works.
     assert decision.hints[1] == (
         "or move to a device with compute capability 8.9 or higher, "

@@ -40,6 +40,7 @@ from kernelpick.kernels import (
     CupyGemvW8A16,
     DequantMatmul,
     Int8IntMM,
+    Int8IntMMPadded,
     KernelBase,
     MxScaledMM,
     ReferenceW8A8,
@@ -121,6 +122,7 @@ LAUNCHES: Mapping[str, Launch] = MappingProxyType(
             ChannelwiseUnfused, fused_bias=BIAS_IN_16_BIT, fused_quant=True
         ),
         "cuda_int8_int_mm": Launch(Int8IntMM),
+        "cuda_int8_int_mm_padded": Launch(Int8IntMMPadded),
         "cuda_w8a16_cupy": Launch(CupyGemvW8A16),
         "cuda_w8a16_torch": Launch(DequantMatmul),
         "rocm_rowwise_scaled_mm": Launch(RowwiseScaledMM, fused_bias=BIAS_IN_16_BIT),

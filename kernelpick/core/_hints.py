@@ -45,6 +45,7 @@ def _other_schemes(
             out_dtype=config.out_dtype,
             input_dtype=config.input_dtype,
             bias=config.bias,
+            min_tokens=config.min_tokens,
         )
         decision = decide(other)
         if isinstance(decision, Selected):

@@ -27,6 +27,7 @@ __all__ = [
     "WeightOnlyActivation",
     "as_kind",
     "fallback_groups",
+    "kind_reason",
 ]
 
 
@@ -124,11 +125,22 @@ def fallback_groups(kind: KernelKind, value: object) -> frozenset[GroupShape] | 
     return frozenset(value)
 
 
+def kind_reason(
+    kind: KernelKind, config: QuantConfig, fallback: frozenset[GroupShape] | None = None
+) -> Reason | None:
+    """Why a kernel of ``kind`` (declaring ``fallback``) must not serve ``config``, or None.
+    The two kind rules are this function; a bound kernel checks it too, so no way of
+    building one skips it."""
+    if kind is KernelKind.W8A8:
+        return ActivationQuantized().check(None, config)
+    return WeightOnlyActivation(fallback).check(None, config)
+
+
 @attrs.frozen
 class ActivationQuantized:
     """A W8A8 kernel quantizes activations, so the config must say how."""
 
-    def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
+    def check(self, caps: DeviceCaps | None, config: QuantConfig) -> Reason | None:
         if _served(KernelKind.W8A8, config.activation_grouping) is not Service.NEVER:
             return None
         return Reason(RejectCode.ACTIVATION_REQUIRED, "an activation quantization", "none")
@@ -150,7 +162,7 @@ class WeightOnlyActivation:
 
     fallback: frozenset[GroupShape] | None = attrs.field(default=None, converter=_fallback_set)
 
-    def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
+    def check(self, caps: DeviceCaps | None, config: QuantConfig) -> Reason | None:
         grouping = config.activation_grouping
         service = _served(KernelKind.W8A16, grouping)
         if service is Service.EXACT:

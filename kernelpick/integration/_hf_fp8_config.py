@@ -27,10 +27,11 @@ __all__ = ["METHOD", "FineGrainedFp8Layout", "from_hf_config"]
 
 METHOD = "fp8"
 SCALE_NAME = "weight_scale_inv"
-# FineGrainedFP8Config's settings: any other key is a variant kernelpick cannot vouch for.
+# FineGrainedFP8Config's settings, and "fmt", which DeepSeek-V3/R1 and Qwen3's FP8 releases
+# write ("e4m3", the weights' format): any other key is a variant kernelpick cannot vouch for.
 _KNOWN = (
     "quant_method", "activation_scheme", "weight_block_size", "modules_to_not_convert",
-    "ignored_layers", "modules_to_convert", "scale_fmt", "expert_dtype", "dequantize",
+    "ignored_layers", "modules_to_convert", "scale_fmt", "expert_dtype", "dequantize", "fmt",
 )  # fmt: skip
 # A pattern ends at a module boundary: "layers.1" keeps layers.1.mlp, not layers.11.mlp.
 _BOUNDARY = r"(?:(?<=\.)|(?=\.|$))"
@@ -132,6 +133,9 @@ def from_hf_config(where: str, config: Mapping[str, Any]) -> FineGrainedFp8Layou
     fmt = config.get("scale_fmt", "float")
     if fmt != "float":
         raise _refuse(where, "scale_fmt", fmt, "'float' (fp32 scales; ue8m0 is not read)")
+    weights = config.get("fmt", "e4m3")
+    if weights != "e4m3":
+        raise _refuse(where, "fmt", weights, "'e4m3': the weights are float8_e4m3fn")
     experts = config.get("expert_dtype", "fp8")
     if experts != "fp8":
         raise _refuse(where, "expert_dtype", experts, "'fp8'")

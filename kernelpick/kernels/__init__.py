@@ -12,7 +12,7 @@ from kernelpick.kernels._block_scaled_mm import BlockScaledMM, MxScaledMM
 from kernelpick.kernels._canonical import canonicalize_fp8_, dequantize_weight, quantize_weight
 from kernelpick.kernels._cpu_build import KernelBuildError
 from kernelpick.kernels._cpu_gemm import CpuFp8Gemm, CpuFp8GemmW8A16
-from kernelpick.kernels._int8 import Int8IntMM
+from kernelpick.kernels._int8 import Int8IntMM, Int8IntMMPadded
 from kernelpick.kernels._reference import ReferenceW8A8, ReferenceW8A16
 from kernelpick.kernels._scaled_mm import ChannelwiseUnfused, RowwiseScaledMM, TensorwiseScaledMM
 from kernelpick.kernels._w8a16 import CupyGemvW8A16, DequantMatmul
@@ -25,6 +25,7 @@ __all__ = [
     "CupyGemvW8A16",
     "DequantMatmul",
     "Int8IntMM",
+    "Int8IntMMPadded",
     "Kernel",
     "KernelBase",
     "KernelBuildError",

@@ -14,6 +14,7 @@ import torch
 
 from kernelpick.core._dtypes import HIGH_PRECISION, Dtype
 from kernelpick.core._errors import InvalidValueError, KernelInputError
+from kernelpick.core._kinds import kind_reason
 from kernelpick.core._quant import GroupShape, QuantConfig
 from kernelpick.core._specs import KernelKind, KernelSpec
 from kernelpick.kernels._bundle import Kernel, WeightBundle
@@ -32,18 +33,12 @@ from kernelpick.kernels._quantize import (
     quantize_per_token,
     quantize_static,
 )
+from kernelpick.kernels._scale_checks import checked_input_scale, checked_weight_scale
 from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
 
 __all__ = ["Kernel", "KernelBase", "RowMajorKernel", "WeightBundle"]
 
 _FLOATS = tuple(torch_dtype(d) for d in sorted(HIGH_PRECISION, key=lambda d: d.value))
-_F32 = (torch.float32,)
-
-
-def _one_value(name: str, scale: torch.Tensor) -> torch.Tensor:
-    if scale.numel() != 1:
-        raise reject(name, scale, "one per-tensor value")
-    return scale.reshape(())
 
 
 @attrs.frozen
@@ -89,6 +84,13 @@ class KernelBase:
                 f"{name} (KIND {kind})",
                 f"a {self.spec.kind} family, as {self.spec.id}'s catalog row declares",
             )
+        # The kind rule once more, for a family built without bind (Launch.kernel, the
+        # constructor): a weight-only family must not run a per-token config whatever the
+        # route (vLLM issue 61316).
+        refused = kind_reason(self.spec.kind, self.config, self.spec.fallback)
+        if refused is not None:
+            expected = f"a config a {self.spec.kind} kernel may serve: {refused.render()}"
+            raise InvalidValueError("config", self.config.render(), expected)
         n, k = self.config.weight_shape
         view = self._arrange(torch.empty((n, k), dtype=self.weight_dtype, device="meta"))
         strides = tuple(
@@ -161,8 +163,8 @@ class KernelBase:
         align = self.spec.alignment
         if align is not None and (n % align or k % align):
             raise reject("weight", weight, f"N and K multiples of {align} for {self.kernel_id}")
-        scale = self._weight_scale(weight_scale)
-        static = self._input_scale(input_scale)
+        scale = checked_weight_scale(self.config, weight_scale, self.device)
+        static = checked_input_scale(self.config, input_scale, self.device)
         if self.fp8_format is Dtype.FLOAT8_E4M3FNUZ and weight.dtype is torch.float8_e4m3fn:
             weight, scale, static = as_fnuz(weight, scale, static)
         return WeightBundle(self._arrange(weight), scale, static)
@@ -180,7 +182,7 @@ class KernelBase:
         """
         shape = self.config.weight_shape
         check_tensor("weight", weight, dtypes=_FLOATS, shape=shape, device=self.device)
-        static = self._input_scale(input_scale)
+        static = checked_input_scale(self.config, input_scale, self.device)
         if static is not None:
             check_positive_finite("input_scale", static)
         with torch.no_grad():
@@ -188,30 +190,6 @@ class KernelBase:
             check_finite("weight", detached)
             fp8, scale = quantize_weight(detached, self.config)
         return self.prepare_weights(fp8, scale, input_scale)
-
-    def _weight_scale(self, scale: torch.Tensor) -> torch.Tensor:
-        shape = self.config.weight_scale_shape
-        dtypes = (canonical_scale_dtype(self.config),)
-        check_tensor("weight_scale", scale, dtypes=dtypes, device=self.device)
-        if shape == (1,):
-            return _one_value("weight_scale", scale)
-        if tuple(scale.shape) != shape:
-            raise reject("weight_scale", scale, f"shape {list(shape)}")
-        return scale
-
-    def _input_scale(self, input_scale: torch.Tensor | None) -> torch.Tensor | None:
-        act = self.config.activation
-        static = act is not None and act.scale.static
-        if input_scale is None:
-            if static:
-                expected = "a per-tensor fp32 scale: this config's activation scale is static"
-                raise KernelInputError("input_scale", (), "None", "-", expected)
-            return None
-        if not static:
-            expected = "None: this config computes activation scales per call"
-            raise reject("input_scale", input_scale, expected)
-        check_tensor("input_scale", input_scale, dtypes=_F32, device=self.device)
-        return _one_value("input_scale", input_scale)
 
     def quantize_input(
         self, x: torch.Tensor, bundle: WeightBundle

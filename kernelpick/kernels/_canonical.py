@@ -4,9 +4,9 @@ Whatever kernel runs a layer and whatever device it runs on, its persistent tens
 
 - ``weight``: ``[N, K]``, contiguous and row-major: FP8 in the OCP ``float8_e4m3fn``
   format, or int8 for an int8 config (kernelpick's quantizer writes -127..127; a loaded
-  compressed-tensors checkpoint may hold -128, which every kernel multiplies exactly). In FP8, zero is the byte
-  0x00, never negative zero (0x80), and no byte is NaN (0x7F, 0xFF), so the same bytes
-  read as e4m3fnuz are the same values halved (see ``fnuz``);
+  compressed-tensors checkpoint may hold -128, which every kernel multiplies exactly).
+  In FP8, zero is the byte 0x00, never negative zero (0x80), and no byte is NaN (0x7F,
+  0xFF), so the same bytes read as e4m3fnuz are the same values halved (see ``fnuz``);
 - ``weight_scale``: ``config.weight_scale_shape``: ``[N, 1]`` per channel, ``[1]`` per
   tensor, ``[ceil(N/b), ceil(K/b)]`` per ``b x b`` block, ``[N, ceil(K/32)]`` for MXFP8;
   fp32, or ``float8_e8m0fnu`` where the config's scales are E8M0;

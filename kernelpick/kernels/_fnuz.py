@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from kernelpick.kernels._torch import reject
+
 __all__ = ["as_fnuz"]
 
 
@@ -19,5 +21,9 @@ def as_fnuz(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """A canonical e4m3fn weight (no -0, no NaN byte) read as e4m3fnuz: the same bytes,
     with doubled scales. No copy of the weight is made."""
+    if scale.dtype == torch.float8_e8m0fnu:
+        # torch has no arithmetic on E8M0; no catalog row pairs MX scales with e4m3fnuz.
+        expected = "fp32 scales: an e4m3fnuz device (gfx94x) doubles them, which E8M0 cannot do"
+        raise reject("weight_scale", scale, expected)
     doubled = None if input_scale is None else input_scale * 2.0
     return weight.view(torch.float8_e4m3fnuz), scale * 2.0, doubled

@@ -21,7 +21,7 @@ from kernelpick.core._specs import KernelKind
 from kernelpick.kernels._base import KernelBase, WeightBundle
 from kernelpick.kernels._torch import reject
 
-__all__ = ["INT_MM_MIN_ROWS", "Int8IntMM"]
+__all__ = ["INT_MM_MIN_ROWS", "Int8IntMM", "Int8IntMMPadded"]
 
 # torch._int_mm on a GPU refuses "self.size(0) needs to be greater than 16"
 # (aten/src/ATen/native/cuda/Blas.cpp, _int_mm_out_cuda): the catalog's MinTokens(17).
@@ -37,17 +37,6 @@ class Int8IntMM(KernelBase):
     def _matmul(
         self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        # The CPU's oneDNN GEMM takes any M; the GPU's check would surface as torch's bare
-        # RuntimeError, so it is said here with what to do about it. ROCm devices are
-        # "cuda" in torch and run the same check.
-        m = x.shape[0]
-        if self.device.type == "cuda" and m < INT_MM_MIN_ROWS:
-            expected = (
-                f"at least {INT_MM_MIN_ROWS} rows (M > 16, got M={m}): torch._int_mm on a GPU "
-                f"refuses fewer; {self.kernel_id}'s rule MinTokens({INT_MM_MIN_ROWS}) holds "
-                "only for a config whose min_tokens says every call passes that many"
-            )
-            raise reject("x", x, expected)
         xq, x_scale = self.quantize_input(x, bundle)
         weight = bundle.weight
         if weight.shape[0] == 1:
@@ -55,9 +44,39 @@ class Int8IntMM(KernelBase):
             # (torch 2.13: K=1, N=2 returns garbage; every other K is exact). The same
             # bytes viewed afresh get row-major strides (N, 1); no copy.
             weight = weight.view(weight.shape)
-        acc = torch._int_mm(xq, weight).to(torch.float32)
+        acc = self._int_mm(xq, weight).to(torch.float32)
         acc *= x_scale
         acc *= bundle.scale if bundle.scale.dim() == 0 else bundle.scale.view(1, -1)
         if bias is not None:
             acc += bias.float()
         return acc.to(self.out_dtype)
+
+    def _int_mm(self, xq: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        # The CPU's oneDNN GEMM takes any M; the GPU's check would surface as torch's bare
+        # RuntimeError, so it is said here with what to do about it. ROCm devices are
+        # "cuda" in torch and run the same check.
+        m = xq.shape[0]
+        if self.device.type == "cuda" and m < INT_MM_MIN_ROWS:
+            expected = (
+                f"at least {INT_MM_MIN_ROWS} rows (M > 16, got M={m}): torch._int_mm on a GPU "
+                f"refuses fewer; {self.kernel_id}'s rule MinTokens({INT_MM_MIN_ROWS}) holds "
+                "only for a config whose min_tokens says every call passes that many"
+            )
+            raise reject("x", xq, expected)
+        return torch._int_mm(xq, weight)
+
+
+@attrs.frozen
+class Int8IntMMPadded(Int8IntMM):
+    """``Int8IntMM`` for any M on a GPU: a call of 16 rows or fewer (decode) is padded with
+    zero rows to 17, the least ``torch._int_mm`` takes there, and the extra rows of the
+    result dropped. The GEMM then reads the same weight bytes a 1-row one would, which is
+    what a decode step costs."""
+
+    def _int_mm(self, xq: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        m = xq.shape[0]
+        if self.device.type != "cuda" or m >= INT_MM_MIN_ROWS:
+            return super()._int_mm(xq, weight)
+        padded = xq.new_zeros((INT_MM_MIN_ROWS, xq.shape[1]))
+        padded[:m] = xq
+        return super()._int_mm(padded, weight)[:m]

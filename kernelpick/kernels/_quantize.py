@@ -74,7 +74,8 @@ def _power_of_two_scale(amax: torch.Tensor, fmt: Dtype) -> torch.Tensor:
     """The E8M0 scale of groups with largest magnitude ``amax`` (fp32), as fp32 values."""
     emax = math.floor(math.log2(fmt.quant_max))
     # frexp is exact: amax = mantissa * 2^exponent with mantissa in [0.5, 1), so
-    # floor(log2(amax)) = exponent - 1; zero gives exponent 0, clamped below like the rest.
+    # floor(log2(amax)) = exponent - 1. An all-zero group (frexp's exponent 0) gets
+    # 2^(-1 - emax): any scale encodes its zeros exactly.
     exponent = torch.frexp(amax).exponent - 1 - emax
     low, high = E8M0_EXPONENTS
     return torch.ldexp(torch.ones_like(amax), exponent.clamp_(low, high))

@@ -53,18 +53,18 @@ class DequantMatmul(RowMajorKernel):
         return out.to(self.out_dtype)
 
     def _dequantized(self, bundle: WeightBundle, dtype: torch.dtype) -> torch.Tensor:
-        scale = bundle.scale
-        if self.config.weight.scale.group in _BROADCAST and scale.dtype == torch.float32:
-            # Per tensor or per channel: FP8 values are exact in bf16/fp16/fp32, so the cast
-            # loses nothing; the scale product rounds once, in the compute dtype.
-            return bundle.weight.to(dtype) * scale.to(dtype)
-        # fp16 tops out at 65504 and bottoms out at 2^-24: an E8M0 scale (2^-127..2^127) or
-        # a small block scale need not fit, so fp16 layers scale in fp32 and round once.
-        # bf16 has fp32's exponent range, where an E8M0 product is exact.
+        # fp16 tops out at 65504 and bottoms out at 2^-24: a scale (an E8M0 one spans
+        # 2^-127..2^127; a checkpoint's per-channel one may be 1e-6) need not fit, so fp16
+        # layers scale in fp32 and round once. bf16 has fp32's exponent range.
         work = torch.float32 if dtype == torch.float16 else dtype
-        shape = (bundle.weight.shape[0], bundle.weight.shape[1])
-        expanded = _expand(scale.to(work), self.config.weight_block, shape)
-        return (bundle.weight.to(work) * expanded).to(dtype)
+        scale = bundle.scale.to(work)
+        if self.config.weight.scale.group not in _BROADCAST:
+            # Blocks and MX groups: one scale per weight element; a per-tensor (0-dim) or
+            # per-channel ([N, 1]) scale broadcasts as it is, whatever its dtype.
+            shape = (bundle.weight.shape[0], bundle.weight.shape[1])
+            scale = _expand(scale, self.config.weight_block, shape)
+        # FP8 values are exact in bf16/fp16/fp32, so the cast loses nothing.
+        return (bundle.weight.to(work) * scale).to(dtype)
 
 
 @attrs.frozen

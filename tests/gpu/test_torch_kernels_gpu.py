@@ -25,6 +25,7 @@ SCHEMES = {
     "tensorwise_scaled_mm": ("fp8_per_tensor", "fp8_per_tensor_static"),
     "channelwise_unfused": ("fp8_per_channel",),
     "int8_int_mm": ("int8_per_channel",),
+    "int8_int_mm_padded": ("int8_per_channel",),
     "w8a16_torch": ("fp8_weight_only", "fp8_per_tensor", "fp8_block", "mxfp8"),
 }
 CASES = [(family, scheme) for family, schemes in SCHEMES.items() for scheme in schemes]

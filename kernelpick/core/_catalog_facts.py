@@ -1,0 +1,179 @@
+"""The facts the built-in catalog's rows are made of: each rule value with the reason it
+holds and its public source, named once so several rows can share it.
+"""
+
+from __future__ import annotations
+
+from kernelpick.core._arch import CudaArch
+from kernelpick.core._dtypes import E4M3_FORMATS, HIGH_PRECISION, SCALE_DTYPES, Dtype
+from kernelpick.core._quant import GroupShape
+from kernelpick.core._requirements import (
+    ActivationScales,
+    Alignment,
+    CpuIsa,
+    CudaArchs,
+    DynamicActivationScales,
+    Fp8Dtypes,
+    MinComputeCapability,
+    MinTokens,
+    MinTorch,
+    NeedsToolchain,
+    NotBothPerTensor,
+    OutDtypes,
+    QuantDtypes,
+    Requirement,
+    RocmArchs,
+    ScaleDtypes,
+    WeightScales,
+)
+
+__all__ = [
+    "ALIGN_16",
+    "ALIGN_32",
+    "ALIGN_128",
+    "ANY_GROUPING",
+    "ANY_OUT",
+    "BF16",
+    "BLOCK_128",
+    "BLOCK_OUT",
+    "CPP_TOOLCHAIN",
+    "CPU_FP8_ISA",
+    "CPU_PER_TOKEN",
+    "DEQUANT_ANY",
+    "E4M3",
+    "E8M0",
+    "INT8",
+    "INT8_PER_TOKEN",
+    "INT_MM_ALIGN",
+    "INT_MM_CUDA",
+    "MX_32",
+    "PER_TENSOR",
+    "PER_TOKEN",
+    "ROCM_FP8",
+    "ROWWISE",
+    "SM75",
+    "SM89",
+    "SM90_CUDA_12_9",
+    "SM100_SM120_MX",
+    "TENSORWISE",
+    "TENSOR_OR_CHANNEL",
+    "TENSOR_OR_TOKEN",
+    "TORCH_2_8",
+    "TORCH_2_10",
+    "UNFUSED",
+    "WEIGHT_ONLY",
+]
+
+# Either e4m3 flavour: the integration quantizes into the device's native one (gfx94x
+# computes in e4m3fnuz, everything else in OCP e4m3fn; AMD CDNA3 ISA guide).
+E4M3 = Fp8Dtypes(E4M3_FORMATS)
+TENSOR_OR_TOKEN = frozenset({GroupShape.PER_TENSOR, GroupShape.PER_TOKEN})
+TENSOR_OR_CHANNEL = frozenset({GroupShape.PER_TENSOR, GroupShape.PER_CHANNEL})
+PER_TENSOR = frozenset({GroupShape.PER_TENSOR})
+PER_TOKEN = frozenset({GroupShape.PER_TOKEN})
+BF16 = OutDtypes(frozenset({Dtype.BFLOAT16}))
+ANY_OUT = OutDtypes(HIGH_PRECISION)
+# torch._scaled_mm needs K and N to be multiples of 16 (cuBLASLt / CUTLASS operand
+# alignment; torch.compile's fake-tensor check of _scaled_mm demands it on CPU too).
+ALIGN_16 = Alignment(16)
+# The package's floor. Every scaled_mm path in the table exists there: row-wise on SM 8.9
+# (pytorch#145676), SM 10.x (pytorch#148421), SM 12.x (pytorch#155991), ROCm (pytorch#144432).
+TORCH_2_8 = MinTorch("2.8")
+# CUTLASS/cuBLASLt FP8 tensor cores start at Ada (SM 8.9); torch's row-wise path has
+# CUTLASS kernels for 8.9, 9.0, 10.x and 12.x (pytorch#145676, #148421, #155991).
+SM89 = MinComputeCapability(CudaArch(8, 9))
+# hipBLASLt FP8 GEMM: gfx942 in its fnuz format; gfx950 and RDNA4 (gfx1200/1201) in OCP
+# e4m3fn from ROCm 7.0; torch's ROCm row-wise path is pytorch#144432.
+ROCM_FP8 = RocmArchs({"gfx942": None, "gfx950": "7.0", "gfx1200": "7.0", "gfx1201": "7.0"})
+
+ROWWISE: tuple[Requirement, ...] = (
+    E4M3,
+    ActivationScales(TENSOR_OR_TOKEN),
+    WeightScales(TENSOR_OR_CHANNEL),
+    NotBothPerTensor(),
+    ALIGN_16,
+)
+TENSORWISE: tuple[Requirement, ...] = (
+    E4M3,
+    ActivationScales(PER_TENSOR),
+    WeightScales(PER_TENSOR),
+    ALIGN_16,
+)
+# Unit-scale scaled_mm to fp32, then both scales applied outside: any mix but both per-tensor.
+UNFUSED: tuple[Requirement, ...] = ROWWISE
+# Weight-only: dequantize a per-channel or per-tensor weight; activations stay as they come.
+WEIGHT_ONLY: tuple[Requirement, ...] = (E4M3, WeightScales(TENSOR_OR_CHANNEL))
+# Weight-only by dequantizing with torch ops, which expand any group of scales (blocks too),
+# fp32 or E8M0 (an E8M0 scale widens to fp32 exactly): the block-FP8 and MXFP8 fallback.
+DEQUANT_ANY = (E4M3, ScaleDtypes(SCALE_DTYPES))
+# Block FP8 (DeepSeek-V3, Qwen3 FP8): 1x128 dynamic activation groups, 128x128 weight blocks.
+BLOCK_128: tuple[Requirement, ...] = (
+    E4M3,
+    ActivationScales(frozenset({GroupShape.per_group(128)})),
+    WeightScales(frozenset({GroupShape.block(128)})),
+    DynamicActivationScales(),
+)
+# The block and MX rows call torch.nn.functional.scaled_mm (the _scaled_mm_v2 API of
+# pytorch#164141, with the padded 128x128 scale layout of pytorch#166752), both merged
+# after torch 2.9's branch cut (Sept-Nov 2025): 2.10 is the first release with them.
+TORCH_2_10 = MinTorch("2.10")
+# cuBLASLt's VEC128_32F / BLK128x128_32F scales run on SM 9.0 only (NVIDIA
+# CUDALibrarySamples#270); torch refuses other SMs and cuBLASLt before 12.9
+# (aten/src/ATen/native/cuda/ScaledBlas.cpp, _check_deepseek_support).
+SM90_CUDA_12_9 = CudaArchs({9: "12.9"})
+# K, N multiples of 128: torch's fake-tensor check (torch.compile's) sizes block scales
+# K // 128 and N // 128 (torch/_meta_registrations.py, _check_scaled_mm_sizes_v2).
+ALIGN_128 = Alignment(128)
+# bf16 and fp32 out: what torch's block-scaled tests run (test_scaled_matmul_cuda.py,
+# test_scaled_mm_vs_emulated_block_wise); fp16 is unverified, so left to other rows.
+BLOCK_OUT = OutDtypes(frozenset({Dtype.BFLOAT16, Dtype.FLOAT32}))
+E8M0 = frozenset({Dtype.FLOAT8_E8M0FNU})
+# MXFP8 (OCP MX v1.0): e4m3 with one E8M0 scale per 32 elements along K, both operands.
+MX_32: tuple[Requirement, ...] = (
+    E4M3,
+    ActivationScales(frozenset({GroupShape(1, 32)}), E8M0),
+    WeightScales(frozenset({GroupShape(32, 1)}), E8M0),
+    DynamicActivationScales(),
+)
+# cuBLASLt's VEC32_UE8M0 mode is Blackwell's: SM 10.x (pytorch#146655, "capability 10.0 and
+# higher") and SM 12.x in the TN layout kernelpick uses (pytorch#198126); torch maps it from
+# CUDA 12.8 (aten/src/ATen/cuda/CUDABlas.cpp, get_scale_mode, CUDA_VERSION >= 12080).
+SM100_SM120_MX = CudaArchs({10: "12.8", 12: "12.8"})
+# K in whole 32-element MX blocks; conservative on N, where torch asks 16 (ScaledBlas.cpp).
+ALIGN_32 = Alignment(32)
+# SmoothQuant / compressed-tensors int8 W8A8: per-token dynamic activations, per-channel
+# (or per-tensor) symmetric int8 weights.
+INT8 = QuantDtypes(frozenset({Dtype.INT8}))
+INT8_PER_TOKEN: tuple[Requirement, ...] = (
+    INT8,
+    ActivationScales(PER_TOKEN),
+    WeightScales(TENSOR_OR_CHANNEL),
+    DynamicActivationScales(),
+)
+# torch._int_mm on CUDA: "self.size(0) needs to be greater than 16", K and N "a multiple
+# of 8" (aten/src/ATen/native/cuda/Blas.cpp, _int_mm_out_cuda; pytorch#178469 to pad
+# small M was closed).
+INT_MM_ALIGN = Alignment(8)
+INT_MM_CUDA: tuple[Requirement, ...] = (INT_MM_ALIGN, MinTokens(17, "torch._int_mm on CUDA"))
+# cuBLASLt's int8 IMMA kernels: Turing (SM 7.5) on; torch tests _int_mm on sm75 (#121277).
+SM75 = MinComputeCapability(CudaArch(7, 5))
+# AVX2+FMA+F16C, every x86-64 CPU since Haswell / Zen 1: F16C's vcvtph2ps decodes FP8
+# exactly (an e4m3 byte shifted into an fp16 is its value times 2^-8), FMA accumulates in
+# fp32; code built for them faults without them (docs/design.md, CpuIsa).
+CPU_FP8_ISA = CpuIsa(frozenset({"avx2", "fma", "f16c"}))
+# Compiled at first use by torch.utils.cpp_extension, which needs a C++ compiler and ninja.
+CPP_TOOLCHAIN = NeedsToolchain()
+# The C++ kernel quantizes each activation row itself, fused into the GEMM: dynamic
+# per-token scales only. Its tail path serves any N and K, so no Alignment rule.
+CPU_PER_TOKEN: tuple[Requirement, ...] = (
+    E4M3,
+    ActivationScales(PER_TOKEN),
+    DynamicActivationScales(),
+    WeightScales(TENSOR_OR_CHANNEL),
+)
+# The CPU reference quantizes and dequantizes in fp32, so any W8A8 scale mix, shape and
+# format works: e4m3 or int8 values, fp32 or E8M0 scales.
+ANY_GROUPING: tuple[Requirement, ...] = (
+    QuantDtypes(E4M3_FORMATS | {Dtype.INT8}),
+    ScaleDtypes(SCALE_DTYPES),
+)
