@@ -43,10 +43,20 @@ from kernelpick.kernels import CpuFp8Gemm, KernelBase, WeightBundle
 
 __all__ = [
     "BASELINES",
+    "BUFFER_BUDGET",
     "CANDIDATES",
     "FALLBACK_LLC_BYTES",
+    "MIB",
+    "Timed",
+    "apply_call",
+    "flat",
+    "linear_call",
     "llc_bytes",
     "measure_bandwidth",
+    "median_ratio",
+    "nbytes",
+    "paired",
+    "rotation_count",
     "run_decode",
 ]
 
@@ -146,20 +156,20 @@ def measure_bandwidth(total_bytes: int, repeats: int) -> dict[str, Any]:
     }
 
 
-def _count(bytes_each: int, target: int, cap: int) -> int:
+def rotation_count(bytes_each: int, target: int, cap: int) -> int:
     """Buffers in one rotation: at least ``target`` bytes in all, at most ``cap`` (never
     fewer than 2, never more than ``MAX_BUFFERS``)."""
     wanted = max(2, math.ceil(target / bytes_each))
     return max(2, min(wanted, cap // bytes_each, MAX_BUFFERS))
 
 
-def _nbytes(values: Sequence[object]) -> int:
+def nbytes(values: Sequence[object]) -> int:
     """Bytes of every tensor in ``values`` (a weight, or a bundle's tensors)."""
     return sum(v.untyped_storage().nbytes() for v in values if isinstance(v, torch.Tensor))
 
 
 @attrs.define
-class _Timed:
+class Timed:
     """One callable and its rotation: each call takes the next item, round the ring."""
 
     name: str
@@ -191,7 +201,7 @@ class _Timed:
         self.calls = max(1, min(MAX_CALLS, len(self.items), wanted))
 
 
-def _paired(timed: Sequence[_Timed], repeats: int) -> None:
+def paired(timed: Sequence[Timed], repeats: int) -> None:
     """Every callable warmed up, then ``repeats`` rounds, each timing all of them back to
     back, starting one further along each round."""
     for one in timed:
@@ -221,7 +231,7 @@ def _candidate(name: str, scheme: str, caps: kp.DeviceCaps, n: int, k: int) -> _
     return _Candidate(name, scheme, kernel, decision.kernel, decision.degraded)
 
 
-def _median_ratio(top: Sequence[float], bottom: Sequence[float]) -> float:
+def median_ratio(top: Sequence[float], bottom: Sequence[float]) -> float:
     return statistics.median(a / b for a, b in zip(top, bottom, strict=True))
 
 
@@ -239,9 +249,10 @@ def _shape(
     candidates = [_candidate(name, s, caps, n, k) for name, s in CANDIDATES.items()]
     cap = BUFFER_BUDGET // (len(BASELINES) + len(CANDIDATES))
     counts = {
-        name: _count(n * k * dtype.itemsize, target, cap) for name, dtype in BASELINES.items()
+        name: rotation_count(n * k * dtype.itemsize, target, cap)
+        for name, dtype in BASELINES.items()
     }
-    fp8_count = _count(n * k, target, cap)
+    fp8_count = rotation_count(n * k, target, cap)
     sources = [
         (torch.randn(n, k, generator=generator) / k**0.5).to(torch.bfloat16)
         for _ in range(max(fp8_count, *counts.values()))
@@ -263,7 +274,7 @@ def _shape(
     ]
     gc.collect()
     rotation = {
-        name: {"buffers": len(items), "bytes": sum(_nbytes(_flat(item)) for item in items)}
+        name: {"buffers": len(items), "bytes": sum(nbytes(flat(item)) for item in items)}
         for name, items in weights.items()
     }
     fp8_bytes = n * k
@@ -273,17 +284,17 @@ def _shape(
         for m in tokens:
             x = torch.randn(m, k, generator=generator)
             timed = [
-                _Timed(name, _linear(x.to(dtype)), weights[name])
+                Timed(name, linear_call(x.to(dtype)), weights[name])
                 for name, dtype in BASELINES.items()
             ]
             x_act = x.to(torch.bfloat16)
             timed += [
-                _Timed(c.name, _apply(c.kernel, x_act), weights[c.name])
+                Timed(c.name, apply_call(c.kernel, x_act), weights[c.name])
                 for c in candidates
                 if c.kernel is not None
             ]
-            timed.append(_Timed("read", read, weights["read"]))
-            _paired(timed, repeats)
+            timed.append(Timed("read", read, weights["read"]))
+            paired(timed, repeats)
             samples[m] = {t.name: t.samples for t in timed}
     del weights
     gc.collect()
@@ -309,15 +320,18 @@ def _shape(
     }
 
 
-def _flat(item: object) -> Sequence[object]:
+def flat(item: object) -> Sequence[object]:
+    """The tensors of one rotation item: a bundle's, or the item itself."""
     return tuple(item) if isinstance(item, WeightBundle) else (item,)
 
 
-def _linear(x: torch.Tensor) -> Callable[[torch.Tensor], object]:
+def linear_call(x: torch.Tensor) -> Callable[[torch.Tensor], object]:
+    """``F.linear`` of ``x`` with the weight it is handed (a baseline's rotation item)."""
     return lambda weight: torch.nn.functional.linear(x, weight)
 
 
-def _apply(kernel: KernelBase, x: torch.Tensor) -> Callable[[WeightBundle], object]:
+def apply_call(kernel: KernelBase, x: torch.Tensor) -> Callable[[WeightBundle], object]:
+    """``kernel.apply`` of ``x`` with the bundle it is handed (a candidate's rotation item)."""
     return lambda bundle: kernel.apply(x, bundle)
 
 
@@ -331,10 +345,10 @@ def _row(m: int, samples: dict[str, list[float]], floor_ms: float) -> dict[str, 
     for name in CANDIDATES:
         if name not in samples:
             continue  # no kernel selected for this scheme here
-        row[f"{name}_vs_best"] = _median_ratio(samples[name], samples[best])
-        row[f"{name}_vs_fp32"] = _median_ratio(samples[name], samples["fp32"])
+        row[f"{name}_vs_best"] = median_ratio(samples[name], samples[best])
+        row[f"{name}_vs_fp32"] = median_ratio(samples[name], samples["fp32"])
         row[f"{name}_vs_floor"] = ms[name] / floor_ms
-        row[f"{name}_vs_read"] = _median_ratio(samples[name], samples["read"])
+        row[f"{name}_vs_read"] = median_ratio(samples[name], samples["read"])
     return row
 
 

@@ -7,6 +7,8 @@ from typing import Any
 
 import attrs
 
+from benchmarks.schemes import render_schemes
+
 __all__ = ["DECODE_TARGETS", "TARGETS", "DecodeTarget", "Target", "render"]
 
 _DICT_HIT = "a dict hit on a str key"
@@ -276,4 +278,6 @@ def render(results: Mapping[str, Any]) -> str:
             )
             lines.append(f"  {label:<34} {shown:>14}")
     lines += _decode(results)
+    if results.get("schemes"):
+        lines += render_schemes(results["schemes"])
     return "\n".join(lines)

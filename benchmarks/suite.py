@@ -22,6 +22,7 @@ import torch
 import kernelpick as kp
 from benchmarks.decode import BASELINES, run_decode
 from benchmarks.memory import peak_extra_rss
+from benchmarks.schemes import SCHEME_TOKENS, run_schemes
 from kernelpick.bench._timing import median_ns, median_seconds
 from kernelpick.core import CpuArch
 from kernelpick.integration import quantize_model
@@ -69,6 +70,8 @@ class SuiteConfig:
     decode_tokens: tuple[int, ...] = DECODE_TOKENS
     decode_shapes: tuple[tuple[int, int], ...] = (DECODE_SHAPE,)
     decode_repeats: int = 7
+    # M of the block FP8 and int8 figures (benchmarks/schemes.py), on the decode shapes.
+    scheme_tokens: tuple[int, ...] = SCHEME_TOKENS
     rotation_bytes: int | None = None
     # ISA flags the FP8 kernels are selected and built for, instead of the probed ones.
     cpu_isa: tuple[str, ...] | None = None
@@ -86,6 +89,7 @@ class SuiteConfig:
         return cls(
             hidden=64, memory_layers=2, repeats=1, decision_loops=50, model_layers=2,
             decode_tokens=(1, 4), decode_shapes=((64, 64),), decode_repeats=1, rotation_bytes=0,
+            scheme_tokens=(1, 4),
         )  # fmt: skip
 
 
@@ -221,6 +225,13 @@ def run_suite(config: SuiteConfig) -> dict[str, Any]:
     results["decode"] = run_decode(
         config.decode_shapes,
         config.decode_tokens,
+        config.decode_repeats,
+        config.rotation_bytes,
+        config.cpu_isa,
+    )
+    results["schemes"] = run_schemes(
+        config.decode_shapes,
+        config.scheme_tokens,
         config.decode_repeats,
         config.rotation_bytes,
         config.cpu_isa,

@@ -19,6 +19,8 @@ import kernelpick as kp
 from benchmarks.decode import BASELINES, CANDIDATES, llc_bytes, measure_bandwidth, run_decode
 from benchmarks.memory import peak_extra_rss, resident_bytes
 from benchmarks.report import DECODE_TARGETS, TARGETS, render
+from benchmarks.schemes import CANDIDATES as SCHEMES
+from benchmarks.schemes import render_schemes, run_schemes
 from benchmarks.suite import SuiteConfig, run_suite
 from kernelpick.core import CpuArch
 
@@ -26,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CPU_KEYS = {
     "dict_lookup_ns", "choose_cached_ns", "choose_uncached_ns", "plan_model_ns", "decode",
     "quantize_vs_clone", "quantize_gbps", "weight_bytes_ratio", "peak_extra_memory_ratio",
-    "machine",
+    "machine", "schemes",
 }  # fmt: skip
 DECODE_KEYS = {
     "llc_bytes", "llc_source", "rotation_target_bytes", "bandwidth_gbps", "bandwidth_op",
@@ -99,6 +101,27 @@ def test_the_decode_figures_cover_every_m_and_name_the_kernels_that_ran() -> Non
         assert row["read_ms"] > 0
         assert set(row) >= ROW_FIGURES
         assert all(row[figure] > 0 for figure in ROW_FIGURES)
+
+
+def test_the_scheme_figures_cover_every_m_and_name_the_kernels_that_ran() -> None:
+    # Harness only, at tiny sizes: block FP8, weight-only block FP8, int8 and PTPC beside
+    # the F.linear baselines, each ratio over a baseline of the same repeats.
+    record = run_schemes(((64, 64),), (1, 4), 1, 0)
+    assert record["schemes"] == SCHEMES
+    (shape,) = record["shapes"]
+    # Kernel-agnostic: whatever kp.choose selects for a bf16 layer is what ran.
+    for name in ("block", "int8", "ptpc"):
+        assert shape["kernels"][name] == _selected(SCHEMES[name], 64, 64)
+    timed = {name for name, kernel in shape["kernels"].items() if not kernel.startswith("rej")}
+    assert {"block", "int8", "ptpc"} <= timed
+    assert [row["m"] for row in shape["rows"]] == [1, 4]
+    for row in shape["rows"]:
+        assert set(row["ms"]) == set(BASELINES) | timed
+        assert row["best_ms"] == min(row["ms"][name] for name in BASELINES)
+        assert all(row[f"{name}_vs_best"] > 0 and row[f"{name}_vs_fp32"] > 0 for name in timed)
+    text = "\n".join(render_schemes(record))
+    assert "schemes, N=64 K=64" in text
+    assert all(f"{name}/best" in text for name in timed)
 
 
 def test_the_decode_figures_can_time_the_avx2_build_on_any_x86_cpu() -> None:

@@ -317,7 +317,12 @@ configs = st.builds(
     st.booleans(),
 )
 # Where the compiled kernels run, they take these schemes; every other is served as before.
-TAKES = {kp.Scheme.FP8_PER_CHANNEL: FP8_GEMM, kp.Scheme.FP8_WEIGHT_ONLY: W8A16_GEMM}
+# (fp8_block at its default block size, 128, the one the compiled kernels read.)
+TAKES = {
+    kp.Scheme.FP8_PER_CHANNEL: FP8_GEMM,
+    kp.Scheme.FP8_BLOCK: FP8_GEMM,
+    kp.Scheme.FP8_WEIGHT_ONLY: W8A16_GEMM,
+}
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -37,8 +37,9 @@ __all__ = [
     "BLOCK_128",
     "BLOCK_OUT",
     "CPP_TOOLCHAIN",
+    "CPU_FP8_DYNAMIC",
     "CPU_FP8_ISA",
-    "CPU_PER_TOKEN",
+    "CPU_FP8_WEIGHTS",
     "DEQUANT_ANY",
     "E4M3",
     "E8M0",
@@ -163,13 +164,16 @@ SM75 = MinComputeCapability(CudaArch(7, 5))
 CPU_FP8_ISA = CpuIsa(frozenset({"avx2", "fma", "f16c"}))
 # Compiled at first use by torch.utils.cpp_extension, which needs a C++ compiler and ninja.
 CPP_TOOLCHAIN = NeedsToolchain()
-# The C++ kernel quantizes each activation row itself, fused into the GEMM: dynamic
-# per-token scales only. Its tail path serves any N and K, so no Alignment rule.
-CPU_PER_TOKEN: tuple[Requirement, ...] = (
+# The C++ kernel quantizes activations itself, fused into the GEMM: dynamic scales, per
+# token or per 1x128 group; it reads per-tensor, per-channel or 128x128 block weight scales
+# in every mix (each group's partial sum is scaled, kernels/_cpu_fp8_scales.h). Its tail
+# path serves any N and K, so no Alignment rule; other block sizes go to the reference.
+CPU_FP8_WEIGHTS = WeightScales(TENSOR_OR_CHANNEL | {GroupShape.block(128)})
+CPU_FP8_DYNAMIC: tuple[Requirement, ...] = (
     E4M3,
-    ActivationScales(PER_TOKEN),
+    ActivationScales(frozenset({GroupShape.PER_TOKEN, GroupShape.per_group(128)})),
     DynamicActivationScales(),
-    WeightScales(TENSOR_OR_CHANNEL),
+    CPU_FP8_WEIGHTS,
 )
 # The CPU reference quantizes and dequantizes in fp32, so any W8A8 scale mix, shape and
 # format works: e4m3 or int8 values, fp32 or E8M0 scales.

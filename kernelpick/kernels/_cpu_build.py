@@ -34,7 +34,9 @@ __all__ = [
 
 _SOURCE = Path(__file__).with_name("_cpu_fp8_gemm.cpp")
 # The headers it includes: ninja tracks them, and the build name hashes them with it.
-_HEADERS = tuple(Path(__file__).with_name(n) for n in ("_cpu_fp8_codec.h", "_cpu_fp8_dot.h"))
+_HEADERS = tuple(
+    Path(__file__).with_name(n) for n in ("_cpu_fp8_codec.h", "_cpu_fp8_dot.h", "_cpu_fp8_scales.h")
+)
 
 # Each level: the /proc/cpuinfo flags it needs and the compiler flags that enable them, best
 # first. AVX2 + FMA + F16C is every x86-64 CPU since Haswell / Zen 1 (F16C's vcvtph2ps

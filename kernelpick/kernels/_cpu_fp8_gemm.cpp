@@ -1,4 +1,5 @@
-// kernelpick's CPU FP8 GEMM: y = (x quantized per token, or x as is) @ (W_fp8 * scale)^T + bias.
+// kernelpick's CPU FP8 GEMM: y = (x quantized per token or per 1 x b group, or x as is)
+// @ (W_fp8 * scale)^T + bias, the weight scaled per tensor, per channel or per b x b block.
 //
 // Built by kernelpick/kernels/_cpu_build.py at one ISA level (KP_LEVEL: avx2, avx512 or
 // avx512_bf16), which registers the op kernelpick::fp8_gemm_<level>. The FP8 numerics are
@@ -33,13 +34,14 @@ constexpr int64_t kPanelBytes = int64_t(4) << 20;
 
 // ---------------------------------------------------------------------------------------
 // Activation preparation: fp32 rows (quantized to e4m3 values, or as given), padded to a
-// multiple of ``step``; the per-token scales go to ``scales``.
+// multiple of ``step``; the per-token or per-group scales go to ``scales``.
 
 // The activations as the kernel reads them: rows of fp32 (``bf16`` false) or of bf16 bits,
-// quantized to e4m3 values when ``quantize`` (their scales into ``scales``), padded with
-// zeros to a multiple of ``step``. Each row goes through one fp32 row buffer per thread.
-at::Tensor prepare_rows(const at::Tensor& x, bool quantize, bool bf16, int64_t step,
-                        float* scales) {
+// quantized to e4m3 values when ``quantize`` (their scales into ``scales``: [M] per token,
+// [M][ceil(K / group)] per ``group`` elements), padded with zeros to a multiple of
+// ``step``. Each row goes through one fp32 row buffer per thread.
+at::Tensor prepare_rows(const at::Tensor& x, bool quantize, int64_t group, bool bf16,
+                        int64_t step, float* scales) {
   const int64_t m = x.size(0), k = x.size(1);
   const int64_t kp = (k + step - 1) / step * step;
   at::Tensor out = at::empty({m, kp}, x.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
@@ -49,7 +51,13 @@ at::Tensor prepare_rows(const at::Tensor& x, bool quantize, bool bf16, int64_t s
       row.assign(kp, 0.0f);
       for (int64_t r = r0; r < r1; ++r) {
         row_to_f32(src + r * k, k, row.data());
-        if (quantize) scales[r] = quantize_row(row.data(), k);
+        if (quantize && group == 0) scales[r] = quantize_row(row.data(), k);
+        if (quantize && group > 0) {
+          const int64_t groups = (k + group - 1) / group;
+          for (int64_t g = 0; g < groups; ++g)
+            scales[r * groups + g] =
+                quantize_row(row.data() + g * group, std::min(group, k - g * group));
+        }
         if (bf16) {
           auto* dst = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()) + r * kp;
           f32_to_bf16_exact(row.data(), kp, dst);
@@ -72,7 +80,7 @@ at::Tensor prepare_rows(const at::Tensor& x, bool quantize, bool bf16, int64_t s
 // The large-M path: decode a panel of weight rows, multiply with torch's GEMM, epilogue.
 
 void panels(const at::Tensor& xc, const uint8_t* w, int64_t n, int64_t k, bool bf16,
-            const Epilogue& epi) {
+            const Epilogue& epi, const KGroups& kg) {
   const int64_t elem = bf16 ? 2 : 4;
   const int64_t rows = std::max<int64_t>(64, kPanelBytes / (k * elem) / 64 * 64);
   const int64_t m = xc.size(0);
@@ -84,6 +92,8 @@ void panels(const at::Tensor& xc, const uint8_t* w, int64_t n, int64_t k, bool b
       decode_rows_bf16(w + n0 * k, nb, k, reinterpret_cast<uint16_t*>(p.data_ptr<at::BFloat16>()));
     } else {
       decode_rows_f32(w + n0 * k, nb, k, p.data_ptr<float>());
+      // Block scales go into the decoded values (with the decode's 2^8): fp32 panels only.
+      if (kg.weight) scale_weight_blocks(p.data_ptr<float>(), n0, nb, k, kg, kDecodeScale);
     }
     at::Tensor y = at::mm(xc, p.t());
     if (bf16) y = y.to(at::kFloat);
@@ -104,21 +114,50 @@ bool bf16_compute_available() {
 #endif
 }
 
+// What the scale arguments say, checked: ``act_group`` (0: per token) and ``weight_block``
+// (0: weight_scale per tensor or per channel) are the K extents of the scale groups, each
+// a multiple of 64 (of every path's K step and of its 4-row blocks), equal where both.
+KGroups scale_groups(const at::Tensor& weight, const at::Tensor& weight_scale, bool quantize_input,
+                     int64_t act_group, int64_t weight_block) {
+  const int64_t n = weight.size(0), k = weight.size(1);
+  TORCH_CHECK(act_group >= 0 && act_group % 64 == 0 && weight_block >= 0 && weight_block % 64 == 0,
+              "kernelpick fp8_gemm: act_group and weight_block must be 0 or multiples of 64");
+  TORCH_CHECK(act_group == 0 || quantize_input,
+              "kernelpick fp8_gemm: act_group needs quantize_input");
+  TORCH_CHECK(act_group == 0 || weight_block == 0 || act_group == weight_block,
+              "kernelpick fp8_gemm: act_group and weight_block must be equal where both are set");
+  TORCH_CHECK(weight_scale.scalar_type() == at::kFloat && weight_scale.is_contiguous(),
+              "kernelpick fp8_gemm: weight_scale must be contiguous fp32");
+  const auto shape = weight_scale.sizes();
+  KGroups kg;
+  kg.size = act_group > 0 ? act_group : weight_block;
+  kg.count = kg.size > 0 ? (k + kg.size - 1) / kg.size : 1;
+  if (weight_block > 0) {
+    TORCH_CHECK(weight_scale.dim() == 2 && shape[0] == (n + weight_block - 1) / weight_block &&
+                    shape[1] == kg.count,
+                "kernelpick fp8_gemm: block weight_scale must be [ceil(N / b), ceil(K / b)]");
+    kg.weight = weight_scale.data_ptr<float>();
+    return kg;
+  }
+  const bool per_tensor = weight_scale.dim() == 0 || (weight_scale.dim() == 1 && shape[0] == 1);
+  const bool per_channel = (weight_scale.dim() == 1 && shape[0] == n) ||
+                           (weight_scale.dim() == 2 && shape[0] == n && shape[1] == 1);
+  TORCH_CHECK(per_tensor || per_channel,
+              "kernelpick fp8_gemm: weight_scale must be of shape [], [1], [N] or [N, 1]");
+  return kg;
+}
+
+const float kOne = 1.0f;
+
 at::Tensor fp8_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& weight_scale,
                     const std::optional<at::Tensor>& bias, bool quantize_input,
-                    at::ScalarType out_dtype) {
+                    at::ScalarType out_dtype, int64_t act_group, int64_t weight_block) {
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 2, "kernelpick fp8_gemm: x [M, K] and weight [N, K]");
   TORCH_CHECK(weight.scalar_type() == at::kFloat8_e4m3fn, "kernelpick fp8_gemm: weight must be float8_e4m3fn");
   TORCH_CHECK(weight.is_contiguous(), "kernelpick fp8_gemm: weight must be contiguous [N, K]");
   TORCH_CHECK(x.size(1) == weight.size(1), "kernelpick fp8_gemm: x and weight disagree on K");
   TORCH_CHECK(weight.size(1) > 0, "kernelpick fp8_gemm: K must be at least 1");
-  const auto scale_shape = weight_scale.sizes();
-  const bool per_tensor = weight_scale.dim() == 0 || (weight_scale.dim() == 1 && scale_shape[0] == 1);
-  const bool per_channel = (weight_scale.dim() == 1 && scale_shape[0] == weight.size(0)) ||
-                           (weight_scale.dim() == 2 && scale_shape[0] == weight.size(0) && scale_shape[1] == 1);
-  TORCH_CHECK(weight_scale.scalar_type() == at::kFloat && weight_scale.is_contiguous() &&
-                  (per_tensor || per_channel),
-              "kernelpick fp8_gemm: weight_scale must be fp32 of shape [], [1], [N] or [N, 1]");
+  KGroups kg = scale_groups(weight, weight_scale, quantize_input, act_group, weight_block);
   TORCH_CHECK(out_dtype == at::kFloat || out_dtype == at::kBFloat16 || out_dtype == at::kHalf,
               "kernelpick fp8_gemm: out_dtype must be float32, bfloat16 or float16");
   const int64_t m = x.size(0), k = x.size(1), n = weight.size(0);
@@ -130,26 +169,35 @@ at::Tensor fp8_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Ten
     TORCH_CHECK(bias->numel() == n, "kernelpick fp8_gemm: bias must have N values");
     bias_f32 = bias->to(at::kFloat).contiguous();
   }
-  at::Tensor x_scale = at::empty({quantize_input ? m : 0}, x.options().dtype(at::kFloat));
-  const auto* w = reinterpret_cast<const uint8_t*>(weight.data_ptr());
-  Epilogue epi{quantize_input ? x_scale.data_ptr<float>() : nullptr, weight_scale.data_ptr<float>(),
-               weight_scale.numel() != 1, bias.has_value() ? bias_f32.data_ptr<float>() : nullptr,
-               out.data_ptr(), out_dtype, n, kDecodeScale};
+  const int64_t act_cols = act_group > 0 ? kg.count : 1;
+  at::Tensor x_scale =
+      at::empty({quantize_input ? m * act_cols : 0}, x.options().dtype(at::kFloat));
   float* scales = quantize_input ? x_scale.data_ptr<float>() : nullptr;
+  const auto* w = reinterpret_cast<const uint8_t*>(weight.data_ptr());
+  // With scales that vary along K (kg active), the activation's scales are all in kg (and
+  // the weight's too, for blocks); the epilogue keeps a per-channel weight scale.
+  const bool grouped = kg.active();
+  if (grouped) kg.act = scales, kg.act_cols = act_cols;
+  Epilogue epi{grouped ? nullptr : scales, kg.weight ? &kOne : weight_scale.data_ptr<float>(),
+               !kg.weight && weight_scale.numel() != 1,
+               bias.has_value() ? bias_f32.data_ptr<float>() : nullptr, out.data_ptr(), out_dtype,
+               n, kDecodeScale};
   // bf16 arithmetic holds the FP8 products exactly where the activations are bf16-exact
   // too (quantized to e4m3, or bf16 to begin with).
   const bool bf16_exact = quantize_input || x.scalar_type() == at::kBFloat16;
   // torch's bf16 GEMM writes bf16, rounding the sums before the scales are applied: fine
   // for a bf16 output (two roundings), not for fp32 or fp16, which stay on the exact path.
   // Nor with a bias: added after that rounding, it could cancel the digits that are left.
+  // Nor with block scales, which differ from one K-group of a sum to the next.
   const bool large = m > kSmallM;
-  const bool vendor_bf16 = large && out_dtype == at::kBFloat16 && !bias.has_value();
+  const bool vendor_bf16 = large && out_dtype == at::kBFloat16 && !bias.has_value() && !grouped;
 #if defined(__AVX512BF16__)
   if (bf16_exact && !vendor_bf16) {
     epi.decode_scale = 1.0f;
-    at::Tensor xb = prepare_rows(xs, quantize_input, true, Bf16x64::kStep, scales);
+    at::Tensor xb = prepare_rows(xs, quantize_input, act_group, true, Bf16x64::kStep, scales);
     const int64_t kp = xb.size(1);
-    gemv<Bf16x64>(reinterpret_cast<const uint16_t*>(xb.data_ptr<at::BFloat16>()), m, kp, w, n, k, epi);
+    gemv<Bf16x64>(reinterpret_cast<const uint16_t*>(xb.data_ptr<at::BFloat16>()), m, kp, w, n, k,
+                  epi, kg);
     return out;
   }
 #endif
@@ -159,21 +207,24 @@ at::Tensor fp8_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Ten
 #else
     using V = F32x8;
 #endif
-    at::Tensor f32 = prepare_rows(xs, quantize_input, false, V::kStep, scales);
-    gemv<V>(f32.data_ptr<float>(), m, f32.size(1), w, n, k, epi);
+    at::Tensor f32 = prepare_rows(xs, quantize_input, act_group, false, V::kStep, scales);
+    gemv<V>(f32.data_ptr<float>(), m, f32.size(1), w, n, k, epi, kg);
     return out;
   }
   // Large M: decoded panels into torch's GEMM, in bf16 where the CPU has bf16 units and
-  // the output is bf16, otherwise in fp32, whose GEMM is fast on every x86 CPU.
+  // the output is bf16, otherwise in fp32, whose GEMM is fast on every x86 CPU. Scales
+  // that vary along K (fp32 panels only) go into the operands first: the activations are
+  // scaled to their values, and for blocks so are the decoded weight panels.
   const bool bf16 = bf16_compute_available() && bf16_exact && vendor_bf16;
-  if (bf16) epi.decode_scale = 1.0f;
+  if (bf16 || kg.weight) epi.decode_scale = 1.0f;
   at::Tensor xc;
   if (!quantize_input && bf16) {
     xc = xs;
   } else {
-    xc = prepare_rows(xs, quantize_input, bf16, 1, scales);
+    xc = prepare_rows(xs, quantize_input, act_group, bf16, 1, scales);
   }
-  panels(xc, w, n, k, bf16, epi);
+  if (grouped && quantize_input) scale_activation_groups(xc.data_ptr<float>(), m, k, k, kg);
+  panels(xc, w, n, k, bf16, epi, kg);
   return out;
 }
 
@@ -181,7 +232,7 @@ at::Tensor fp8_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Ten
 
 TORCH_LIBRARY_FRAGMENT(kernelpick, m) {
   m.def(KP_OP "(Tensor x, Tensor weight, Tensor weight_scale, Tensor? bias, bool quantize_input, "
-              "ScalarType out_dtype) -> Tensor");
+              "ScalarType out_dtype, int act_group, int weight_block) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(kernelpick, CPU, m) { m.impl(KP_OP, &fp8_gemm); }

@@ -1,8 +1,11 @@
-"""The compiled CPU FP8 kernels: W8A8 (per-token activations) and W8A16, one custom op each ISA.
+"""The compiled CPU FP8 kernels: W8A8 (per-token or 1 x 128 group activations) and W8A16,
+one custom op each ISA.
 
 The math is in ``_cpu_fp8_gemm.cpp``: the FP8 weight is decoded exactly in registers
 (never as a whole-weight copy) with a GEMV path for small M and decoded panels handed to
-torch's GEMM for large M; per-token activation quantization is fused into the same call.
+torch's GEMM for large M; dynamic activation quantization, per token or per 1 x 128 group,
+is fused into the same call. Weights are scaled per tensor, per channel or per 128 x 128
+block (block FP8: DeepSeek-V3, Qwen3 FP8).
 The op is a ``torch.library`` custom op with a fake (meta) implementation, so
 ``torch.compile(fullgraph=True)`` traces it as one node.
 """
@@ -16,12 +19,18 @@ import torch
 
 from kernelpick.core._dtypes import Dtype
 from kernelpick.core._errors import InvalidValueError
-from kernelpick.core._quant import GroupShape
+from kernelpick.core._quant import GroupShape, QuantConfig
 from kernelpick.core._specs import KernelKind
 from kernelpick.kernels._base import RowMajorKernel, WeightBundle
 from kernelpick.kernels._cpu_build import ISA_LEVELS, LOCK, isa_level, load_ops, op_name
 
-__all__ = ["CpuFp8Gemm", "CpuFp8GemmW8A16"]
+__all__ = ["BLOCK", "CpuFp8Gemm", "CpuFp8GemmW8A16"]
+
+# The one block size the op serves: block FP8 as released (DeepSeek-V3, Qwen3 FP8). The op
+# takes any multiple of 64; other sizes are refused here until they are tested.
+BLOCK = 128
+_WEIGHT_GROUPS = (GroupShape.PER_TENSOR, GroupShape.PER_CHANNEL, GroupShape.block(BLOCK))
+_ACTIVATION_GROUPS = (GroupShape.PER_TOKEN, GroupShape.per_group(BLOCK))
 
 
 class _Op(Protocol):
@@ -33,6 +42,8 @@ class _Op(Protocol):
         bias: torch.Tensor | None,
         quantize_input: bool,
         out_dtype: torch.dtype,
+        act_group: int,
+        weight_block: int,
     ) -> torch.Tensor: ...
 
 
@@ -43,6 +54,8 @@ def _fake(
     bias: torch.Tensor | None,
     quantize_input: bool,
     out_dtype: torch.dtype,
+    act_group: int,
+    weight_block: int,
 ) -> torch.Tensor:
     # What the op returns, for tracing: [M, N] in out_dtype, on x's device.
     return x.new_empty((x.shape[0], weight.shape[0]), dtype=out_dtype)
@@ -80,10 +93,39 @@ def _custom_op(level: str) -> _Op:
         return op
 
 
+def _scale_groups(kernel_id: str, config: QuantConfig, quantize: bool) -> tuple[int, int]:
+    """The op's ``act_group`` and ``weight_block`` for ``config`` (0: per token, per tensor
+    or per channel), or ``InvalidValueError`` for a scale layout the op would misread."""
+    weight = config.weight.scale
+    if weight.group not in _WEIGHT_GROUPS or weight.dtype is not Dtype.FLOAT32:
+        # The op reads fp32 scales, one per tensor, row or 128 x 128 block.
+        expected = f"fp32 per-tensor, per-channel or {GroupShape.block(BLOCK).render()} scales"
+        raise InvalidValueError(f"{kernel_id} weight scales", weight.render(), expected)
+    weight_block = BLOCK if weight.group == GroupShape.block(BLOCK) else 0
+    act = config.activation
+    if not quantize:
+        return 0, weight_block
+    if (
+        act is None
+        or act.scale.static
+        or act.scale.group not in _ACTIVATION_GROUPS
+        or act.scale.dtype is not Dtype.FLOAT32
+    ):
+        # The op quantizes per token or per 1 x 128 group itself: any other activation
+        # config would run as if it were one of those, silently.
+        found = "none" if act is None else act.render()
+        expected = (
+            "dynamic per-token or per-group (1, 128) activation quantization with fp32 scales"
+        )
+        raise InvalidValueError(f"{kernel_id} activation config", found, expected)
+    return (BLOCK if act.scale.group == GroupShape.per_group(BLOCK) else 0), weight_block
+
+
 @attrs.frozen
 class CpuFp8Gemm(RowMajorKernel):
-    """W8A8 on the CPU: per-token dynamic FP8 activations, per-channel or per-tensor FP8
-    weights, any N and K; products in fp32 (or exact in bf16 with AVX512-BF16).
+    """W8A8 on the CPU: dynamic FP8 activations per token or per 1 x 128 group, FP8 weights
+    per channel, per tensor or per 128 x 128 block, any N and K; products in fp32 (or exact
+    in bf16 with AVX512-BF16), block scales applied group by group along K.
 
     Built for the best ISA level the device's probed flags allow, when the kernel is bound.
     """
@@ -92,6 +134,8 @@ class CpuFp8Gemm(RowMajorKernel):
     _QUANTIZE: ClassVar[bool] = True
 
     level: str = attrs.field(init=False)
+    # The op's act_group and weight_block arguments for this config (see _scale_groups).
+    _groups: tuple[int, int] = attrs.field(init=False, eq=False, repr=False)
     # The op itself, looked up once: torch.compile then traces a call to it, not the lookup.
     _op: _Op = attrs.field(init=False, eq=False, repr=False)
 
@@ -106,34 +150,31 @@ class CpuFp8Gemm(RowMajorKernel):
             raise InvalidValueError(
                 f"{self.kernel_id} FP8 format", self.fp8_format.value, "float8_e4m3fn"
             )
-        weights = self.config.weight.scale.group
-        if weights not in (GroupShape.PER_TENSOR, GroupShape.PER_CHANNEL):
-            # The op reads one scale per tensor or per row: block scales would be misread.
+        if self.config.weight.dtype is not Dtype.FLOAT8_E4M3FN:
+            # int8 (or e5m2) bytes would be decoded as e4m3fn values.
             raise InvalidValueError(
-                f"{self.kernel_id} weight scales", weights.render(), "per-tensor or per-channel"
+                f"{self.kernel_id} weight dtype", self.config.weight.dtype.value, "float8_e4m3fn"
             )
-        act = self.config.activation
-        if self._QUANTIZE and (
-            act is None or act.scale.static or act.scale.group != GroupShape.PER_TOKEN
-        ):
-            # The op quantizes per token: any other activation config would run as if it
-            # were per-token, silently.
-            found = "none" if act is None else act.render()
-            expected = "dynamic per-token activation quantization"
-            raise InvalidValueError(f"{self.kernel_id} activation config", found, expected)
+        groups = _scale_groups(self.kernel_id, self.config, self._QUANTIZE)
         object.__setattr__(self, "level", level)
+        object.__setattr__(self, "_groups", groups)
         # Built or loaded now, at set-up, not inside the first forward.
         object.__setattr__(self, "_op", _custom_op(level))
 
     def _matmul(
         self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        return self._op(x, bundle.weight, bundle.scale, bias, self._QUANTIZE, self.out_dtype)
+        act_group, weight_block = self._groups
+        return self._op(
+            x, bundle.weight, bundle.scale, bias, self._QUANTIZE, self.out_dtype,
+            act_group, weight_block,
+        )  # fmt: skip
 
 
 @attrs.frozen
 class CpuFp8GemmW8A16(CpuFp8Gemm):
-    """W8A16 on the CPU: the activations as they come, FP8 weights decoded in registers."""
+    """W8A16 on the CPU: the activations as they come, FP8 weights decoded in registers
+    (per-tensor, per-channel or 128 x 128 block scales)."""
 
     KIND: ClassVar[KernelKind] = KernelKind.W8A16
     _QUANTIZE: ClassVar[bool] = False
