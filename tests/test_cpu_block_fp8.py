@@ -207,6 +207,40 @@ def test_a_nan_in_one_group_makes_that_rows_outputs_nan(level: str, m: int) -> N
         assert bool(torch.isfinite(got[: m - 1]).all())
 
 
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("m", [1, 2, 64, 65])
+@pytest.mark.parametrize(
+    ("first", "second", "weight_scale"),
+    [
+        (1e33, 0.0, 1.0),  # a huge group beside an all-zero one: scales 1e34 apart
+        (1.0, 1e30, 1.0),  # a row whose groups' scales differ by 1e30
+        (1.0, 1.0, 1e-36),  # combined scales below 2^-100, next to fp32's subnormals
+    ],
+)
+def test_scales_far_apart_or_tiny_in_one_row_stay_exact(
+    level: str, m: int, first: float, second: float, weight_scale: float
+) -> None:
+    # Applied group by group, the running sum would overflow or lose bits here; such rows
+    # go to the fp32 panels, which scale each operand on its own (groups_in_range).
+    n, k = 128, 256
+    config = _config("1x128", "128x128", n, k, "float32", "float32")
+    impl = _bind("cpu_fp8_gemm", level, config)
+    generator = torch.Generator().manual_seed(m)
+    w = torch.randn(n, k, generator=generator)
+    bundle = impl.quantize_weights(w)
+    scale = bundle.scale.clone()
+    scale[:, 0] *= weight_scale
+    bundle = impl.prepare_weights(bundle.weight, scale)
+    x = torch.randn(m, k, generator=generator)
+    x[:, :128] *= first
+    x[:, 128:] *= second
+    got = impl.apply(x, bundle)
+    assert bool(torch.isfinite(got).all())
+    weight = bundle.weight.float() * scale.repeat_interleave(128, 1)[:, :k]
+    want = emulate(x, weight, config, FP8)
+    _check(got, want, "float32", m, n)
+
+
 def test_compiles_with_fullgraph_as_one_custom_op() -> None:
     config = _config("1x128", "128x128", 48, 200, bias=True)
     impl = _bind("cpu_fp8_gemm", LEVELS[0], config)
@@ -275,3 +309,14 @@ def test_the_op_refuses_a_scale_grid_of_the_wrong_shape() -> None:
         impl.prepare_weights(weight, torch.ones(3, 2))
     with pytest.raises(RuntimeError, match="ceil"):
         impl._op(x, weight, torch.ones(3, 2), None, True, torch.float32, 128, 128)
+
+
+def test_a_block_scale_in_another_layout_is_read_as_its_values() -> None:
+    config = _config("1x128", "128x128", 256, 384, "float32", "float32")
+    impl = _bind("cpu_fp8_gemm", LEVELS[-1], config)
+    bundle = impl.quantize_weights(torch.randn(256, 384))
+    transposed = bundle.scale.t().contiguous().t()  # the same values, column-major
+    assert not transposed.is_contiguous()
+    x = torch.randn(3, 384)
+    got = impl.apply(x, impl.prepare_weights(bundle.weight, transposed))
+    assert torch.equal(got, impl.apply(x, bundle))

@@ -191,14 +191,17 @@ at::Tensor fp8_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Ten
   // Nor with block scales, which differ from one K-group of a sum to the next.
   const bool large = m > kSmallM;
   const bool vendor_bf16 = large && out_dtype == at::kBFloat16 && !bias.has_value() && !grouped;
+  // Scales that vary along K are applied group by group on the dot paths; scales too far
+  // apart or too small for that (groups_in_range) go to the fp32 panels below instead.
 #if defined(__AVX512BF16__)
   if (bf16_exact && !vendor_bf16) {
-    epi.decode_scale = 1.0f;
     at::Tensor xb = prepare_rows(xs, quantize_input, act_group, true, Bf16x64::kStep, scales);
-    const int64_t kp = xb.size(1);
-    gemv<Bf16x64>(reinterpret_cast<const uint16_t*>(xb.data_ptr<at::BFloat16>()), m, kp, w, n, k,
-                  epi, kg);
-    return out;
+    if (!grouped || groups_in_range(kg, m, n)) {
+      epi.decode_scale = 1.0f;
+      gemv<Bf16x64>(reinterpret_cast<const uint16_t*>(xb.data_ptr<at::BFloat16>()), m,
+                    xb.size(1), w, n, k, epi, kg);
+      return out;
+    }
   }
 #endif
   if (!large) {
@@ -208,8 +211,10 @@ at::Tensor fp8_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Ten
     using V = F32x8;
 #endif
     at::Tensor f32 = prepare_rows(xs, quantize_input, act_group, false, V::kStep, scales);
-    gemv<V>(f32.data_ptr<float>(), m, f32.size(1), w, n, k, epi, kg);
-    return out;
+    if (!grouped || groups_in_range(kg, m, n)) {
+      gemv<V>(f32.data_ptr<float>(), m, f32.size(1), w, n, k, epi, kg);
+      return out;
+    }
   }
   // Large M: decoded panels into torch's GEMM, in bf16 where the CPU has bf16 units and
   // the output is bf16, otherwise in fp32, whose GEMM is fast on every x86 CPU. Scales

@@ -13,8 +13,10 @@
 //   multiply it by s(g-1) / s(g), then the sum by s(last) (Horner's scheme). That costs
 //   one multiply per group and no register, where a second accumulator per output would
 //   spill the 4 x 4 register blocks. Each ratio rounds once in fp32, as a sum does. The
-//   running value is sum_{j<=g} s(j) P(j) / s(g): it overflows only where the scales of
-//   one row differ by more than about 1e25, far from any real layer.
+//   running value is sum_{j<=g} s(j) P(j) / s(g), which overflows where the scales of one
+//   row differ by about 1e30 (measured), and a combined scale near fp32's subnormals loses
+//   bits: groups_in_range sends such calls, far from any real layer, to the fp32 panels,
+//   which scale each operand on its own.
 // - One token runs four groups at a time, each its own chain, scaled and added per group.
 #pragma once
 
@@ -82,6 +84,26 @@ struct KGroups {
     return weight ? a * weight[block_of(n) * count + g] : a;
   }
 };
+
+// Whether every combined scale of tokens [0, m) is at least 2^-100 and, within one row
+// of output, within 2^64 of the others: then Horner's running value stays below 2^64 times
+// a group's products (at most 2^25 each), and no scale has lost bits. A NaN scale (a NaN
+// activation) passes: its row is NaN on every path.
+inline bool groups_in_range(const KGroups& kg, int64_t m, int64_t n) {
+  constexpr float kLeast = 0x1p-100f, kSpread = 0x1p64f;
+  const int64_t blocks = kg.weight ? (n + kg.size - 1) / kg.size : 1;
+  for (int64_t t = 0; t < m; ++t)
+    for (int64_t b = 0; b < blocks; ++b) {
+      float lo = kg.scale(t, b * kg.size, 0), hi = lo;
+      for (int64_t g = 1; g < kg.count; ++g) {
+        const float s = kg.scale(t, b * kg.size, g);
+        lo = std::min(lo, s);
+        hi = std::max(hi, s);
+      }
+      if (lo < kLeast || hi > lo * kSpread) return false;
+    }
+  return true;
+}
 
 // An accumulator times a scalar, and plus another times a scalar, at either vector width.
 inline __m256 scale_acc(__m256 acc, float r) { return _mm256_mul_ps(acc, _mm256_set1_ps(r)); }

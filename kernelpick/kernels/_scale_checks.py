@@ -23,7 +23,7 @@ def checked_weight_scale(
     config: QuantConfig, scale: torch.Tensor, device: torch.device
 ) -> torch.Tensor:
     """``scale`` in the config's scale dtype and ``config.weight_scale_shape``, on
-    ``device``; one per-tensor value comes back 0-dim."""
+    ``device``, contiguous; one per-tensor value comes back 0-dim."""
     shape = config.weight_scale_shape
     dtypes = (canonical_scale_dtype(config),)
     check_tensor("weight_scale", scale, dtypes=dtypes, device=device)
@@ -31,7 +31,9 @@ def checked_weight_scale(
         return _one_value("weight_scale", scale)
     if tuple(scale.shape) != shape:
         raise reject("weight_scale", scale, f"shape {list(shape)}")
-    return scale
+    # A view of another layout (a transposed block grid) is made row-major, as the compiled
+    # kernels read it; a contiguous scale, the canonical one, is returned as it is.
+    return scale.contiguous()
 
 
 def checked_input_scale(
