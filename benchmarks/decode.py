@@ -38,44 +38,29 @@ import attrs
 import torch
 
 import kernelpick as kp
+from benchmarks.rotation import (
+    BASELINES,
+    Timed,
+    candidate,
+    median_ratio,
+    rotated_weights,
+    shape_record,
+    time_tokens,
+)
 from kernelpick.core import CpuArch
-from kernelpick.kernels import CpuFp8Gemm, KernelBase, WeightBundle
 
 __all__ = [
     "BASELINES",
-    "BUFFER_BUDGET",
     "CANDIDATES",
     "FALLBACK_LLC_BYTES",
     "MIB",
-    "Timed",
-    "apply_call",
-    "flat",
-    "linear_call",
     "llc_bytes",
     "measure_bandwidth",
-    "median_ratio",
-    "nbytes",
-    "paired",
-    "rotation_count",
     "run_decode",
 ]
 
 MIB = 2**20
 FALLBACK_LLC_BYTES = 64 * MIB  # where sysfs does not say
-# All rotation buffers of one shape together (3 baselines + 2 candidates), at most: a set
-# never goes below 2 buffers, so a shape whose two fp32 weights exceed its share uses more.
-BUFFER_BUDGET = 3 * 2**30
-MAX_BUFFERS = 64
-# Calls of one callable in a row, inside one timed block: enough to span about 10 ms at
-# small M (timer and thread-pool wake-up noise), never more than 16 nor than its buffers.
-BLOCK_SECONDS = 0.01
-MAX_CALLS = 16
-WARMUP_CALLS = 1  # then one more, timed alone, sizes the blocks
-BASELINES: dict[str, torch.dtype] = {
-    "fp32": torch.float32,
-    "bf16": torch.bfloat16,
-    "fp16": torch.float16,
-}
 # Candidate name -> kernelpick scheme. Both run bf16 activations into a bf16 output.
 CANDIDATES: dict[str, str] = {"ptpc": "fp8_per_channel", "w8a16": "fp8_weight_only"}
 ACTIVATION = "bfloat16"
@@ -156,85 +141,6 @@ def measure_bandwidth(total_bytes: int, repeats: int) -> dict[str, Any]:
     }
 
 
-def rotation_count(bytes_each: int, target: int, cap: int) -> int:
-    """Buffers in one rotation: at least ``target`` bytes in all, at most ``cap`` (never
-    fewer than 2, never more than ``MAX_BUFFERS``)."""
-    wanted = max(2, math.ceil(target / bytes_each))
-    return max(2, min(wanted, cap // bytes_each, MAX_BUFFERS))
-
-
-def nbytes(values: Sequence[object]) -> int:
-    """Bytes of every tensor in ``values`` (a weight, or a bundle's tensors)."""
-    return sum(v.untyped_storage().nbytes() for v in values if isinstance(v, torch.Tensor))
-
-
-@attrs.define
-class Timed:
-    """One callable and its rotation: each call takes the next item, round the ring."""
-
-    name: str
-    call: Callable[[Any], object]
-    items: Sequence[Any]
-    cursor: int = 0
-    calls: int = 1
-    samples: list[float] = attrs.Factory(list)
-
-    def once(self) -> None:
-        item = self.items[self.cursor]
-        self.cursor = (self.cursor + 1) % len(self.items)
-        self.call(item)
-
-    def block(self) -> float:
-        """Seconds per call over ``calls`` calls in a row."""
-        start = time.perf_counter()
-        for _ in range(self.calls):
-            self.once()
-        return (time.perf_counter() - start) / self.calls
-
-    def warm_up(self) -> None:
-        for _ in range(WARMUP_CALLS):
-            self.once()
-        estimate = self.block()  # calls is 1 here
-        # At most one pass round the ring: within a block no weight is read twice, and
-        # between blocks every other callable streams its own weights through the cache.
-        wanted = math.ceil(BLOCK_SECONDS / max(estimate, 1e-9))
-        self.calls = max(1, min(MAX_CALLS, len(self.items), wanted))
-
-
-def paired(timed: Sequence[Timed], repeats: int) -> None:
-    """Every callable warmed up, then ``repeats`` rounds, each timing all of them back to
-    back, starting one further along each round."""
-    for one in timed:
-        one.warm_up()
-    for r in range(repeats):
-        shift = r % len(timed)
-        for one in (*timed[shift:], *timed[:shift]):
-            one.samples.append(one.block())
-
-
-@attrs.frozen
-class _Candidate:
-    name: str
-    scheme: str
-    kernel: KernelBase | None
-    decision: str  # the kernel id, or why none was selected
-    degraded: bool
-
-
-def _candidate(name: str, scheme: str, caps: kp.DeviceCaps, n: int, k: int) -> _Candidate:
-    config = kp.quant_config(scheme, weight_shape=(n, k), out_dtype=ACTIVATION)
-    decision = kp.choose(caps, config)
-    if isinstance(decision, kp.Rejected):
-        reasons = "; ".join(str(reason) for reason in decision.reasons)
-        return _Candidate(name, scheme, None, f"rejected: {reasons}", False)
-    kernel = kp.bind(decision, config, caps)
-    return _Candidate(name, scheme, kernel, decision.kernel, decision.degraded)
-
-
-def median_ratio(top: Sequence[float], bottom: Sequence[float]) -> float:
-    return statistics.median(a / b for a, b in zip(top, bottom, strict=True))
-
-
 def _shape(
     caps: kp.DeviceCaps,
     n: int,
@@ -246,56 +152,21 @@ def _shape(
     seed: int,
 ) -> dict[str, Any]:
     generator = torch.Generator().manual_seed(seed)
-    candidates = [_candidate(name, s, caps, n, k) for name, s in CANDIDATES.items()]
-    cap = BUFFER_BUDGET // (len(BASELINES) + len(CANDIDATES))
-    counts = {
-        name: rotation_count(n * k * dtype.itemsize, target, cap)
-        for name, dtype in BASELINES.items()
-    }
-    fp8_count = rotation_count(n * k, target, cap)
-    sources = [
-        (torch.randn(n, k, generator=generator) / k**0.5).to(torch.bfloat16)
-        for _ in range(max(fp8_count, *counts.values()))
+    candidates = [
+        candidate(name, kp.quant_config(scheme, weight_shape=(n, k), out_dtype=ACTIVATION), caps)
+        for name, scheme in CANDIDATES.items()
     ]
-    weights: dict[str, list[Any]] = {
-        name: [source.to(dtype, copy=True) for source in sources[: counts[name]]]
-        for name, dtype in BASELINES.items()
-    }
-    for candidate in candidates:
-        if candidate.kernel is not None:
-            quantize = candidate.kernel.quantize_weights
-            weights[candidate.name] = [quantize(source) for source in sources[:fp8_count]]
-    del sources
+    weights, fp8_count = rotated_weights(n, k, candidates, target, generator)
     # The FP8 weight's bytes, read by the bandwidth's op in the same repeats as the kernels:
     # a floor that moves with the machine's load as they do.
     read_bytes = math.ceil(n * k / 64) * 64
     weights["read"] = [
         torch.full((read_bytes,), i + 1, dtype=torch.uint8) for i in range(fp8_count)
     ]
-    gc.collect()
-    rotation = {
-        name: {"buffers": len(items), "bytes": sum(nbytes(flat(item)) for item in items)}
-        for name, items in weights.items()
-    }
+    record = shape_record(n, k, candidates, weights)
     fp8_bytes = n * k
-    read = READ_OPS[bandwidth["bandwidth_op"]]
-    samples: dict[int, dict[str, list[float]]] = {}
-    with torch.inference_mode():
-        for m in tokens:
-            x = torch.randn(m, k, generator=generator)
-            timed = [
-                Timed(name, linear_call(x.to(dtype)), weights[name])
-                for name, dtype in BASELINES.items()
-            ]
-            x_act = x.to(torch.bfloat16)
-            timed += [
-                Timed(c.name, apply_call(c.kernel, x_act), weights[c.name])
-                for c in candidates
-                if c.kernel is not None
-            ]
-            timed.append(Timed("read", read, weights["read"]))
-            paired(timed, repeats)
-            samples[m] = {t.name: t.samples for t in timed}
+    read = Timed("read", READ_OPS[bandwidth["bandwidth_op"]], weights["read"])
+    samples = time_tokens(tokens, k, generator, candidates, weights, repeats, (read,))
     del weights
     gc.collect()
     # The floor: the best bandwidth seen, up front or in any read among the repeats (a
@@ -305,34 +176,13 @@ def _shape(
     floor_ms = fp8_bytes / (seen_gbps * 1e9) * 1e3
     rows = [_row(m, by_name, floor_ms) for m, by_name in samples.items()]
     return {
-        "n": n,
-        "k": k,
-        "kernels": {c.name: c.decision for c in candidates},
-        # The compiled CPU kernels' ISA build (avx2, avx512, avx512_bf16), where one ran.
-        "builds": {c.name: c.kernel.level for c in candidates if isinstance(c.kernel, CpuFp8Gemm)},
-        "degraded": {c.name: c.degraded for c in candidates},
+        **record,
         "fp8_weight_bytes": fp8_bytes,
         "read_gbps": read_bytes / fastest_read / 1e9,
         "floor_gbps": seen_gbps,
         "floor_ms": floor_ms,
-        "rotation": rotation,
         "rows": rows,
     }
-
-
-def flat(item: object) -> Sequence[object]:
-    """The tensors of one rotation item: a bundle's, or the item itself."""
-    return tuple(item) if isinstance(item, WeightBundle) else (item,)
-
-
-def linear_call(x: torch.Tensor) -> Callable[[torch.Tensor], object]:
-    """``F.linear`` of ``x`` with the weight it is handed (a baseline's rotation item)."""
-    return lambda weight: torch.nn.functional.linear(x, weight)
-
-
-def apply_call(kernel: KernelBase, x: torch.Tensor) -> Callable[[WeightBundle], object]:
-    """``kernel.apply`` of ``x`` with the bundle it is handed (a candidate's rotation item)."""
-    return lambda bundle: kernel.apply(x, bundle)
 
 
 def _row(m: int, samples: dict[str, list[float]], floor_ms: float) -> dict[str, Any]:

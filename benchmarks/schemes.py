@@ -26,22 +26,16 @@ import attrs
 import torch
 
 import kernelpick as kp
-from benchmarks.decode import (
+from benchmarks.decode import MIB, llc_bytes
+from benchmarks.rotation import (
     BASELINES,
-    BUFFER_BUDGET,
-    MIB,
-    Timed,
-    apply_call,
-    flat,
-    linear_call,
-    llc_bytes,
+    candidate,
     median_ratio,
-    nbytes,
-    paired,
-    rotation_count,
+    rotated_weights,
+    shape_record,
+    time_tokens,
 )
 from kernelpick.core import CpuArch, Dtype, GroupShape, QuantKey, ScaleSpec
-from kernelpick.kernels import CpuFp8Gemm, KernelBase
 
 __all__ = ["CANDIDATES", "SCHEME_TOKENS", "render_schemes", "run_schemes"]
 
@@ -64,79 +58,18 @@ def _config(name: str, n: int, k: int) -> kp.QuantConfig:
     return kp.quant_config(CANDIDATES[name], weight_shape=(n, k), out_dtype=ACTIVATION)
 
 
-@attrs.frozen
-class _Candidate:
-    name: str
-    kernel: KernelBase | None
-    decision: str  # the kernel id, or why none was selected
-    degraded: bool
-
-
-def _candidate(name: str, caps: kp.DeviceCaps, n: int, k: int) -> _Candidate:
-    config = _config(name, n, k)
-    decision = kp.choose(caps, config)
-    if isinstance(decision, kp.Rejected):
-        reasons = "; ".join(str(reason) for reason in decision.reasons)
-        return _Candidate(name, None, f"rejected: {reasons}", False)
-    return _Candidate(name, kp.bind(decision, config, caps), decision.kernel, decision.degraded)
-
-
 def _shape(
     caps: kp.DeviceCaps, n: int, k: int, tokens: Sequence[int], repeats: int, target: int,
     seed: int,
 ) -> dict[str, Any]:  # fmt: skip
     generator = torch.Generator().manual_seed(seed)
-    candidates = [_candidate(name, caps, n, k) for name in CANDIDATES]
-    cap = BUFFER_BUDGET // (len(BASELINES) + len(CANDIDATES))
-    counts = {
-        name: rotation_count(n * k * dtype.itemsize, target, cap)
-        for name, dtype in BASELINES.items()
-    }
-    quantized = rotation_count(n * k, target, cap)  # one byte per weight, FP8 or int8
-    sources = [
-        (torch.randn(n, k, generator=generator) / k**0.5).to(torch.bfloat16)
-        for _ in range(max(quantized, *counts.values()))
-    ]
-    weights: dict[str, list[Any]] = {
-        name: [source.to(dtype, copy=True) for source in sources[: counts[name]]]
-        for name, dtype in BASELINES.items()
-    }
-    for c in candidates:
-        if c.kernel is not None:
-            weights[c.name] = [c.kernel.quantize_weights(s) for s in sources[:quantized]]
-    del sources
-    gc.collect()
-    rotation = {
-        name: {"buffers": len(items), "bytes": sum(nbytes(flat(item)) for item in items)}
-        for name, items in weights.items()
-    }
-    rows = []
-    with torch.inference_mode():
-        for m in tokens:
-            x = torch.randn(m, k, generator=generator)
-            timed = [
-                Timed(name, linear_call(x.to(dtype)), weights[name])
-                for name, dtype in BASELINES.items()
-            ]
-            x_act = x.to(torch.bfloat16)
-            timed += [
-                Timed(c.name, apply_call(c.kernel, x_act), weights[c.name])
-                for c in candidates
-                if c.kernel is not None
-            ]
-            paired(timed, repeats)
-            rows.append(_row(m, {t.name: t.samples for t in timed}))
+    candidates = [candidate(name, _config(name, n, k), caps) for name in CANDIDATES]
+    weights, _ = rotated_weights(n, k, candidates, target, generator)
+    record = shape_record(n, k, candidates, weights)
+    samples = time_tokens(tokens, k, generator, candidates, weights, repeats)
     del weights
     gc.collect()
-    return {
-        "n": n,
-        "k": k,
-        "kernels": {c.name: c.decision for c in candidates},
-        "builds": {c.name: c.kernel.level for c in candidates if isinstance(c.kernel, CpuFp8Gemm)},
-        "degraded": {c.name: c.degraded for c in candidates},
-        "rotation": rotation,
-        "rows": rows,
-    }
+    return {**record, "rows": [_row(m, by_name) for m, by_name in samples.items()]}
 
 
 def _row(m: int, samples: dict[str, list[float]]) -> dict[str, Any]:

@@ -1,0 +1,226 @@
+"""What the CPU benchmarks share: weights rotated past the cache, paired timing, and the
+candidates (kernels kernelpick selects) timed against ``F.linear`` baselines.
+
+Every callable rotates through several weights whose total is at least a target (twice the
+last-level cache), one weight a call, so each call reads its weight from DRAM. Within one
+repeat every callable is timed back to back, the order rotating from repeat to repeat.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+import torch
+
+import kernelpick as kp
+from kernelpick.kernels import CpuFp8Gemm, KernelBase, WeightBundle
+
+__all__ = [
+    "BASELINES",
+    "BUFFER_BUDGET",
+    "Candidate",
+    "Timed",
+    "apply_call",
+    "candidate",
+    "flat",
+    "linear_call",
+    "median_ratio",
+    "nbytes",
+    "paired",
+    "rotated_weights",
+    "rotation_count",
+    "shape_record",
+    "time_tokens",
+]
+
+# All rotation buffers of one shape together (baselines and candidates), at most: a set
+# never goes below 2 buffers, so a shape whose two fp32 weights exceed its share uses more.
+BUFFER_BUDGET = 3 * 2**30
+MAX_BUFFERS = 64
+# Calls of one callable in a row, inside one timed block: enough to span about 10 ms at
+# small M (timer and thread-pool wake-up noise), never more than 16 nor than its buffers.
+BLOCK_SECONDS = 0.01
+MAX_CALLS = 16
+WARMUP_CALLS = 1  # then one more, timed alone, sizes the blocks
+BASELINES: dict[str, torch.dtype] = {
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+}
+
+
+def rotation_count(bytes_each: int, target: int, cap: int) -> int:
+    """Buffers in one rotation: at least ``target`` bytes in all, at most ``cap`` (never
+    fewer than 2, never more than ``MAX_BUFFERS``)."""
+    wanted = max(2, math.ceil(target / bytes_each))
+    return max(2, min(wanted, cap // bytes_each, MAX_BUFFERS))
+
+
+def nbytes(values: Sequence[object]) -> int:
+    """Bytes of every tensor in ``values`` (a weight, or a bundle's tensors)."""
+    return sum(v.untyped_storage().nbytes() for v in values if isinstance(v, torch.Tensor))
+
+
+@attrs.define
+class Timed:
+    """One callable and its rotation: each call takes the next item, round the ring."""
+
+    name: str
+    call: Callable[[Any], object]
+    items: Sequence[Any]
+    cursor: int = 0
+    calls: int = 1
+    samples: list[float] = attrs.Factory(list)
+
+    def once(self) -> None:
+        item = self.items[self.cursor]
+        self.cursor = (self.cursor + 1) % len(self.items)
+        self.call(item)
+
+    def block(self) -> float:
+        """Seconds per call over ``calls`` calls in a row."""
+        start = time.perf_counter()
+        for _ in range(self.calls):
+            self.once()
+        return (time.perf_counter() - start) / self.calls
+
+    def warm_up(self) -> None:
+        for _ in range(WARMUP_CALLS):
+            self.once()
+        estimate = self.block()  # calls is 1 here
+        # At most one pass round the ring: within a block no weight is read twice, and
+        # between blocks every other callable streams its own weights through the cache.
+        wanted = math.ceil(BLOCK_SECONDS / max(estimate, 1e-9))
+        self.calls = max(1, min(MAX_CALLS, len(self.items), wanted))
+
+
+def paired(timed: Sequence[Timed], repeats: int) -> None:
+    """Every callable warmed up, then ``repeats`` rounds, each timing all of them back to
+    back, starting one further along each round."""
+    for one in timed:
+        one.warm_up()
+    for r in range(repeats):
+        shift = r % len(timed)
+        for one in (*timed[shift:], *timed[:shift]):
+            one.samples.append(one.block())
+
+
+@attrs.frozen
+class Candidate:
+    """One timed layer: the kernel kernelpick selected for its config (None: rejected)."""
+
+    name: str
+    kernel: KernelBase | None
+    decision: str  # the kernel id, or why none was selected
+    degraded: bool
+
+
+def candidate(name: str, config: kp.QuantConfig, caps: kp.DeviceCaps) -> Candidate:
+    """``config``'s choice on ``caps``, bound, or the rejection's reasons."""
+    decision = kp.choose(caps, config)
+    if isinstance(decision, kp.Rejected):
+        reasons = "; ".join(str(reason) for reason in decision.reasons)
+        return Candidate(name, None, f"rejected: {reasons}", False)
+    return Candidate(name, kp.bind(decision, config, caps), decision.kernel, decision.degraded)
+
+
+def median_ratio(top: Sequence[float], bottom: Sequence[float]) -> float:
+    return statistics.median(a / b for a, b in zip(top, bottom, strict=True))
+
+
+def flat(item: object) -> Sequence[object]:
+    """The tensors of one rotation item: a bundle's, or the item itself."""
+    return tuple(item) if isinstance(item, WeightBundle) else (item,)
+
+
+def linear_call(x: torch.Tensor) -> Callable[[torch.Tensor], object]:
+    """``F.linear`` of ``x`` with the weight it is handed (a baseline's rotation item)."""
+    return lambda weight: torch.nn.functional.linear(x, weight)
+
+
+def apply_call(kernel: KernelBase, x: torch.Tensor) -> Callable[[WeightBundle], object]:
+    """``kernel.apply`` of ``x`` with the bundle it is handed (a candidate's rotation item)."""
+    return lambda bundle: kernel.apply(x, bundle)
+
+
+def rotated_weights(
+    n: int, k: int, candidates: Sequence[Candidate], target: int, generator: torch.Generator
+) -> tuple[dict[str, list[Any]], int]:
+    """Each baseline's weights in its dtype and each candidate's bundles, every rotation at
+    least ``target`` bytes (within ``BUFFER_BUDGET`` for the shape), from the same random
+    bf16 weights; and how many one-byte (FP8 or int8) weights each candidate rotates."""
+    cap = BUFFER_BUDGET // (len(BASELINES) + len(candidates))
+    counts = {
+        name: rotation_count(n * k * dtype.itemsize, target, cap)
+        for name, dtype in BASELINES.items()
+    }
+    quantized = rotation_count(n * k, target, cap)  # one byte per weight, FP8 or int8
+    sources = [
+        (torch.randn(n, k, generator=generator) / k**0.5).to(torch.bfloat16)
+        for _ in range(max(quantized, *counts.values()))
+    ]
+    weights: dict[str, list[Any]] = {
+        name: [source.to(dtype, copy=True) for source in sources[: counts[name]]]
+        for name, dtype in BASELINES.items()
+    }
+    for c in candidates:
+        if c.kernel is not None:
+            weights[c.name] = [c.kernel.quantize_weights(s) for s in sources[:quantized]]
+    del sources
+    gc.collect()
+    return weights, quantized
+
+
+def time_tokens(
+    tokens: Sequence[int],
+    k: int,
+    generator: torch.Generator,
+    candidates: Sequence[Candidate],
+    weights: dict[str, list[Any]],
+    repeats: int,
+    extra: Sequence[Timed] = (),
+) -> dict[int, dict[str, list[float]]]:
+    """Per M, every callable's samples: the baselines, the candidates (bf16 activations)
+    and ``extra``, paired. ``extra``'s samples start afresh at each M."""
+    samples: dict[int, dict[str, list[float]]] = {}
+    with torch.inference_mode():
+        for m in tokens:
+            x = torch.randn(m, k, generator=generator)
+            timed = [
+                Timed(name, linear_call(x.to(dtype)), weights[name])
+                for name, dtype in BASELINES.items()
+            ]
+            x_act = x.to(torch.bfloat16)
+            timed += [
+                Timed(c.name, apply_call(c.kernel, x_act), weights[c.name])
+                for c in candidates
+                if c.kernel is not None
+            ]
+            timed += [Timed(t.name, t.call, t.items) for t in extra]
+            paired(timed, repeats)
+            samples[m] = {t.name: t.samples for t in timed}
+    return samples
+
+
+def shape_record(
+    n: int, k: int, candidates: Sequence[Candidate], weights: dict[str, list[Any]]
+) -> dict[str, Any]:
+    """What a shape's record says of its candidates and rotations, rows aside."""
+    return {
+        "n": n,
+        "k": k,
+        "kernels": {c.name: c.decision for c in candidates},
+        # The compiled CPU kernels' ISA build (avx2, avx512, avx512_bf16), where one ran.
+        "builds": {c.name: c.kernel.level for c in candidates if isinstance(c.kernel, CpuFp8Gemm)},
+        "degraded": {c.name: c.degraded for c in candidates},
+        "rotation": {
+            name: {"buffers": len(items), "bytes": sum(nbytes(flat(item)) for item in items)}
+            for name, items in weights.items()
+        },
+    }
