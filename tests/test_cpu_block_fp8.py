@@ -10,21 +10,17 @@ token, a few (up to 64), and panels beyond.
 
 from __future__ import annotations
 
-import attrs
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kernelpick as kp
-from kernelpick.core import CpuArch, Dtype, GroupShape, QuantKey, ScaleSpec
+from kernelpick.core import Dtype, GroupShape, QuantKey, ScaleSpec
 from kernelpick.kernels import CpuFp8Gemm, CpuFp8GemmW8A16
-from kernelpick.kernels._cpu_build import ISA_LEVELS
+from tests.cpu_levels import HOST_ISA, LEVELS, NEEDS_A_LEVEL, caps_at
 from tests.emulation import BOUND, emulate, relative_error
 
-HOST = kp.probe("cpu")
-HOST_ISA = HOST.arch.isa if isinstance(HOST.arch, CpuArch) else frozenset()
-LEVELS = [level for level, (flags, _) in ISA_LEVELS.items() if flags <= HOST_ISA]
 DTYPES = ["float32", "bfloat16", "float16"]
 FP8 = Dtype.FLOAT8_E4M3FN
 ACTIVATIONS = {"per-token": GroupShape.PER_TOKEN, "1x128": GroupShape.per_group(128)}
@@ -36,15 +32,7 @@ WEIGHTS = {
 # Extents on both sides of the 128 boundaries, and anything else.
 extents = st.one_of(st.integers(1, 600), st.sampled_from([127, 128, 129, 255, 256, 257, 384, 513]))
 
-pytestmark = pytest.mark.skipif(
-    not LEVELS or "cpp_toolchain" not in HOST.features,
-    reason="needs an x86 CPU with AVX2+FMA+F16C and a C++ toolchain",
-)
-
-
-def _caps(level: str) -> kp.DeviceCaps:
-    flags, _ = ISA_LEVELS[level]
-    return attrs.evolve(HOST, arch=CpuArch("x86_64", flags))
+pytestmark = NEEDS_A_LEVEL
 
 
 def _config(
@@ -69,7 +57,7 @@ def _config(
 
 
 def _bind(kernel: str, level: str, config: kp.QuantConfig) -> CpuFp8Gemm:
-    bound = kp.bind(kernel, config, _caps(level))
+    bound = kp.bind(kernel, config, caps_at(level))
     assert isinstance(bound, CpuFp8Gemm)
     assert bound.level == level
     return bound

@@ -16,44 +16,31 @@ import threading
 import time
 from pathlib import Path
 
-import attrs
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kernelpick as kp
-from kernelpick.core import CpuArch, Dtype, GroupShape, QuantKey, ScaleSpec
+from kernelpick.core import Dtype, GroupShape, QuantKey, ScaleSpec
 from kernelpick.kernels import CpuFp8Gemm, CpuFp8GemmW8A16, KernelBase
 from kernelpick.kernels._cpu_build import (
-    ISA_LEVELS,
     KernelBuildError,
     _build_name,
     _wait_for_build_lock,
     isa_level,
 )
+from tests.cpu_levels import HOST_ISA, LEVELS, NEEDS_A_LEVEL, caps_at
 from tests.emulation import BOUND, emulate, relative_error
 
-HOST = kp.probe("cpu")
-HOST_ISA = HOST.arch.isa if isinstance(HOST.arch, CpuArch) else frozenset()
-# Every level whose flags the host has; the others cannot run here.
-LEVELS = [level for level, (flags, _) in ISA_LEVELS.items() if flags <= HOST_ISA]
 KERNELS = {"cpu_fp8_gemm": "fp8_per_channel", "cpu_fp8_w8a16_gemm": "fp8_weight_only"}
 DTYPES = ["float32", "bfloat16", "float16"]
 
-pytestmark = pytest.mark.skipif(
-    not LEVELS or "cpp_toolchain" not in HOST.features,
-    reason="needs an x86 CPU with AVX2+FMA+F16C and a C++ toolchain",
-)
-
-
-def _caps(level: str) -> kp.DeviceCaps:
-    flags, _ = ISA_LEVELS[level]
-    return attrs.evolve(HOST, arch=CpuArch("x86_64", flags))
+pytestmark = NEEDS_A_LEVEL
 
 
 def _bind(kernel: str, level: str, config: kp.QuantConfig) -> KernelBase:
-    bound = kp.bind(kernel, config, _caps(level))
+    bound = kp.bind(kernel, config, caps_at(level))
     assert isinstance(bound, CpuFp8Gemm)
     assert bound.level == level
     return bound
