@@ -19,6 +19,7 @@ import torch
 
 from kernelpick.core._specs import KernelKind
 from kernelpick.kernels._base import KernelBase, WeightBundle
+from kernelpick.kernels._scaled_mm import apply_scales
 from kernelpick.kernels._torch import reject
 
 __all__ = ["INT_MM_MIN_ROWS", "Int8IntMM", "Int8IntMMPadded"]
@@ -45,11 +46,7 @@ class Int8IntMM(KernelBase):
             # bytes viewed afresh get row-major strides (N, 1); no copy.
             weight = weight.view(weight.shape)
         acc = self._int_mm(xq, weight).to(torch.float32)
-        acc *= x_scale
-        acc *= bundle.scale if bundle.scale.dim() == 0 else bundle.scale.view(1, -1)
-        if bias is not None:
-            acc += bias.float()
-        return acc.to(self.out_dtype)
+        return apply_scales(acc, x_scale, bundle.scale, bias, self.out_dtype)
 
     def _int_mm(self, xq: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # The CPU's oneDNN GEMM takes any M; the GPU's check would surface as torch's bare

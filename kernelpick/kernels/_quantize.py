@@ -31,6 +31,7 @@ __all__ = [
     "E8M0_EXPONENTS",
     "SCALE_FLOOR_DIVISOR",
     "dequantize",
+    "expand_scales",
     "quantize",
     "quantize_in_chunks",
     "quantize_per_tensor",
@@ -109,8 +110,11 @@ def _extents(group: tuple[int, int], shape: tuple[int, int]) -> tuple[int, int]:
     return (shape[0] if rows == -1 else rows, shape[1] if cols == -1 else cols)
 
 
-def _expand(scale: torch.Tensor, extents: tuple[int, int], shape: tuple[int, int]) -> torch.Tensor:
-    """Group scales ``[ceil(R/r), ceil(C/c)]`` broadcast (or repeated) to ``[R, C]``."""
+def expand_scales(
+    scale: torch.Tensor, extents: tuple[int, int], shape: tuple[int, int]
+) -> torch.Tensor:
+    """Group scales ``[ceil(R/r), ceil(C/c)]`` of ``r x c`` groups (no -1: extents of the
+    tensor's own) broadcast, or repeated, to ``[R, C]``."""
     rows, cols = extents
     out = scale
     if rows != 1 and out.shape[0] != 1:
@@ -147,7 +151,7 @@ def quantize(
     extents = _extents(group, shape)
     values = t.float()
     scale = _group_scale(_group_amax(values, extents), fmt, scale_dtype)
-    return _cast(values, _expand(scale, extents, shape), fmt), scale
+    return _cast(values, expand_scales(scale, extents, shape), fmt), scale
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor, group: tuple[int, int]) -> torch.Tensor:
@@ -155,7 +159,7 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, group: tuple[int, int]) -> 
     widen to fp32 exactly)."""
     shape = (q.shape[0], q.shape[1])
     scale = scale.float()
-    expanded = scale if scale.dim() == 0 else _expand(scale, _extents(group, shape), shape)
+    expanded = scale if scale.dim() == 0 else expand_scales(scale, _extents(group, shape), shape)
     return q.float() * expanded
 
 
@@ -202,6 +206,6 @@ def quantize_in_chunks(
         chunk = w[start : start + chunk_rows]
         height = chunk.shape[0]
         out[start : start + height] = _cast(
-            chunk.float(), _expand(scale, (height, cols), (height, shape[1])), fp8
+            chunk.float(), expand_scales(scale, (height, cols), (height, shape[1])), fp8
         )
     return out, scale

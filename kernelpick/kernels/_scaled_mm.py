@@ -15,7 +15,13 @@ import torch
 from kernelpick.core._specs import KernelKind
 from kernelpick.kernels._base import KernelBase, WeightBundle
 
-__all__ = ["ChannelwiseUnfused", "RowwiseScaledMM", "TensorwiseScaledMM", "scaled_mm"]
+__all__ = [
+    "ChannelwiseUnfused",
+    "RowwiseScaledMM",
+    "TensorwiseScaledMM",
+    "apply_scales",
+    "scaled_mm",
+]
 
 
 def scaled_mm(
@@ -45,6 +51,22 @@ def scaled_mm(
     if bias is not None and not fused:
         out = (out.float() + bias.float()).to(out_dtype)
     return out
+
+
+def apply_scales(
+    acc: torch.Tensor,
+    x_scale: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """An fp32 ``[M, N]`` of unscaled sums, in place: times the activation scale (``[M, 1]``
+    or 0-dim) and the weight scale (``[N, 1]`` or 0-dim), plus the bias, in ``out_dtype``."""
+    acc *= x_scale
+    acc *= w_scale if w_scale.dim() == 0 else w_scale.view(1, -1)
+    if bias is not None:
+        acc += bias.float()
+    return acc.to(out_dtype)
 
 
 def _rows(scale: torch.Tensor, m: int) -> torch.Tensor:
@@ -103,8 +125,4 @@ class ChannelwiseUnfused(KernelBase):
         xq, x_scale = self.quantize_input(x, bundle)
         one = torch.ones((), dtype=torch.float32, device=xq.device)
         acc = torch._scaled_mm(xq, bundle.weight, scale_a=one, scale_b=one, out_dtype=torch.float32)
-        acc *= x_scale
-        acc *= _columns(bundle.scale, self.config.n)
-        if bias is not None:
-            acc += bias.float()
-        return acc.to(self.out_dtype)
+        return apply_scales(acc, x_scale, bundle.scale, bias, self.out_dtype)

@@ -15,23 +15,12 @@ from kernelpick.core._quant import GroupShape
 from kernelpick.core._specs import KernelKind
 from kernelpick.kernels._base import RowMajorKernel, WeightBundle
 from kernelpick.kernels._cupy_ops import GEMV_MAX_M, w8a16_gemv_cupy
+from kernelpick.kernels._quantize import expand_scales
 
 __all__ = ["CupyGemvW8A16", "DequantMatmul"]
 
 # Scales that broadcast over the stored [N, K] weight as they are: 0-dim, or [N, 1].
 _BROADCAST = frozenset({GroupShape.PER_TENSOR, GroupShape.PER_CHANNEL})
-
-
-def _expand(scale: torch.Tensor, block: tuple[int, int], shape: tuple[int, int]) -> torch.Tensor:
-    """Group scales ``[ceil(N/r), ceil(K/c)]`` repeated to one per weight element ``[N, K]``
-    (edge groups cut to the weight's extent)."""
-    rows, cols = block
-    n, k = shape
-    if rows > 1:
-        scale = scale.repeat_interleave(rows, dim=0)[:n]
-    if cols > 1:
-        scale = scale.repeat_interleave(cols, dim=1)[:, :k]
-    return scale
 
 
 @attrs.frozen
@@ -62,7 +51,7 @@ class DequantMatmul(RowMajorKernel):
             # Blocks and MX groups: one scale per weight element; a per-tensor (0-dim) or
             # per-channel ([N, 1]) scale broadcasts as it is, whatever its dtype.
             shape = (bundle.weight.shape[0], bundle.weight.shape[1])
-            scale = _expand(scale, self.config.weight_block, shape)
+            scale = expand_scales(scale, self.config.weight_block, shape)
         # FP8 values are exact in bf16/fp16/fp32, so the cast loses nothing.
         return (bundle.weight.to(work) * scale).to(dtype)
 
