@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 import pytest
+import torch
 
 import kernelpick as kp
 from kernelpick.core import CpuArch
@@ -23,3 +26,16 @@ def caps_at(level: str) -> kp.DeviceCaps:
     """This host's caps with exactly ``level``'s flags, so binding builds that level."""
     flags, _ = ISA_LEVELS[level]
     return attrs.evolve(HOST, arch=CpuArch("x86_64", flags))
+
+
+def on_one_and_two_threads(call: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``call()`` with torch on one thread, then on two; the thread count is put back."""
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = call()
+        torch.set_num_threads(2)
+        two = call()
+    finally:
+        torch.set_num_threads(threads)
+    return one, two

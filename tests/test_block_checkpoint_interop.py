@@ -31,8 +31,14 @@ import kernelpick as kp
 from kernelpick.integration import CheckpointError, Fp8Linear, layer_state, load_quantized
 from kernelpick.kernels._canonical import dequantize_weight
 from tests.emulation import relative_error
-from tests.snapshots import snapshot
-from tests.tiny_llama import FP8_BOUND, INT8_BOUND, llama, logits
+from tests.tiny_llama import (
+    FP8_BOUND,
+    INT8_BOUND,
+    edit_config,
+    llama,
+    logits,
+    refused_and_unchanged,
+)
 
 CPU = kp.device_profile("cpu")
 K_PROJ = "model.layers.0.self_attn.k_proj"  # N = 64: half a block of 128 rows
@@ -231,16 +237,8 @@ def test_a_finegrained_variant_kernelpick_does_not_read_is_named_and_nothing_cha
     tmp_path: Path, case: str, change: Callable[[dict[str, object]], None], named: str
 ) -> None:
     _hf_checkpoint(tmp_path, 32)
-    path = tmp_path / "config.json"
-    config = json.loads(path.read_text())
-    change(config["quantization_config"])
-    path.write_text(json.dumps(config))
-    skeleton = llama(seed=1)
-    before = snapshot(skeleton)
-    with pytest.raises(CheckpointError, match=named) as info:
-        load_quantized(skeleton, tmp_path, CPU, kp.Policy())
-    assert "config.json" in str(info.value)
-    assert snapshot(skeleton) == before
+    edit_config(tmp_path, lambda config: change(config["quantization_config"]))
+    assert "config.json" in str(refused_and_unchanged(tmp_path, named, CheckpointError))
 
 
 @pytest.mark.parametrize(

@@ -31,7 +31,14 @@ from kernelpick.integration import (
 from kernelpick.kernels._canonical import dequantize_weight
 from tests.emulation import relative_error
 from tests.snapshots import snapshot
-from tests.tiny_llama import FP8_BOUND, INT8_BOUND, llama, logits
+from tests.tiny_llama import (
+    FP8_BOUND,
+    INT8_BOUND,
+    edit_config,
+    llama,
+    logits,
+    refused_and_unchanged,
+)
 
 CPU = kp.device_profile("cpu")
 GATE = "model.layers.0.mlp.gate_proj"  # N = 192, K = 128: block scales [2, 1]
@@ -185,11 +192,7 @@ def test_a_corrupted_checkpoint_is_refused_by_name_and_the_model_is_unchanged(
 ) -> None:
     _saved(tmp_path, scheme)
     _rewrite(tmp_path, key, change)
-    skeleton = llama(seed=1)
-    before = snapshot(skeleton)
-    with pytest.raises(kp.KernelpickError, match=named):
-        load_quantized(skeleton, tmp_path, CPU, kp.Policy())
-    assert snapshot(skeleton) == before
+    refused_and_unchanged(tmp_path, named)
 
 
 Change = Callable[[dict[str, object]], object]
@@ -224,16 +227,10 @@ def test_a_config_outside_the_table_is_refused_by_name_and_nothing_changes(
     tmp_path: Path, case: str, scheme: str, change: Change, named: str
 ) -> None:
     _saved(tmp_path, scheme)
-    path = tmp_path / "config.json"
-    config = json.loads(path.read_text())
-    change(config["quantization_config"]["config_groups"]["group_0"])
-    path.write_text(json.dumps(config))
-    skeleton = llama(seed=1)
-    before = snapshot(skeleton)
-    with pytest.raises(CheckpointError, match=named) as info:
-        load_quantized(skeleton, tmp_path, CPU, kp.Policy())
-    assert "config.json" in str(info.value)
-    assert snapshot(skeleton) == before
+    edit_config(
+        tmp_path, lambda config: change(config["quantization_config"]["config_groups"]["group_0"])
+    )
+    assert "config.json" in str(refused_and_unchanged(tmp_path, named, CheckpointError))
 
 
 @pytest.mark.parametrize("scheme", ["fp8_block", "int8_per_channel"])

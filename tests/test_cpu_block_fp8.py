@@ -18,7 +18,13 @@ from hypothesis import strategies as st
 import kernelpick as kp
 from kernelpick.core import Dtype, GroupShape, QuantKey, ScaleSpec
 from kernelpick.kernels import CpuFp8Gemm, CpuFp8GemmW8A16
-from tests.cpu_levels import HOST_ISA, LEVELS, NEEDS_A_LEVEL, caps_at
+from tests.cpu_levels import (
+    HOST_ISA,
+    LEVELS,
+    NEEDS_A_LEVEL,
+    caps_at,
+    on_one_and_two_threads,
+)
 from tests.emulation import BOUND, emulate, relative_error
 
 DTYPES = ["float32", "bfloat16", "float16"]
@@ -169,14 +175,7 @@ def test_one_and_two_threads_agree_exactly(
     bundle = impl.quantize_weights(torch.randn(n, k))
     x = torch.randn(m, k).to(getattr(torch, out))
     b = torch.randn(n).to(getattr(torch, out)) if bias else None
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = impl.apply(x, bundle, b)
-        torch.set_num_threads(2)
-        two = impl.apply(x, bundle, b)
-    finally:
-        torch.set_num_threads(threads)
+    one, two = on_one_and_two_threads(lambda: impl.apply(x, bundle, b))
     assert torch.equal(one, two)
 
 

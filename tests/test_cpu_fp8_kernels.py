@@ -30,7 +30,13 @@ from kernelpick.kernels._cpu_build import (
     _wait_for_build_lock,
     isa_level,
 )
-from tests.cpu_levels import HOST_ISA, LEVELS, NEEDS_A_LEVEL, caps_at
+from tests.cpu_levels import (
+    HOST_ISA,
+    LEVELS,
+    NEEDS_A_LEVEL,
+    caps_at,
+    on_one_and_two_threads,
+)
 from tests.emulation import BOUND, emulate, relative_error
 
 KERNELS = {"cpu_fp8_gemm": "fp8_per_channel", "cpu_fp8_w8a16_gemm": "fp8_weight_only"}
@@ -135,14 +141,7 @@ def test_one_and_two_threads_agree_exactly(
     bundle = impl.quantize_weights(torch.randn(97, 160))
     x = torch.randn(m, 160).to(getattr(torch, out))
     b = torch.randn(97).to(getattr(torch, out)) if bias else None
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = impl.apply(x, bundle, b)
-        torch.set_num_threads(2)
-        two = impl.apply(x, bundle, b)
-    finally:
-        torch.set_num_threads(threads)
+    one, two = on_one_and_two_threads(lambda: impl.apply(x, bundle, b))
     assert torch.equal(one, two)
 
 

@@ -9,10 +9,29 @@ but ``lm_head``.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-__all__ = ["FP8_BOUND", "IDS", "INT8_BOUND", "config", "llama", "logits"]
+import kernelpick as kp
+from kernelpick.integration import load_quantized
+from tests.snapshots import snapshot
+
+__all__ = [
+    "FP8_BOUND",
+    "IDS",
+    "INT8_BOUND",
+    "config",
+    "edit_config",
+    "llama",
+    "logits",
+    "refused_and_unchanged",
+]
 
 # How far a quantized model's logits may be from the high-precision model's (relative
 # Frobenius error). e4m3 keeps 3 mantissa bits: rounding moves a value by at most 2^-4 of
@@ -47,3 +66,24 @@ def logits(model: torch.nn.Module, ids: torch.Tensor = IDS) -> torch.Tensor:
     with torch.no_grad():
         out: torch.Tensor = model(ids).logits
     return out
+
+
+def edit_config(path: Path, edit: Callable[[dict[str, Any]], object]) -> None:
+    """The checkpoint's ``config.json`` at ``path``, changed in place by ``edit``."""
+    file = path / "config.json"
+    loaded = json.loads(file.read_text())
+    edit(loaded)
+    file.write_text(json.dumps(loaded))
+
+
+def refused_and_unchanged(
+    path: Path, named: str, error: type[kp.KernelpickError] = kp.KernelpickError
+) -> kp.KernelpickError:
+    """Loading the checkpoint at ``path`` into a fresh skeleton raises ``error``, whose
+    message matches ``named``, and leaves the skeleton as it was; the error, for more."""
+    skeleton = llama(seed=1)
+    before = snapshot(skeleton)
+    with pytest.raises(error, match=named) as info:
+        load_quantized(skeleton, path, kp.device_profile("cpu"), kp.Policy())
+    assert snapshot(skeleton) == before
+    return info.value
