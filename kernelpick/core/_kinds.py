@@ -90,15 +90,6 @@ def _served(kind: KernelKind, grouping: ActivationGrouping) -> Service:
     return KIND_TABLE[(kind, grouping)]
 
 
-def _grouping_of_shape(group: GroupShape) -> ActivationGrouping:
-    # A declared shape is judged without a K: (1, g) is a token group, (1, -1) per-token.
-    if group == GroupShape.PER_TENSOR:
-        return ActivationGrouping.PER_TENSOR
-    if group.rows == 1:
-        return ActivationGrouping.PER_TOKEN if group.cols == -1 else ActivationGrouping.TOKEN_GROUP
-    return ActivationGrouping.OTHER
-
-
 def fallback_groups(kind: KernelKind, value: object) -> frozenset[GroupShape] | None:
     """Check a spec's declared fallback activation groupings against the table: None (the
     table's default), or a set of group shapes each of a grouping the kind may fall back
@@ -113,7 +104,7 @@ def fallback_groups(kind: KernelKind, value: object) -> frozenset[GroupShape] | 
     for group in value:
         if not isinstance(group, GroupShape):
             raise InvalidValueError("fallback", group, "GroupShape values, e.g. GroupShape(1, 128)")
-        grouping = _grouping_of_shape(group)
+        grouping = ActivationGrouping.of_group(group)
         if _served(kind, grouping) is not Service.FALLBACK:
             allowed = [g.value for g in ActivationGrouping if _served(kind, g) is Service.FALLBACK]
             expected = (

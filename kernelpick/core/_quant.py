@@ -228,12 +228,15 @@ class ActivationGrouping(enum.Enum):
     @classmethod
     def of(cls, config: QuantConfig) -> ActivationGrouping:
         act = config.activation
-        if act is None:
-            return cls.NONE
-        rows, cols = act.scale.group.rows, act.scale.group.cols
-        whole_row = cols == -1 or cols >= config.k
-        if rows == 1:
+        return cls.NONE if act is None else cls.of_group(act.scale.group, config.k)
+
+    @classmethod
+    def of_group(cls, group: GroupShape, k: int | None = None) -> ActivationGrouping:
+        """The grouping of an activation ``group`` over rows of ``k`` (None: K unknown, so
+        only -1 spans a whole row, as for a shape a kernel declares)."""
+        whole_row = group.cols == -1 or (k is not None and group.cols >= k)
+        if group.rows == 1:
             return cls.PER_TOKEN if whole_row else cls.TOKEN_GROUP
-        if rows == -1 and whole_row:
+        if group.rows == -1 and whole_row:
             return cls.PER_TENSOR
         return cls.OTHER
