@@ -25,6 +25,7 @@ from kernelpick.core._dtypes import Dtype
 from kernelpick.core._quant import QuantConfig
 from kernelpick.kernels._quantize import (
     CHUNK_ROWS,
+    AmaxReduce,
     dequantize,
     quantize_in_chunks,
     quantize_static,
@@ -147,12 +148,19 @@ def canonical_scale_dtype(config: QuantConfig) -> torch.dtype:
 
 
 def quantize_weight(
-    weight: torch.Tensor, config: QuantConfig, *, chunk_rows: int = CHUNK_ROWS
+    weight: torch.Tensor,
+    config: QuantConfig,
+    *,
+    chunk_rows: int = CHUNK_ROWS,
+    reduce_amax: AmaxReduce | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A high-precision ``weight [N, K]`` in canonical form: (FP8 or int8 weight, scale).
 
     Quantized a chunk of rows at a time, so the fp32 working copy is at most
-    ``chunk_rows`` rows.
+    ``chunk_rows`` rows. ``reduce_amax``, when given, maps each scale group's fp32 amax
+    (``[ceil(N/r), ceil(K/c)]`` for ``config.weight_block`` ``(r, c)``) to the amax
+    the scales are computed from: a tensor-parallel shard passes an all-reduce (MAX), so
+    that its scales are the whole layer's.
     """
     fmt = canonical_dtype(config)
     q, scale = quantize_in_chunks(
@@ -161,6 +169,7 @@ def quantize_weight(
         fmt,
         chunk_rows=chunk_rows,
         scale_dtype=config.weight.scale.dtype,
+        reduce_amax=reduce_amax,
     )
     if fmt is CANONICAL_FP8:
         positive_zero_(q, chunk_rows)

@@ -20,16 +20,19 @@ dimension: per-token on an activation ``[M, K]`` is ``(1, -1)``; per-channel on 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
 from kernelpick.core._dtypes import Dtype
+from kernelpick.core._errors import InvalidValueError
 from kernelpick.kernels._torch import torch_dtype
 
 __all__ = [
     "CHUNK_ROWS",
     "E8M0_EXPONENTS",
     "SCALE_FLOOR_DIVISOR",
+    "AmaxReduce",
     "dequantize",
     "expand_scales",
     "quantize",
@@ -39,6 +42,9 @@ __all__ = [
     "quantize_static",
     "scale_floor",
 ]
+
+# Takes every group's fp32 amax and returns the amax to scale with (see quantize_in_chunks).
+AmaxReduce = Callable[[torch.Tensor], torch.Tensor]
 
 # Rows of a weight quantized at a time: the fp32 working copy is at most this many rows.
 CHUNK_ROWS = 512
@@ -170,14 +176,21 @@ def quantize_in_chunks(
     *,
     chunk_rows: int = CHUNK_ROWS,
     scale_dtype: Dtype = Dtype.FLOAT32,
+    reduce_amax: AmaxReduce | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize a 2-D ``w`` a chunk of rows at a time, so the fp32 working copy is at most
     ``chunk_rows`` rows. Same result as ``quantize(w, group, fp8, scale_dtype)``.
+
+    ``reduce_amax`` receives every group's fp32 amax ``[ceil(R/r), ceil(C/c)]`` before
+    the scales are computed, and returns the amax to use (same shape): a tensor-parallel
+    shard all-reduces it, so that every rank scales a group split across ranks alike.
     """
     shape = (w.shape[0], w.shape[1])
-    rows, cols = _extents(group, shape)
+    extents = _extents(group, shape)
+    rows, cols = extents
     out = torch.empty(shape, dtype=torch_dtype(fp8), device=w.device)
-    if (rows, cols) == (1, shape[1]) and scale_dtype is Dtype.FLOAT32:  # per channel, lean
+    if reduce_amax is None and extents == (1, shape[1]) and scale_dtype is Dtype.FLOAT32:
+        # Per channel, one pass: each chunk's rows are its own groups.
         row_scales = torch.empty((shape[0], 1), dtype=torch.float32, device=w.device)
         for start in range(0, shape[0], chunk_rows):
             chunk = w[start : start + chunk_rows]
@@ -185,27 +198,39 @@ def quantize_in_chunks(
             scale.copy_(_row_scale(chunk, fp8))
             out[start : start + chunk_rows].copy_(_cast(chunk, scale, fp8))
         return out, row_scales
-    if rows < shape[0]:
-        step = max(rows, chunk_rows // rows * rows)
-        scales = []
-        for start in range(0, shape[0], step):
-            q, scale = quantize(w[start : start + step], (rows, cols), fp8, scale_dtype)
-            out[start : start + step] = q
-            scales.append(scale)
-        return out, torch.cat(scales)
-    # One group spans every row (per-tensor, or per column group): find each group's amax
-    # over all chunks first, then quantize the chunks with the final scales.
-    amax = torch.stack(
-        [
-            _group_amax(w[s : s + chunk_rows].float(), (min(chunk_rows, shape[0] - s), cols))[0]
-            for s in range(0, shape[0], chunk_rows)
-        ]
-    ).amax(dim=0, keepdim=True)
-    scale = _group_scale(amax, fp8, scale_dtype)
-    for start in range(0, shape[0], chunk_rows):
-        chunk = w[start : start + chunk_rows]
-        height = chunk.shape[0]
-        out[start : start + height] = _cast(
-            chunk.float(), expand_scales(scale, (height, cols), (height, shape[1])), fp8
+    # Two passes: every group's amax first (a group may span every row, or the amax may be
+    # reduced with other devices'), then each chunk quantized with the final scales.
+    spans = rows >= shape[0]  # one group spans every row: per tensor, or per column group
+    step = chunk_rows if spans else max(rows, chunk_rows // rows * rows)
+    chunks = [w[start : start + step] for start in range(0, shape[0], step)]
+    if spans:
+        amax = torch.stack([_group_amax(c.float(), (c.shape[0], cols))[0] for c in chunks]).amax(
+            dim=0, keepdim=True
         )
+    else:
+        amax = torch.cat([_group_amax(c.float(), extents) for c in chunks])
+    if reduce_amax is not None:
+        amax = _reduced(reduce_amax, amax)
+    scale = _group_scale(amax, fp8, scale_dtype)
+    for index, chunk in enumerate(chunks):
+        start, height = index * step, chunk.shape[0]
+        own = scale if spans else scale[start // rows : -(-(start + height) // rows)]
+        expanded = expand_scales(own, (height if spans else rows, cols), (height, shape[1]))
+        out[start : start + height] = _cast(chunk.float(), expanded, fp8)
     return out, scale
+
+
+def _reduced(reduce_amax: AmaxReduce, amax: torch.Tensor) -> torch.Tensor:
+    reduced = reduce_amax(amax)
+    if (
+        not isinstance(reduced, torch.Tensor)
+        or reduced.shape != amax.shape
+        or reduced.dtype != torch.float32
+    ):
+        found = type(reduced).__name__
+        if isinstance(reduced, torch.Tensor):
+            found = f"{str(reduced.dtype).removeprefix('torch.')} {list(reduced.shape)}"
+        raise InvalidValueError(
+            "reduce_amax's result", found, f"an fp32 tensor of the amax's shape {list(amax.shape)}"
+        )
+    return reduced
