@@ -1,6 +1,8 @@
 """Engine integration: the quantized (FP8 and int8) linear methods (select before
 allocating), a one-call conversion of an ordinary PyTorch model, and quantized checkpoints
-out and in (compressed-tensors' formats; transformers' FineGrainedFP8 block layout in).
+out and in (compressed-tensors' formats; transformers' FineGrainedFP8 block layout in),
+and tensor-parallel shards of those layers on torch.distributed (``TensorParallel``,
+``shard_linear``).
 
 Each kernel selected is logged to ``logging.getLogger("kernelpick.integration")`` once per
 (device, config): INFO, WARNING for a degraded choice, the full trace at DEBUG.
@@ -12,11 +14,14 @@ from kernelpick.integration._errors import (
     CheckpointError,
     KernelSelectionError,
     ModelConversionError,
+    TensorParallelError,
 )
 from kernelpick.integration._loaders import WeightLoader, weight_loader_of
 from kernelpick.integration._method import ONLINE_SCHEMES, Fp8LinearMethod, Fp8PtpcLinearMethod
 from kernelpick.integration._modules import Fp8Linear
+from kernelpick.integration._parallel import ParallelStyle, TensorParallel
 from kernelpick.integration._report import ConversionReport, LayerReport, SkippedLayer
+from kernelpick.integration._shard_linear import shard_linear
 from kernelpick.integration._state import CheckpointFormat, LayerState, layer_state
 
 __all__ = [
@@ -31,11 +36,15 @@ __all__ = [
     "LayerReport",
     "LayerState",
     "ModelConversionError",
+    "ParallelStyle",
     "SkippedLayer",
+    "TensorParallel",
+    "TensorParallelError",
     "WeightLoader",
     "layer_state",
     "load_quantized",
     "quantize_model",
     "save_quantized",
+    "shard_linear",
     "weight_loader_of",
 ]

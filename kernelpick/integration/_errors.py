@@ -7,26 +7,37 @@ from collections.abc import Sequence
 from kernelpick.core._decision import Rejected
 from kernelpick.core._errors import KernelpickError
 
-__all__ = ["CheckpointError", "KernelSelectionError", "ModelConversionError"]
+__all__ = [
+    "CheckpointError",
+    "KernelSelectionError",
+    "ModelConversionError",
+    "TensorParallelError",
+]
 
 
 class KernelSelectionError(KernelpickError):
     """No kernel can implement a layer's quantization on the device; raised before any
     weight is allocated.
 
-    The message is ``quantization="<scheme>": `` then the layer (when named) and the full
-    Reasons list; ``rejected`` is the decision itself, ``layer`` the layer's prefix.
+    The message is ``quantization="<scheme>": `` then the layer (when named), the
+    tensor-parallel rank (for a shard) and the full Reasons list; ``rejected`` is the
+    decision itself, ``layer`` the layer's prefix, ``partition`` the shard's rank and
+    shape in words (empty for a whole layer).
     """
 
-    def __init__(self, scheme: str, rejected: Rejected, layer: str = "") -> None:
+    def __init__(
+        self, scheme: str, rejected: Rejected, layer: str = "", partition: str = ""
+    ) -> None:
         self.scheme = scheme
         self.rejected = rejected
         self.layer = layer
-        where = f"layer {layer!r}: " if layer else ""
+        self.partition = partition
+        where = " ".join(part for part in (f"layer {layer!r}" if layer else "", partition) if part)
+        where = f"{where}: " if where else ""
         super().__init__(f'quantization="{scheme}": {where}{rejected.render()}')
 
-    def __reduce__(self) -> tuple[type[KernelSelectionError], tuple[str, Rejected, str]]:
-        return (type(self), (self.scheme, self.rejected, self.layer))
+    def __reduce__(self) -> tuple[type[KernelSelectionError], tuple[str, Rejected, str, str]]:
+        return (type(self), (self.scheme, self.rejected, self.layer, self.partition))
 
 
 def _names(names: Sequence[str], shown: int = 6) -> str:
@@ -122,3 +133,44 @@ class CheckpointError(KernelpickError):
 
     def __reduce__(self) -> tuple[type[CheckpointError], tuple[str, str, str, str]]:
         return (type(self), (self.path, self.key, self.found, self.expected))
+
+
+class TensorParallelError(KernelpickError):
+    """A tensor-parallel shard could not agree with its peers: another rank failed while
+    processing the same layer (``failed`` lists them), or no answer came within the
+    timeout (a peer hung, crashed or never reached the layer; ``cause`` says what torch
+    reported). ``layer`` is the layer, ``rank`` and ``world_size`` this rank's place in
+    the group. The layer is left unprocessed; the group should be torn down, as after any
+    failed collective."""
+
+    def __init__(
+        self,
+        layer: str,
+        rank: int,
+        world_size: int,
+        failed: Sequence[int] = (),
+        cause: str = "",
+    ) -> None:
+        self.layer = layer
+        self.rank = rank
+        self.world_size = world_size
+        self.failed = tuple(failed)
+        self.cause = cause
+        where = f"layer {layer!r} on tensor-parallel rank {rank} of {world_size}"
+        if self.failed:
+            ranks = ", ".join(map(str, self.failed))
+            what = (
+                f"rank(s) {ranks} failed while processing their shard, so this rank stops too: "
+                "its weight scales would not be the whole layer's (see that rank's error)"
+            )
+        else:
+            what = (
+                f"no answer from the other ranks: {cause}. A peer failed, hung or never "
+                "reached this layer; every rank must process the same layers in the same order"
+            )
+        super().__init__(f"{where}: {what}")
+
+    def __reduce__(
+        self,
+    ) -> tuple[type[TensorParallelError], tuple[str, int, int, tuple[int, ...], str]]:
+        return (type(self), (self.layer, self.rank, self.world_size, self.failed, self.cause))

@@ -28,10 +28,11 @@ from kernelpick.core._specs import Catalog
 from kernelpick.integration._errors import KernelSelectionError
 from kernelpick.integration._launch_tables import check_rows, launch_table
 from kernelpick.integration._log import log_selection
+from kernelpick.integration._parallel import TensorParallel
 from kernelpick.integration._state import LayerState, attach, layer_state
 from kernelpick.kernels._base import Kernel
 from kernelpick.kernels._canonical import check_finite, quantize_weight
-from kernelpick.kernels._quantize import CHUNK_ROWS
+from kernelpick.kernels._quantize import CHUNK_ROWS, AmaxReduce
 from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
 
 __all__ = ["ONLINE_SCHEMES", "LayerSteps", "frozen", "install", "positive_sizes", "run"]
@@ -146,25 +147,38 @@ class LayerSteps:
         )  # fmt: skip
 
     def select(
-        self, config: QuantConfig, layer: str = "", caps: DeviceCaps | None = None
+        self,
+        config: QuantConfig,
+        layer: str = "",
+        caps: DeviceCaps | None = None,
+        parallel: TensorParallel | None = None,
     ) -> Selected:
         """The kernel for ``config`` on ``caps`` (these steps' by default), or
-        ``KernelSelectionError`` with every reason. Not logged: each path logs with ``log``
-        when its layer really gets the kernel."""
+        ``KernelSelectionError`` with every reason (and, for a tensor-parallel shard, its
+        rank). Not logged: each path logs with ``log`` when its layer really gets the
+        kernel."""
         caps = self.caps if caps is None else caps
         decision = choose(caps, config, self.policy, self.catalog)
         if isinstance(decision, Rejected):
-            raise KernelSelectionError(self.scheme.value, decision, layer)
+            partition = "" if parallel is None else parallel.describe()
+            raise KernelSelectionError(self.scheme.value, decision, layer, partition)
         return decision
 
     def log(self, state: LayerState) -> None:
         """Tell the ``kernelpick`` logger which kernel ``state``'s layer got (see ``_log``)."""
         log_selection(self.scheme.value, state.caps, state.config, state.decision, state.prefix)
 
-    def state(self, config: QuantConfig, prefix: str, shards: Sequence[int]) -> LayerState:
+    def state(
+        self,
+        config: QuantConfig,
+        prefix: str,
+        shards: Sequence[int],
+        parallel: TensorParallel | None = None,
+    ) -> LayerState:
         """A layer's state, its kernel selected; or ``KernelSelectionError``."""
         sizes = positive_sizes(shards)
-        return LayerState(config, self.select(config, prefix), self.caps, prefix, sizes)
+        decision = self.select(config, prefix, parallel=parallel)
+        return LayerState(config, decision, self.caps, prefix, sizes, parallel=parallel)
 
     # -- check, bind, quantize ---------------------------------------------------------
 
@@ -193,12 +207,15 @@ class LayerSteps:
         return bind(decision, config, caps, device, catalog=self.catalog, launches=self.launches)
 
     def quantize(
-        self, state: LayerState, weight: torch.Tensor
+        self, state: LayerState, weight: torch.Tensor, reduce_amax: AmaxReduce | None = None
     ) -> tuple[torch.nn.Parameter, torch.nn.Parameter]:
         """A checked high-precision weight in the canonical layout, as frozen parameters:
         the FP8 or int8 weight and its fp32 scale (per the scheme: per channel, per tensor
-        or per block; fp32 amax, clamp floor, a chunk of rows at a time)."""
-        fp8, scale = quantize_weight(weight.detach(), state.config, chunk_rows=self.chunk_rows)
+        or per block; fp32 amax, clamp floor, a chunk of rows at a time). A
+        tensor-parallel shard passes ``reduce_amax`` (see ``quantize_weight``)."""
+        fp8, scale = quantize_weight(
+            weight.detach(), state.config, chunk_rows=self.chunk_rows, reduce_amax=reduce_amax
+        )
         return frozen(fp8), frozen(scale)
 
     def retarget(self, state: LayerState, dtype: Dtype, device: torch.device) -> LayerState:
@@ -216,7 +233,7 @@ class LayerSteps:
 
             caps = probe(device)
         config = attrs.evolve(state.config, input_dtype=dtype, out_dtype=dtype)
-        decision = self.select(config, state.prefix, caps)
+        decision = self.select(config, state.prefix, caps, state.parallel)
         moved = attrs.evolve(state, config=config, decision=decision, caps=caps)
         moved.kernel = self._bind(decision, config, caps, device)
         return moved

@@ -3,8 +3,15 @@ call them, for each parameter ``create_weights`` registers.
 
 A loader checks everything about the tensor it is handed before it writes a byte, so a
 refused tensor leaves the parameter as it was. A fused layer (q/k/v, gate/up) loads one
-shard at a time: ``shard_id`` indexes its ``output_partition_sizes``, and each shard's
-scales go to the scale rows ``_shards`` gives it.
+shard at a time: ``shard_id`` indexes its ``output_partition_sizes`` (vLLM's ``"q"``,
+``"k"`` and ``"v"`` name the three shards of a QKV layer), and each shard's scales go to
+the scale rows ``_shards`` gives it.
+
+A tensor-parallel layer's loader takes the whole checkpoint tensor and narrows it to this
+rank's part itself, along the dimension its style splits (``param_dims`` says which
+dimension of each parameter is the output and which the input, as engines read them).
+A parameter without that dimension (a row-parallel layer's per-channel scales, any
+per-tensor scale) is replicated: every rank loads all of it.
 """
 
 from __future__ import annotations
@@ -16,7 +23,8 @@ from typing import Protocol, cast
 import torch
 
 from kernelpick.core._errors import InvalidValueError, KernelInputError
-from kernelpick.integration._shards import scale_rows
+from kernelpick.core._quant import QuantConfig
+from kernelpick.integration._shards import per_tensor, scale_rows
 from kernelpick.integration._state import ALL_SHARDS, LayerState
 from kernelpick.kernels._canonical import (
     CANONICAL_FP8,
@@ -29,8 +37,10 @@ from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
 __all__ = [
     "WeightLoader",
     "high_precision_loader",
+    "param_dims",
     "quantized_weight_loader",
     "scale_loader",
+    "shard_index",
     "tracking",
     "weight_loader_of",
 ]
@@ -43,7 +53,7 @@ class WeightLoader(Protocol):
     """``weight_loader(param, loaded_weight, shard_id=None)``, as engines call it."""
 
     def __call__(
-        self, param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | None = None
+        self, param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | str | None = None
     ) -> None: ...
 
 
@@ -65,14 +75,61 @@ def _same_rows(start: int, rows: int) -> tuple[int, int]:
     return start, rows
 
 
-def _shard(state: LayerState, shard_id: object) -> tuple[int, int, int]:
-    """(first row, rows, the id recorded as loaded) of ``shard_id``."""
+_QKV = ("q", "k", "v")  # vLLM's QKVParallelLinear names its three shards
+
+
+def shard_index(state: LayerState, shard_id: object) -> int:
+    """The index of ``shard_id`` in the layer's shards (``ALL_SHARDS`` for None): an int,
+    or for a layer of three shards ``"q"``, ``"k"`` or ``"v"``."""
     sizes = state.shards
     if shard_id is None:
-        return 0, sum(sizes), ALL_SHARDS
+        return ALL_SHARDS
     if isinstance(shard_id, int) and not isinstance(shard_id, bool) and 0 <= shard_id < len(sizes):
-        return sum(sizes[:shard_id]), sizes[shard_id], shard_id
-    raise InvalidValueError("shard_id", shard_id, f"None or 0..{len(sizes) - 1}")
+        return shard_id
+    if len(sizes) == len(_QKV) and isinstance(shard_id, str) and shard_id in _QKV:
+        return _QKV.index(shard_id)
+    names = ", 'q', 'k' or 'v'" if len(sizes) == len(_QKV) else ""
+    raise InvalidValueError("shard_id", shard_id, f"None or 0..{len(sizes) - 1}{names}")
+
+
+def _shard(state: LayerState, shard_id: object) -> tuple[int, int, int]:
+    """(first row, rows, the id recorded as loaded) of ``shard_id``."""
+    index = shard_index(state, shard_id)
+    if index == ALL_SHARDS:
+        return 0, sum(state.shards), ALL_SHARDS
+    return sum(state.shards[:index]), state.shards[index], index
+
+
+def param_dims(config: QuantConfig, name: str) -> dict[str, int]:
+    """The ``output_dim`` and ``input_dim`` of a layer's parameter ``name``, the attributes
+    engines narrow it by: the weight has both; a weight scale has each dimension its
+    groups do not span (per block both, per channel the output, per tensor neither)."""
+    if name == "weight":
+        return {"output_dim": 0, "input_dim": 1}
+    if name != "weight_scale" or per_tensor(config):
+        return {}
+    group = config.weight.scale.group  # over the GEMM's [K, N]: rows are K, columns N
+    dims = {"output_dim": 0} if group.cols != -1 else {}
+    return dims | ({"input_dim": 1} if group.rows != -1 else {})
+
+
+def _narrowed(
+    state: LayerState, dims: dict[str, int], label: str, tensor: torch.Tensor, local: list[int]
+) -> torch.Tensor:
+    """This rank's part of the whole checkpoint ``tensor``, whose part has shape ``local``
+    (the tensor as it is when the layer is not split, or the dimension replicated)."""
+    tp = state.parallel
+    dim = None if tp is None else dims.get(tp.split_dim)
+    if tp is None or dim is None:
+        return tensor
+    whole = [*local]
+    whole[dim] *= tp.world_size
+    if tensor.dim() <= dim or tensor.shape[dim] != whole[dim]:
+        raise reject(
+            label, tensor, f"the whole layer's tensor, shape {whole}: this loader narrows it to "
+            f"rank {tp.rank}'s part ({local}) itself",
+        )  # fmt: skip
+    return tensor.narrow(dim, tp.rank * local[dim], local[dim])
 
 
 def _loader(
@@ -85,13 +142,16 @@ def _loader(
 ) -> WeightLoader:
     """A loader for ``own``, the parameter ``name`` of a layer. ``per_shard`` parameters
     hold one value per shard (per-tensor scales); the others the rows ``rows_of`` gives a
-    shard's weight rows (the same rows, or its rows of block scales). The loader holds
+    shard's weight rows (the same rows, or its rows of block scales), narrowed from the
+    whole layer's tensor on a tensor-parallel rank. The loader holds
     ``own`` weakly: it is an attribute of ``own``, and a cycle would keep a replaced
     high-precision weight alive until the garbage collector runs."""
     own_ref = weakref.ref(own)
+    dims = {} if per_shard else param_dims(state.config, name)
+    columns = list(own.shape[1:])
 
     def weight_loader(
-        param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | None = None
+        param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | str | None = None
     ) -> None:
         label = f"{state.name}.{name}" + ("" if shard_id is None else f"[shard {shard_id}]")
         if param is not own_ref():
@@ -105,14 +165,14 @@ def _loader(
         if not isinstance(loaded_weight, torch.Tensor):
             kind = type(loaded_weight).__name__
             raise KernelInputError(label, (), kind, "-", "a torch.Tensor")
-        value = accept(label, loaded_weight, rows)
+        value = accept(label, _narrowed(state, dims, label, loaded_weight, [rows, *columns]), rows)
         with torch.no_grad():
             if not per_shard:
                 param[start : start + rows].copy_(value)
-            elif shard_id is None:
+            elif loaded == ALL_SHARDS:
                 param.fill_(float(value.reshape(())))
             else:
-                param[shard_id].copy_(value.reshape(()))
+                param[loaded].copy_(value.reshape(()))
         state.loaded.setdefault(name, set()).add(loaded)
 
     return weight_loader
@@ -123,10 +183,11 @@ def tracking(state: LayerState, name: str, loader: WeightLoader) -> WeightLoader
     refuse a layer with shards never loaded."""
 
     def weight_loader(
-        param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | None = None
+        param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | str | None = None
     ) -> None:
+        index = shard_index(state, shard_id)  # before loading: an unknown id loads nothing
         loader(param, loaded_weight, shard_id)
-        state.loaded.setdefault(name, set()).add(ALL_SHARDS if shard_id is None else shard_id)
+        state.loaded.setdefault(name, set()).add(index)
 
     return weight_loader
 

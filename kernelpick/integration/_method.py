@@ -35,12 +35,20 @@ from kernelpick.integration._layer_steps import (
 from kernelpick.integration._loaders import (
     WeightLoader,
     high_precision_loader,
+    param_dims,
     quantized_weight_loader,
     scale_loader,
     tracking,
 )
+from kernelpick.integration._parallel import AmaxExchange, TensorParallel
 from kernelpick.integration._shards import check_shards, per_tensor, scale_shape
-from kernelpick.integration._state import ALL_SHARDS, CheckpointFormat, attach, layer_state
+from kernelpick.integration._state import (
+    ALL_SHARDS,
+    CheckpointFormat,
+    LayerState,
+    attach,
+    layer_state,
+)
 from kernelpick.kernels._canonical import (
     CANONICAL_FP8,
     canonical_dtype,
@@ -65,7 +73,10 @@ class Fp8LinearMethod:
     ``ONLINE_SCHEMES``), or ``"pre_quantized"`` (also spelled ``"fp8"``) weights already in
     the canonical layout, FP8 or int8 (any scheme but ``mxfp8``). ``block_size`` is
     ``fp8_block``'s (None: 128).
-    A kernel of the engine's own is selected from ``catalog`` and run through its row in
+    ``tensor_parallel`` makes the layers this method creates one rank's shards of
+    column- or row-parallel layers (see ``TensorParallel``): their loaders narrow the
+    whole checkpoint tensors to the rank's part, and their weight scales are the whole
+    layer's. A kernel of the engine's own is selected from ``catalog`` and run through its row in
     ``launches`` (both default to kernelpick's; see ``kernelpick.adapters.bind``); a catalog
     id without a row raises ``UnknownNameError`` here, before any layer is made.
     """
@@ -81,9 +92,14 @@ class Fp8LinearMethod:
         launches: Mapping[str, Launch] | None = None,
         chunk_rows: int = CHUNK_ROWS,
         block_size: int | None = None,
+        tensor_parallel: TensorParallel | None = None,
     ) -> None:
         scheme = Scheme.parse(scheme)  # named first, as it is the first argument
         self._checkpoint_format = CheckpointFormat.parse(checkpoint_format)
+        if tensor_parallel is not None and not isinstance(tensor_parallel, TensorParallel):
+            expected = "None or a kernelpick.integration.TensorParallel (TensorParallel.of)"
+            raise InvalidValueError("tensor_parallel", type(tensor_parallel).__name__, expected)
+        self._parallel = tensor_parallel
         online = self._checkpoint_format is CheckpointFormat.HIGH_PRECISION
         self._steps = LayerSteps.create(
             scheme, caps, policy, online=online, catalog=catalog, launches=launches,
@@ -102,6 +118,11 @@ class Fp8LinearMethod:
     def block_size(self) -> int | None:
         """``fp8_block``'s block size, when given (None: the scheme's 128)."""
         return self._steps.block_size
+
+    @property
+    def tensor_parallel(self) -> TensorParallel | None:
+        """This method's layers' place in a tensor-parallel group; None for whole layers."""
+        return self._parallel
 
     @property
     def scheme(self) -> Scheme:
@@ -146,22 +167,30 @@ class Fp8LinearMethod:
     ) -> None:
         """Select the kernel for this partition, then (only then) register its parameters.
 
-        N is ``sum(output_partition_sizes)`` and K ``input_size_per_partition``. The online
+        N is ``sum(output_partition_sizes)`` and K ``input_size_per_partition``: this
+        rank's part of a tensor-parallel layer, whose whole ``input_size`` (row-parallel)
+        or ``output_size`` (column-parallel) must be the part's times the world size. The online
         path registers ``weight [N, K]`` in ``params_dtype``; the pre-quantized path
         registers the canonical ``weight [N, K]`` (FP8, or int8 for an int8 scheme),
         ``weight_scale`` (``[N, 1]`` per channel; ``[ceil(N/b), ceil(K/b)]`` per block; one
         per shard per tensor) and, for static schemes, ``input_scale`` (one per shard).
-        Each carries its ``weight_loader``. On a rejection this raises
-        ``KernelSelectionError``, and on fused block shards that would share a block of
-        scales ``InvalidValueError``; either way the layer gains nothing.
+        Each carries its ``weight_loader`` and, where it has them, the ``output_dim`` and
+        ``input_dim`` engines narrow it by. On a rejection this raises
+        ``KernelSelectionError`` (naming the rank of a tensor-parallel shard), and on
+        fused block shards that would share a block of scales, or a partition the group
+        could not have made, ``InvalidValueError``; either way the layer gains nothing.
         """
-        steps = self._steps
+        steps, tp = self._steps, self._parallel
         sizes = positive_sizes(output_partition_sizes)
         config = steps.config(sum(sizes), input_size_per_partition, params_dtype)
         pre_quantized = self.checkpoint_format is CheckpointFormat.PRE_QUANTIZED
+        if tp is not None:
+            tp.check_partition(config, sizes, input_size, output_size, prefix or "layer")
+            if tp.reduces(config) and not pre_quantized:
+                tp.check_group()  # its amax is all-reduced: the group must be there now
         if pre_quantized:  # before selecting: a layer it refuses logs no kernel
             check_shards(config, sizes, prefix or "layer")
-        state = steps.state(config, prefix, sizes)
+        state = steps.state(config, prefix, sizes, tp)
         n, k = config.weight_shape
         params: dict[str, tuple[torch.nn.Parameter, WeightLoader]] = {}
         if not pre_quantized:
@@ -179,7 +208,8 @@ class Fp8LinearMethod:
                 params["input_scale"] = (static, scale_loader(state, static, "input_scale", True))
         for name, (param, loader) in params.items():
             own = loader if weight_loader is None else tracking(state, name, weight_loader)
-            for key, value in {**extra_weight_attrs, "weight_loader": own}.items():
+            attributes = {**param_dims(config, name), **extra_weight_attrs, "weight_loader": own}
+            for key, value in attributes.items():
                 setattr(param, key, value)
             layer.register_parameter(name, param)
         attach(layer, state)
@@ -196,27 +226,34 @@ class Fp8LinearMethod:
         shards with different scales are requantized to the largest (as engines do), and
         static input scales take the largest; per-channel and block scales stay as loaded.
         Shards never loaded are an error. A second call does nothing.
+
+        A tensor-parallel shard whose scale groups span the split dimension all-reduces
+        their amax with its peers here, so every rank must process the same layers in the
+        same order. A rank that fails before that still joins the all-reduce, so its peers
+        raise ``TensorParallelError`` naming it at once; a peer that never answers within
+        the timeout is ``TensorParallelError`` too.
         """
         state = layer_state(layer)
         if state.kernel is not None:
             return
-        names = self._parameter_names(state.config)
-        for name in names:
-            loaded = state.loaded.get(name, set())
-            missing = set(range(len(state.shards))) - loaded
-            if ALL_SHARDS not in loaded and missing:
-                raise InvalidValueError(
-                    f"loaded shards of {state.name}.{name}", sorted(loaded),
-                    f"every shard 0..{len(state.shards) - 1}; never loaded: {sorted(missing)}",
-                )  # fmt: skip
         weight = layer.get_parameter("weight")
         steps = self._steps
-        kernel = steps.bind(state, weight.device)
         if self.checkpoint_format is CheckpointFormat.HIGH_PRECISION:
-            steps.check_weight(state, weight)
-            install(layer, state, kernel, *steps.quantize(state, weight))
+            reduce = _amax_exchange(state, weight.device)
+            try:
+                self._check_loaded(state)
+                kernel = steps.bind(state, weight.device)
+                steps.check_weight(state, weight)
+            except Exception:
+                if reduce is not None:
+                    reduce.fail()  # tell the peers, then raise this rank's own error
+                raise
+            install(layer, state, kernel, *steps.quantize(state, weight, reduce))
             return
+        self._check_loaded(state)
+        kernel = steps.bind(state, weight.device)
         scales = layer.get_parameter("weight_scale")
+        names = self._parameter_names(state.config)
         static = layer.get_parameter("input_scale") if "input_scale" in names else None
         for name, values in (("weight_scale", scales), ("input_scale", static)):
             if values is not None:  # whoever loaded them: an engine's loader checks nothing
@@ -234,6 +271,17 @@ class Fp8LinearMethod:
             )
             weight = frozen(merged)
         install(layer, state, kernel, weight, scale, static)
+
+    def _check_loaded(self, state: LayerState) -> None:
+        """Refuse a layer with a shard of a parameter never loaded."""
+        for name in self._parameter_names(state.config):
+            loaded = state.loaded.get(name, set())
+            missing = set(range(len(state.shards))) - loaded
+            if ALL_SHARDS not in loaded and missing:
+                raise InvalidValueError(
+                    f"loaded shards of {state.name}.{name}", sorted(loaded),
+                    f"every shard 0..{len(state.shards) - 1}; never loaded: {sorted(missing)}",
+                )  # fmt: skip
 
     def _parameter_names(self, config: QuantConfig) -> tuple[str, ...]:
         if self.checkpoint_format is CheckpointFormat.HIGH_PRECISION:
@@ -265,3 +313,12 @@ class Fp8PtpcLinearMethod(Fp8LinearMethod):
             Scheme.FP8_PER_CHANNEL, caps, policy, checkpoint_format=checkpoint_format,
             catalog=catalog, launches=launches, chunk_rows=chunk_rows,
         )  # fmt: skip
+
+
+def _amax_exchange(state: LayerState, device: torch.device) -> AmaxExchange | None:
+    """The all-reduce of a tensor-parallel shard's weight amax, where its scale groups span
+    the split dimension; None where each rank's scales are its own."""
+    tp = state.parallel
+    if tp is None or not tp.reduces(state.config):
+        return None
+    return AmaxExchange(tp, state.name, state.config, device)

@@ -11,6 +11,7 @@ from kernelpick.core._decision import Selected
 from kernelpick.core._device import DeviceCaps
 from kernelpick.core._errors import InvalidValueError, parse_enum
 from kernelpick.core._quant import QuantConfig
+from kernelpick.integration._parallel import TensorParallel
 from kernelpick.kernels._base import Kernel
 
 __all__ = [
@@ -55,7 +56,8 @@ class CheckpointFormat(enum.Enum):
 @attrs.define
 class LayerState:
     """One layer's config, decision and device, which shards of each parameter were
-    loaded, and (once its weights are processed) the bound kernel."""
+    loaded, its place in a tensor-parallel group (None: the whole layer) and (once its
+    weights are processed) the bound kernel."""
 
     config: QuantConfig
     decision: Selected
@@ -64,6 +66,7 @@ class LayerState:
     shards: tuple[int, ...]
     loaded: dict[str, set[int]] = attrs.field(factory=dict)
     kernel: Kernel | None = None
+    parallel: TensorParallel | None = None
 
     @property
     def name(self) -> str:
