@@ -1024,6 +1024,7 @@ SHARD_ID: st.SearchStrategy[object] = st.one_of(
     st.integers(-3, 6),
     st.booleans(),
     st.sampled_from(["0", "", 0.0, 1.5, 2**64, -(2**64)]),
+    st.sampled_from(["q", "k", "v", "o", "Q"]),  # vLLM's QKV names: valid for 3 shards
 )
 LOAD: st.SearchStrategy[tuple[str, object, str, int]] = st.tuples(
     st.sampled_from(LOAD_KINDS), SHARD_ID, st.sampled_from(CONTENTS), st.integers(0, 2**16)
@@ -1086,6 +1087,8 @@ def _load_problems(
     shard_id: object, tensor: object, sizes: Sequence[int], width: int
 ) -> tuple[list[str], int, int]:
     """Renderings of the bad values of one load (empty when it must load), and the rows."""
+    if len(sizes) == 3 and shard_id in ("q", "k", "v"):
+        shard_id = "qkv".index(str(shard_id))
     if shard_id is None:
         start, rows = 0, sum(sizes)
     elif (
@@ -1147,9 +1150,10 @@ def test_weight_loader_loads_or_names_the_bad_value(
         loads = [*loads, *[("float32", i, finish_content, 7 + i) for i in range(len(sizes))]]
 
     for kind, shard_id, content, seed in loads:
-        rows_for = (
-            sizes[shard_id] if isinstance(shard_id, int) and 0 <= shard_id < len(sizes) else n
+        index = (
+            "qkv".index(shard_id) if len(sizes) == 3 and shard_id in ("q", "k", "v") else shard_id
         )
+        rows_for = sizes[index] if isinstance(index, int) and 0 <= index < len(sizes) else n
         tensor = _loaded(kind, rows_for, width, content, seed)
         problems, start, rows = _load_problems(shard_id, tensor, sizes, width)
         before, loaded_before = param.detach().clone(), set(state.loaded.get("weight", set()))
