@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import pickle
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ from kernelpick.integration import (
     TensorParallel,
     TensorParallelError,
     layer_state,
+    save_quantized,
     weight_loader_of,
 )
 from kernelpick.kernels._canonical import quantize_weight
@@ -393,3 +395,15 @@ def test_a_reduction_returning_another_shape_is_refused(result: object) -> None:
     config = kp.quant_config("fp8_per_channel", weight_shape=(8, 16))
     with pytest.raises(kp.InvalidValueError, match=r"reduce_amax.*\[8, 1\]"):
         quantize_weight(torch.randn(8, 16), config, reduce_amax=lambda amax: result)  # type: ignore[arg-type,return-value]
+
+
+def test_a_model_holding_a_shard_is_not_saved_as_a_whole_checkpoint(tmp_path: Path) -> None:
+    # Its tensors are rank 1's part: saved as the layer's, they would load as a smaller one.
+    method = _method(style="column")
+    model = torch.nn.Sequential(torch.nn.Module())
+    method.create_weights(model[0], 32, [16], 32, 32, torch.float32, prefix="0")
+    _load(model[0], "weight", torch.randn(32, 32))
+    method.process_weights_after_loading(model[0])
+    with pytest.raises(kp.InvalidValueError, match="rank 1 of 2"):
+        save_quantized(model, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -58,6 +58,12 @@ def _quantized(model: torch.nn.Module) -> dict[str, LayerState]:
         if state.kernel is None:
             expected = "a layer whose weights were processed (process_weights_after_loading)"
             raise InvalidValueError("layer", name, expected)
+        if state.parallel is not None:  # its tensors are one rank's part, not the layer's
+            raise InvalidValueError(
+                "layer", name,
+                f"a whole layer, not a shard {state.parallel.describe()}: save the unsharded "
+                "model (quantize_model), which every rank then loads and narrows",
+            )  # fmt: skip
         found[name] = state
     return found
 
