@@ -152,7 +152,9 @@ def test_tensor_parallel_error_pickles_and_says_who_failed() -> None:
     failed = TensorParallelError("down", 0, 2, failed=(1,))
     assert "rank(s) 1 failed" in str(failed)
     assert "layer 'down' on tensor-parallel rank 0 of 2" in str(failed)
-    silent = TensorParallelError("down", 1, 2, cause="RuntimeError: timed out (timeout 3 s)")
+    silent = TensorParallelError(
+        "down", 1, 2, cause="no answer within 3 s (RuntimeError: timed out)"
+    )
     assert "no answer" in str(silent)
     assert "timed out" in str(silent)
     for error in (failed, silent):

@@ -136,12 +136,12 @@ class CheckpointError(KernelpickError):
 
 
 class TensorParallelError(KernelpickError):
-    """A tensor-parallel shard could not agree with its peers: another rank failed while
-    processing the same layer (``failed`` lists them), or no answer came within the
-    timeout (a peer hung, crashed or never reached the layer; ``cause`` says what torch
-    reported). ``layer`` is the layer, ``rank`` and ``world_size`` this rank's place in
-    the group. The layer is left unprocessed; the group should be torn down, as after any
-    failed collective."""
+    """A tensor-parallel shard could not agree with its peers on a layer's scales: another
+    rank failed while processing the same layer (``failed`` lists them), the ranks reached
+    different layers, or no answer came within the timeout (a peer hung, crashed or never
+    reached the layer); ``cause`` says which, and what torch reported. ``layer`` is the
+    layer, ``rank`` and ``world_size`` this rank's place in the group. The layer is left
+    unprocessed; tear the group down, as after any failed collective."""
 
     def __init__(
         self,
@@ -157,16 +157,12 @@ class TensorParallelError(KernelpickError):
         self.failed = tuple(failed)
         self.cause = cause
         where = f"layer {layer!r} on tensor-parallel rank {rank} of {world_size}"
+        what = cause
         if self.failed:
             ranks = ", ".join(map(str, self.failed))
             what = (
                 f"rank(s) {ranks} failed while processing their shard, so this rank stops too: "
                 "its weight scales would not be the whole layer's (see that rank's error)"
-            )
-        else:
-            what = (
-                f"no answer from the other ranks: {cause}. A peer failed, hung or never "
-                "reached this layer; every rank must process the same layers in the same order"
             )
         super().__init__(f"{where}: {what}")
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 import torch
 
@@ -35,6 +35,7 @@ from kernelpick.kernels._canonical import (
 from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
 
 __all__ = [
+    "EngineLoader",
     "WeightLoader",
     "high_precision_loader",
     "param_dims",
@@ -178,7 +179,12 @@ def _loader(
     return weight_loader
 
 
-def tracking(state: LayerState, name: str, loader: WeightLoader) -> WeightLoader:
+# An engine's own loader, called as ``loader(param, loaded_weight, shard_id)`` with the
+# shard id the engine passes (its own annotation of it may be narrower than ours).
+EngineLoader = Callable[[torch.Tensor, torch.Tensor, Any], object]
+
+
+def tracking(state: LayerState, name: str, loader: EngineLoader) -> WeightLoader:
     """An engine's own loader, recording which shards it loaded so that processing can
     refuse a layer with shards never loaded."""
 

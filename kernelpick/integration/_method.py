@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import torch
+import torch.distributed as dist
 
 from kernelpick.adapters import Launch
 from kernelpick.core._device import DeviceCaps
@@ -33,6 +34,7 @@ from kernelpick.integration._layer_steps import (
     run,
 )
 from kernelpick.integration._loaders import (
+    EngineLoader,
     WeightLoader,
     high_precision_loader,
     param_dims,
@@ -162,7 +164,7 @@ class Fp8LinearMethod:
         params_dtype: torch.dtype,
         *,
         prefix: str = "",
-        weight_loader: WeightLoader | None = None,
+        weight_loader: EngineLoader | None = None,
         **extra_weight_attrs: object,
     ) -> None:
         """Select the kernel for this partition, then (only then) register its parameters.
@@ -186,8 +188,10 @@ class Fp8LinearMethod:
         pre_quantized = self.checkpoint_format is CheckpointFormat.PRE_QUANTIZED
         if tp is not None:
             tp.check_partition(config, sizes, input_size, output_size, prefix or "layer")
-            if tp.reduces(config) and not pre_quantized:
-                tp.check_group()  # its amax is all-reduced: the group must be there now
+            if dist.is_available() and dist.is_initialized():
+                tp.check_group()  # a rank or size the group disagrees with loads another part
+            elif tp.reduces(config) and not pre_quantized:
+                tp.check_group()  # raises: its amax is all-reduced, so the group must be up
         if pre_quantized:  # before selecting: a layer it refuses logs no kernel
             check_shards(config, sizes, prefix or "layer")
         state = steps.state(config, prefix, sizes, tp)

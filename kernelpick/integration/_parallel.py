@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import enum
+import hashlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -65,9 +66,12 @@ def _world_size(_inst: object, attribute: attrs.Attribute[int], value: object) -
 
 
 def _rank(inst: TensorParallel, attribute: attrs.Attribute[int], value: object) -> None:
+    world = inst.world_size
+    if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+        _world_size(inst, attrs.fields(TensorParallel).world_size, world)  # named first
     ok = isinstance(value, int) and not isinstance(value, bool)
-    if not ok or not 0 <= value < inst.world_size:  # type: ignore[operator]
-        raise InvalidValueError(attribute.name, value, f"0..{inst.world_size - 1}")
+    if not ok or not 0 <= value < world:  # type: ignore[operator]
+        raise InvalidValueError(attribute.name, value, f"0..{world - 1}")
 
 
 def _timeout(_inst: object, attribute: attrs.Attribute[datetime.timedelta], value: object) -> None:
@@ -178,10 +182,11 @@ class AmaxExchange:
     """The all-reduce (MAX) of one shard's weight amax over its group, passed to
     ``quantize_weight`` as ``reduce_amax``.
 
-    A rank that fails before its amax is known calls ``fail``: it still joins the
-    collective, marked failed, so its peers raise ``TensorParallelError`` naming it at
-    once instead of waiting. No answer within the timeout (a peer hung, died or never
-    reached the layer) is ``TensorParallelError`` too."""
+    A small header goes first: which layer this rank is at (a hash of its name and shape,
+    all-reduced as its MAX and the MAX of its negation, which agree only if every rank
+    sent the same) and which ranks failed. Ranks at different layers, a failed rank (one
+    that calls ``fail``) and no answer within the timeout each raise
+    ``TensorParallelError`` before any amax is combined."""
 
     tp: TensorParallel
     layer: str
@@ -189,38 +194,57 @@ class AmaxExchange:
     device: torch.device
 
     def __call__(self, amax: torch.Tensor) -> torch.Tensor:
-        return self._exchange(amax)
+        self._header(failed=False)
+        payload = amax.reshape(-1).to(self.device, torch.float32, copy=True)
+        self._all_reduce(payload)
+        return payload.reshape(amax.shape).to(amax.device)
 
     def fail(self) -> None:
-        """Join the collective as failed; the caller then raises its own error."""
+        """Tell the peers this rank failed; the caller then raises its own error."""
         with contextlib.suppress(TensorParallelError):  # this rank's own error says more
-            self._exchange(None)
+            self._header(failed=True)
 
-    def _exchange(self, amax: torch.Tensor | None) -> torch.Tensor:
+    def _header(self, failed: bool) -> None:
         tp = self.tp
         tp.check_group()
-        (n, k), (rows, cols) = self.config.weight_shape, self.config.weight_block
-        shape = (-(-n // rows), -(-k // cols))  # the scale groups, as quantize_weight has them
-        numel = shape[0] * shape[1]
-        flags = torch.zeros(tp.world_size, dtype=torch.float32, device=self.device)
-        if amax is None:
-            flags[tp.rank] = 1.0
-            values = torch.zeros(numel, dtype=torch.float32, device=self.device)
-        else:
-            values = amax.reshape(-1).to(self.device, torch.float32)
-        buffer = torch.cat([values, flags])
+        ident = _identity(self.layer, self.config)
+        header = torch.zeros(2 + tp.world_size, dtype=torch.float64, device=self.device)
+        header[0], header[1] = ident, -ident
+        header[2 + tp.rank] = float(failed)
+        self._all_reduce(header)
+        if header[0].item() != ident or header[1].item() != -ident:
+            cause = (
+                "the ranks reached different layers at this all-reduce, so their amaxes "
+                "cannot be combined: every rank must process the same layers in the same "
+                "order, under the same prefixes"
+            )
+            raise TensorParallelError(self.layer, tp.rank, tp.world_size, cause=cause)
+        marks = header[2:].tolist()
+        others = [rank for rank, mark in enumerate(marks) if mark > 0 and rank != tp.rank]
+        if others:
+            raise TensorParallelError(self.layer, tp.rank, tp.world_size, others)
+
+    def _all_reduce(self, buffer: torch.Tensor) -> None:
+        tp = self.tp
         seconds = tp.timeout.total_seconds()
         try:
             work = dist.all_reduce(buffer, op=dist.ReduceOp.MAX, group=tp.group, async_op=True)
             done = work is not None and work.wait(tp.timeout)
         except RuntimeError as error:  # gloo's "timed out", a closed connection, NCCL's errors
-            cause = f"{type(error).__name__}: {error} (timeout {seconds:g} s)"
+            cause = (
+                f"no answer from the other ranks within {seconds:g} s "
+                f"({type(error).__name__}: {error}): a peer failed, hung or never reached "
+                "this layer"
+            )
             raise TensorParallelError(self.layer, tp.rank, tp.world_size, cause=cause) from error
         if not done:
             cause = f"the all-reduce did not complete within {seconds:g} s"
             raise TensorParallelError(self.layer, tp.rank, tp.world_size, cause=cause)
-        marks = buffer[numel:].tolist()
-        failed = [rank for rank, mark in enumerate(marks) if mark > 0 and rank != tp.rank]
-        if failed:
-            raise TensorParallelError(self.layer, tp.rank, tp.world_size, failed)
-        return buffer[:numel].reshape(amax.shape if amax is not None else shape)
+
+
+def _identity(layer: str, config: QuantConfig) -> float:
+    """A layer's name and shape as a float64 integer (52 bits of a hash: exact in fp64,
+    and the same in every process, unlike ``hash``)."""
+    text = f"{layer}|{config.weight_shape}|{config.weight_block}"
+    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
+    return float(int.from_bytes(digest, "big") >> 12)
