@@ -184,7 +184,7 @@ class LayerSteps:
 
     def check_weight(self, state: LayerState, weight: torch.Tensor) -> None:
         """The read-only checks on a high-precision weight: shape, dtype, finite values."""
-        name = f"{state.name}.weight"
+        name = state.label("weight")
         n, k = state.config.weight_shape
         dtype = torch_dtype(state.config.input_dtype)
         check_tensor(name, weight)  # a meta or sparse weight has nothing to quantize
@@ -194,7 +194,7 @@ class LayerSteps:
 
     def check_bias(self, state: LayerState, bias: torch.Tensor) -> None:
         """A bias must be finite, as the weight must."""
-        check_finite(f"{state.name}.bias", bias.view(1, -1), self.chunk_rows)
+        check_finite(state.label("bias"), bias.view(1, -1), self.chunk_rows)
 
     def bind(self, state: LayerState, device: torch.device) -> Kernel:
         """The selected kernel bound to ``device``, found in these steps' tables; fails when

@@ -154,7 +154,7 @@ def _loader(
     def weight_loader(
         param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | str | None = None
     ) -> None:
-        label = f"{state.name}.{name}" + ("" if shard_id is None else f"[shard {shard_id}]")
+        label = state.label(name if shard_id is None else f"{name}[shard {shard_id}]")
         if param is not own_ref():
             raise InvalidValueError(
                 "param", tuple(getattr(param, "shape", ())),

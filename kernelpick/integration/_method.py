@@ -261,14 +261,14 @@ class Fp8LinearMethod:
         static = layer.get_parameter("input_scale") if "input_scale" in names else None
         for name, values in (("weight_scale", scales), ("input_scale", static)):
             if values is not None:  # whoever loaded them: an engine's loader checks nothing
-                canonical_scale(f"{state.name}.{name}", values.detach(), tuple(values.shape))
+                canonical_scale(state.label(name), values.detach(), tuple(values.shape))
         merge = per_tensor(state.config)
         scale = frozen(scales.detach().amax().reshape(1)) if merge else scales
         if static is not None:
             static = frozen(static.detach().amax().reshape(1))
         kernel.prepare_weights(weight, scale, static)  # every check before the bytes change
         if weight.dtype == torch_dtype(CANONICAL_FP8):  # any loader's bytes; int8 has no NaN
-            canonicalize_fp8_(f"{state.name}.weight", weight.data, self.chunk_rows)
+            canonicalize_fp8_(state.label("weight"), weight.data, self.chunk_rows)
         if merge:
             merged, _ = one_tensor_scale(
                 weight.data, state.shards, scales.detach(), self.chunk_rows

@@ -72,6 +72,12 @@ class LayerState:
     def name(self) -> str:
         return self.prefix or "layer"
 
+    def label(self, tensor: str) -> str:
+        """How errors name this layer's ``tensor``: ``prefix.tensor``, and for a shard its
+        rank, since each rank raises about its own part."""
+        where = "" if self.parallel is None else f" {self.parallel.describe()}"
+        return f"{self.name}.{tensor}{where}"
+
 
 def find_state(layer: torch.nn.Module) -> LayerState | None:
     """The method's state on ``layer``, or None for a layer kernelpick does not run."""
