@@ -18,6 +18,7 @@ import torch
 import kernelpick as kp
 from kernelpick.core import Dtype
 from kernelpick.integration import (
+    Fp8Linear,
     Fp8LinearMethod,
     KernelSelectionError,
     ParallelStyle,
@@ -60,8 +61,8 @@ def _load(layer: torch.nn.Module, name: str, tensor: torch.Tensor, shard: object
         (("row", 2, 2), "2"),
         (("row", -1, 2), "-1"),
         (("row", True, 2), "True"),
-        (("column", 0, 0), "0"),
-        (("column", 0, 2.0), "2.0"),
+        (("column", 0, 0), "world_size 0"),  # named, not the rank it leaves no room for
+        (("column", 0, 2.0), "world_size 2.0"),
     ],
 )
 def test_tensor_parallel_refuses_what_no_group_has(args: tuple[object, ...], named: str) -> None:
@@ -409,3 +410,14 @@ def test_a_model_holding_a_shard_is_not_saved_as_a_whole_checkpoint(tmp_path: Pa
     with pytest.raises(kp.InvalidValueError, match="rank 1 of 2"):
         save_quantized(model, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_shards_repr_says_which_part_it_is() -> None:
+    method = _method(style="column")
+    layer = Fp8Linear(32, 16, method._steps)
+    method.create_weights(layer, 32, [16], 32, 32, torch.float32, prefix="up")
+    _load(layer, "weight", torch.randn(32, 32))
+    method.process_weights_after_loading(layer)
+    assert repr(layer).endswith(
+        "kernel=cpu_fp8_gemm, tensor-parallel rank 1 of 2 (column-parallel))"
+    ), repr(layer)

@@ -87,11 +87,14 @@ class Fp8Linear(torch.nn.Module):
         return run(self, x, self.bias)
 
     def extra_repr(self) -> str:
-        decision = layer_state(self).decision
-        flag = " (degraded)" if decision.degraded else ""
+        state = layer_state(self)
+        flag = " (degraded)" if state.decision.degraded else ""
+        shard = (
+            "" if state.parallel is None else f", {state.parallel.describe().removeprefix('on ')}"
+        )
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
-            f"bias={self.bias is not None}, kernel={decision.kernel}{flag}"
+            f"bias={self.bias is not None}, kernel={state.decision.kernel}{flag}{shard}"
         )
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Fp8Linear:
