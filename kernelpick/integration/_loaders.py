@@ -17,7 +17,7 @@ per-tensor scale) is replicated: every rank loads all of it.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, cast
 
 import torch
@@ -115,10 +115,20 @@ def param_dims(config: QuantConfig, name: str) -> dict[str, int]:
 
 
 def _narrowed(
-    state: LayerState, dims: dict[str, int], label: str, tensor: torch.Tensor, local: list[int]
+    state: LayerState,
+    dims: dict[str, int],
+    label: str,
+    tensor: torch.Tensor,
+    local: list[int],
+    pieces: Sequence[int],
 ) -> torch.Tensor:
     """This rank's part of the whole checkpoint ``tensor``, whose part has shape ``local``
-    (the tensor as it is when the layer is not split, or the dimension replicated)."""
+    (the tensor as it is when the layer is not split, or the dimension replicated).
+
+    ``pieces`` are the part's extents along dimension 0, one per shard it holds: a whole
+    fused tensor (``[q; k; v]``, loaded with no shard id) is split at the whole shards'
+    boundaries, and each shard narrowed on its own, as a column-parallel rank holds its
+    part of every shard rather than a run of rows of the fused tensor."""
     tp = state.parallel
     dim = None if tp is None else dims.get(tp.split_dim)
     if tp is None or dim is None:
@@ -130,7 +140,13 @@ def _narrowed(
             label, tensor, f"the whole layer's tensor, shape {whole}: this loader narrows it to "
             f"rank {tp.rank}'s part ({local}) itself",
         )  # fmt: skip
-    return tensor.narrow(dim, tp.rank * local[dim], local[dim])
+    if dim != 0 or len(pieces) == 1:
+        return tensor.narrow(dim, tp.rank * local[dim], local[dim])
+    parts, offset = [], 0
+    for piece in pieces:
+        parts.append(tensor.narrow(0, offset + tp.rank * piece, piece))
+        offset += piece * tp.world_size
+    return torch.cat(parts)
 
 
 def _loader(
@@ -161,12 +177,17 @@ def _loader(
                 f"{state.name}.{name}, the parameter this loader was made for",
             )  # fmt: skip
         start, rows, loaded = _shard(state, shard_id)
+        pieces = [rows]
         if not per_shard:
+            if loaded == ALL_SHARDS:  # the whole fused tensor: each shard's rows in turn
+                firsts = [sum(state.shards[:i]) for i in range(len(state.shards))]
+                pieces = [rows_of(f, n)[1] for f, n in zip(firsts, state.shards, strict=True)]
             start, rows = rows_of(start, rows)
         if not isinstance(loaded_weight, torch.Tensor):
             kind = type(loaded_weight).__name__
             raise KernelInputError(label, (), kind, "-", "a torch.Tensor")
-        value = accept(label, _narrowed(state, dims, label, loaded_weight, [rows, *columns]), rows)
+        part = _narrowed(state, dims, label, loaded_weight, [rows, *columns], pieces)
+        value = accept(label, part, rows)
         with torch.no_grad():
             if not per_shard:
                 param[start : start + rows].copy_(value)
