@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 import kernelpick as kp
+import kernelpick.kernels._quantize as quantize_module
 from kernelpick.integration import (
     Fp8Linear,
     Fp8LinearMethod,
@@ -391,6 +392,29 @@ def layers_out_of_order(rank: int, world: int) -> dict[str, Any]:
     }
 
 
+def quantize_fails_on_rank_1(rank: int, world: int) -> dict[str, Any]:
+    """Rank 1's quantization raises before its amax is all-reduced (out of memory in the
+    fp32 working copy, simulated): it must still tell rank 0, which must not wait."""
+    original = quantize_module._group_amax
+
+    def out_of_memory(*args: object, **kwargs: object) -> torch.Tensor:
+        raise torch.OutOfMemoryError("simulated: the fp32 working copy did not fit")
+
+    if rank == 1:
+        quantize_module._group_amax = out_of_memory
+    try:
+        method = Fp8LinearMethod(
+            "fp8_per_channel", _caps(), kp.Policy(), tensor_parallel=_tp("row")
+        )
+        layer = torch.nn.Module()
+        method.create_weights(layer, K_PART, [N], K, N, torch.float32, prefix="mlp.down")
+        param = layer.get_parameter("weight")
+        weight_loader_of(param)(param, _linear().weight.detach())
+        return _process_timed(method, layer)
+    finally:
+        quantize_module._group_amax = original
+
+
 def nan_on_rank_1(rank: int, world: int) -> dict[str, Any]:
     method, layer = _nan_layer(_tp("row"), rank)
     return _process_timed(method, layer)
@@ -443,6 +467,7 @@ HEALTHY = [
     # Last, about failures: each leaves the group usable, unless the library regresses
     # (gloo aborts a rank that meets a collective of another size), and then only these.
     nan_on_rank_1,
+    quantize_fails_on_rank_1,
     layers_out_of_order,
 ]
 
@@ -770,6 +795,19 @@ def test_ranks_at_different_layers_are_refused_not_combined(healthy: Batch) -> N
             assert "reached different layers" in error
 
 
+def test_a_peer_whose_quantization_fails_is_named_at_once(healthy: Batch) -> None:
+    ranks = _ranks(healthy, "quantize_fails_on_rank_1")
+    first, second = ranks[0]["error"], ranks[1]["error"]
+    assert isinstance(first, Raised)
+    assert isinstance(second, Raised)
+    assert first.type_name == "TensorParallelError", first.message
+    assert first.attributes["failed"] == (1,)
+    assert ranks[0]["elapsed"] < 5.0  # the collective answered; TIMEOUT is 30 s
+    assert second.type_name == "OutOfMemoryError", second.message  # its own, passed on
+    for out in ranks:
+        assert out["processed"] is False
+
+
 def test_a_hung_peer_is_an_error_after_the_timeout(hung: list[object]) -> None:
     waiting, stuck = hung
     assert isinstance(waiting, dict), waiting
@@ -777,7 +815,7 @@ def test_a_hung_peer_is_an_error_after_the_timeout(hung: list[object]) -> None:
     assert isinstance(error, Raised)
     assert error.type_name == "TensorParallelError", error.message
     assert error.attributes["failed"] == ()
-    assert "no answer from the other ranks" in error.message
+    assert "the all-reduce with the other ranks failed" in error.message
     assert re.search(r"\b3 s\b", str(error.attributes["cause"])), "the timeout is named"
     seconds = HUNG_TIMEOUT.total_seconds()
     assert seconds - 0.1 <= waiting["elapsed"] < seconds + 15.0
@@ -795,6 +833,6 @@ def test_a_dead_peer_is_an_error_without_waiting_for_the_timeout(dead: list[obje
     error = waiting["error"]
     assert isinstance(error, Raised)
     assert error.type_name == "TensorParallelError", error.message
-    assert "no answer from the other ranks" in error.message
+    assert "the all-reduce with the other ranks failed" in error.message
     assert waiting["elapsed"] < 10.0  # the connection closed; the timeout is 60 s
     assert not waiting["processed"]

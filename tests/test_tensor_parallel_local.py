@@ -8,12 +8,15 @@ themselves run with two gloo processes in ``test_tensor_parallel.py``."""
 
 from __future__ import annotations
 
+import copy
 import datetime
 import pickle
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import kernelpick as kp
 from kernelpick.core import Dtype
@@ -26,6 +29,7 @@ from kernelpick.integration import (
     TensorParallelError,
     layer_state,
     save_quantized,
+    shard_linear,
     weight_loader_of,
 )
 from kernelpick.kernels._canonical import quantize_weight
@@ -222,11 +226,12 @@ def test_a_loader_refuses_a_tensor_that_is_not_the_whole_layers() -> None:
     method = _method(style="column")
     layer = torch.nn.Module()
     method.create_weights(layer, 64, [32], 64, 64, torch.float32, prefix="up")
-    before = layer.get_parameter("weight").detach().clone()
+    before = layer.get_parameter("weight").detach().clone()  # as allocated: any bits
     with pytest.raises(kp.KernelInputError, match=r"shape \[64, 64\].*rank 1") as caught:
         _load(layer, "weight", torch.randn(32, 64))  # already this rank's part
     assert "up.weight" in str(caught.value)
-    assert torch.equal(layer.get_parameter("weight").detach(), before)
+    after = layer.get_parameter("weight").detach()
+    assert torch.equal(after.view(torch.int32), before.view(torch.int32))  # NaN bits too
     assert layer_state(layer).loaded == {}
 
 
@@ -421,3 +426,87 @@ def test_a_shards_repr_says_which_part_it_is() -> None:
     assert repr(layer).endswith(
         "kernel=cpu_fp8_gemm, tensor-parallel rank 1 of 2 (column-parallel))"
     ), repr(layer)
+
+
+@pytest.mark.parametrize(
+    ("scheme", "checkpoint", "block"),
+    [
+        ("fp8_per_channel", "high_precision", None),
+        ("fp8_per_channel", "pre_quantized", None),
+        ("fp8_block", "pre_quantized", 16),
+    ],
+)
+def test_a_whole_fused_tensor_is_narrowed_shard_by_shard(
+    scheme: str, checkpoint: str, block: int | None
+) -> None:
+    # [q; k; v] whole, loaded with no shard id: a column-parallel rank holds its part of
+    # each shard, not a run of rows of the fused tensor.
+    sizes, k = [32, 16, 16], 32
+    kw = {} if block is None else {"block_size": block}
+    whole_shards = [_prequantized(scheme, 2 * rows, k, **kw) for rows in sizes]
+    if checkpoint == "high_precision":
+        whole_shards = [(torch.randn(2 * rows, k), torch.empty(0)) for rows in sizes]
+    layers = []
+    for fused in (True, False):
+        method = _method(scheme, "column", checkpoint_format=checkpoint, **kw)
+        layer = torch.nn.Module()
+        method.create_weights(layer, k, sizes, k, 2 * sum(sizes), torch.float32, prefix="qkv")
+        names = ["weight"] if checkpoint == "high_precision" else ["weight", "weight_scale"]
+        for index, name in enumerate(names):
+            if fused:
+                _load(layer, name, torch.cat([shard[index] for shard in whole_shards]))
+            else:
+                for shard_id, shard in zip("qkv", whole_shards, strict=True):
+                    _load(layer, name, shard[index], shard_id)
+        method.process_weights_after_loading(layer)
+        layers.append(layer)
+    for name in ("weight", "weight_scale"):
+        fused_part, by_shard = (layer.get_parameter(name).detach() for layer in layers)
+        assert torch.equal(fused_part.view(torch.uint8), by_shard.view(torch.uint8)), name
+
+
+def test_a_group_of_one_refuses_no_block_layer_the_whole_method_takes() -> None:
+    # With one rank no block can straddle two: N = 200 is not a multiple of 128, and is
+    # taken as a whole layer is.
+    for style in ("row", "column"):
+        method = Fp8LinearMethod(
+            "fp8_block", CPU, kp.Policy(), tensor_parallel=TensorParallel(style, 0, 1)
+        )
+        layer = torch.nn.Module()
+        method.create_weights(layer, 200, [200], 200, 200, torch.float32, prefix="p")
+        assert tuple(layer.get_parameter("weight").shape) == (200, 200)
+
+
+def test_a_deep_copy_shares_the_process_group() -> None:
+    tp = TensorParallel("row", 0, 2, group=object())  # type: ignore[arg-type]
+    assert copy.deepcopy(tp) is tp
+
+
+@pytest.fixture
+def world_of_one(tmp_path: Path) -> Iterator[None]:
+    """A real gloo group of one process, torn down after the test."""
+    store = f"file://{tmp_path}/rendezvous"
+    dist.init_process_group("gloo", init_method=store, rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.usefixtures("world_of_one")
+def test_shard_linear_makes_the_shard_on_the_modules_device() -> None:
+    linear = torch.nn.Linear(64, 32)
+    with torch.device("meta"):  # an engine's default device is not the module's
+        shard = shard_linear(linear, "row", policy=kp.Policy(), prefix="down")
+    assert {p.device.type for p in shard.parameters()} == {"cpu"}
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(shard(x), linear(x), rtol=0.1, atol=0.1)
+
+
+@pytest.mark.usefixtures("world_of_one")
+def test_shard_linear_refuses_a_bias_that_is_not_finite_before_anything_else() -> None:
+    linear = torch.nn.Linear(64, 32)
+    with torch.no_grad():
+        linear.bias[5] = float("nan")
+    with pytest.raises(kp.KernelInputError, match=r"down\.bias"):
+        shard_linear(linear, "row", policy=kp.Policy(), prefix="down")

@@ -248,11 +248,12 @@ class Fp8LinearMethod:
                 self._check_loaded(state)
                 kernel = steps.bind(state, weight.device)
                 steps.check_weight(state, weight)
+                quantized = steps.quantize(state, weight, reduce)
             except Exception:
-                if reduce is not None:
+                if reduce is not None and not reduce.sent:
                     reduce.fail()  # tell the peers, then raise this rank's own error
                 raise
-            install(layer, state, kernel, *steps.quantize(state, weight, reduce))
+            install(layer, state, kernel, *quantized)
             return
         self._check_loaded(state)
         kernel = steps.bind(state, weight.device)
@@ -283,7 +284,7 @@ class Fp8LinearMethod:
             missing = set(range(len(state.shards))) - loaded
             if ALL_SHARDS not in loaded and missing:
                 raise InvalidValueError(
-                    f"loaded shards of {state.name}.{name}", sorted(loaded),
+                    f"loaded shards of {state.label(name)}", sorted(loaded),
                     f"every shard 0..{len(state.shards) - 1}; never loaded: {sorted(missing)}",
                 )  # fmt: skip
 
@@ -312,10 +313,12 @@ class Fp8PtpcLinearMethod(Fp8LinearMethod):
         catalog: Catalog | None = None,
         launches: Mapping[str, Launch] | None = None,
         chunk_rows: int = CHUNK_ROWS,
+        tensor_parallel: TensorParallel | None = None,
     ) -> None:
         super().__init__(
             Scheme.FP8_PER_CHANNEL, caps, policy, checkpoint_format=checkpoint_format,
             catalog=catalog, launches=launches, chunk_rows=chunk_rows,
+            tensor_parallel=tensor_parallel,
         )  # fmt: skip
 
 

@@ -105,7 +105,14 @@ class TensorParallel:
     ) -> TensorParallel:
         """This process's place in ``group`` (the default group when None)."""
         _check_initialized()
-        return cls(style, dist.get_rank(group), dist.get_world_size(group), group, timeout)
+        rank = dist.get_rank(group)
+        if rank < 0:  # torch answers -1 for a group this process is not in
+            expected = "a group this process is a member of (dist.new_group(ranks) lists them)"
+            raise InvalidValueError("tensor-parallel group", f"rank {rank}", expected)
+        return cls(style, rank, dist.get_world_size(group), group, timeout)
+
+    def __deepcopy__(self, memo: dict[int, object]) -> TensorParallel:
+        return self  # a frozen value whose process group is a handle to share, not copy
 
     @property
     def split_dim(self) -> str:
@@ -153,7 +160,7 @@ class TensorParallel:
             )  # fmt: skip
         extent = _group_extent(self, config)
         parts = [k] if self.style is ParallelStyle.ROW else list(sizes)
-        if extent > 1 and any(part % extent for part in parts):
+        if self.world_size > 1 and extent > 1 and any(part % extent for part in parts):
             dim = "K" if self.style is ParallelStyle.ROW else "each shard's N"
             raise InvalidValueError(
                 f"partition of {layer} {self.describe()}", parts,
@@ -177,7 +184,7 @@ def _check_initialized() -> None:
         )  # fmt: skip
 
 
-@attrs.frozen
+@attrs.define
 class AmaxExchange:
     """The all-reduce (MAX) of one shard's weight amax over its group, passed to
     ``quantize_weight`` as ``reduce_amax``.
@@ -186,12 +193,15 @@ class AmaxExchange:
     all-reduced as its MAX and the MAX of its negation, which agree only if every rank
     sent the same) and which ranks failed. Ranks at different layers, a failed rank (one
     that calls ``fail``) and no answer within the timeout each raise
-    ``TensorParallelError`` before any amax is combined."""
+    ``TensorParallelError`` before any amax is combined. ``sent`` says whether this
+    rank's header went: a rank that fails before it must ``fail``, or its peers wait for
+    it until the timeout."""
 
     tp: TensorParallel
     layer: str
     config: QuantConfig
     device: torch.device
+    sent: bool = False
 
     def __call__(self, amax: torch.Tensor) -> torch.Tensor:
         self._header(failed=False)
@@ -207,6 +217,7 @@ class AmaxExchange:
     def _header(self, failed: bool) -> None:
         tp = self.tp
         tp.check_group()
+        self.sent = True
         ident = _identity(self.layer, self.config)
         header = torch.zeros(2 + tp.world_size, dtype=torch.float64, device=self.device)
         header[0], header[1] = ident, -ident
@@ -232,9 +243,9 @@ class AmaxExchange:
             done = work is not None and work.wait(tp.timeout)
         except RuntimeError as error:  # gloo's "timed out", a closed connection, NCCL's errors
             cause = (
-                f"no answer from the other ranks within {seconds:g} s "
-                f"({type(error).__name__}: {error}): a peer failed, hung or never reached "
-                "this layer"
+                f"the all-reduce with the other ranks failed ({type(error).__name__}: "
+                f"{error}; this rank waits at most {seconds:g} s): a peer failed, hung or "
+                "never reached this layer, or the backend refused the buffer"
             )
             raise TensorParallelError(self.layer, tp.rank, tp.world_size, cause=cause) from error
         if not done:
@@ -244,7 +255,8 @@ class AmaxExchange:
 
 def _identity(layer: str, config: QuantConfig) -> float:
     """A layer's name and shape as a float64 integer (52 bits of a hash: exact in fp64,
-    and the same in every process, unlike ``hash``)."""
+    and the same in every process, unlike ``hash``). Layers of one shape are told apart
+    by name only: create_weights' ``prefix`` is what identifies a layer across ranks."""
     text = f"{layer}|{config.weight_shape}|{config.weight_block}"
     digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
     return float(int.from_bytes(digest, "big") >> 12)

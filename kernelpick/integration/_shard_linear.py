@@ -16,7 +16,7 @@ from kernelpick.integration._loaders import weight_loader_of
 from kernelpick.integration._method import Fp8LinearMethod
 from kernelpick.integration._modules import Fp8Linear
 from kernelpick.integration._parallel import DEFAULT_TIMEOUT, ParallelStyle, TensorParallel
-from kernelpick.integration._state import layer_state
+from kernelpick.kernels._canonical import check_finite
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -45,7 +45,8 @@ def shard_linear(
     The shard's forward returns its part of the output: the caller gathers column-parallel
     parts and sums row-parallel ones with an all-reduce. A row-parallel shard holds the
     bias on rank 0 only, so that the sum adds it once; a column-parallel shard holds its
-    part of it. ``module`` is only read: it is as it was whether or not this succeeds.
+    part of it. The shard is made on ``module``'s device, and ``caps`` defaults to a probe
+    of that device. ``module`` is only read: it is as it was whether or not this succeeds.
     """
     tp = TensorParallel.of(style, group, timeout=timeout)
     name = prefix or "module"
@@ -60,13 +61,19 @@ def shard_linear(
         expected = f"a multiple of the world size, {tp.world_size}, for {tp.style}-parallel"
         raise InvalidValueError(f"{features} of {name}", split, expected)
     n_part, k_part = (n // tp.world_size, k) if column else (n, k // tp.world_size)
+    if module.bias is not None:  # the whole bias, on every rank, so that all refuse it alike
+        check_finite(f"{name}.bias", module.bias.detach().view(1, -1))
+    device = module.weight.device
+    if caps is None:
+        from kernelpick import probe  # the facade's probe, shared with kp.probe's cache
+
+        caps = probe(device)
     method = Fp8LinearMethod(
         scheme, caps, policy, block_size=block_size, tensor_parallel=tp
     )  # fmt: skip
     shard = Fp8Linear(k_part, n_part, method._steps, _bias_part(module.bias, tp, n_part))
-    method.create_weights(shard, k_part, [n_part], k, n, module.weight.dtype, prefix=prefix)
-    if shard.bias is not None:  # refused as quantize_model refuses it
-        method._steps.check_bias(layer_state(shard), shard.bias.detach())
+    with torch.device(device):
+        method.create_weights(shard, k_part, [n_part], k, n, module.weight.dtype, prefix=prefix)
     weight = shard.get_parameter("weight")
     weight_loader_of(weight)(weight, module.weight.detach())  # narrows to this rank's part
     method.process_weights_after_loading(shard)
