@@ -27,7 +27,7 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from kernelpick.core._errors import InvalidValueError, parse_enum
+from kernelpick.core._errors import InvalidValueError, KernelpickError, parse_enum
 from kernelpick.core._quant import QuantConfig
 from kernelpick.integration._errors import TensorParallelError
 
@@ -204,24 +204,27 @@ class AmaxExchange:
     sent: bool = False
 
     def __call__(self, amax: torch.Tensor) -> torch.Tensor:
-        self._header(failed=False)
+        # Made before the header: nothing this rank does may fail between the two.
         payload = amax.reshape(-1).to(self.device, torch.float32, copy=True)
+        self._header(failed=False)
         self._all_reduce(payload)
         return payload.reshape(amax.shape).to(amax.device)
 
     def fail(self) -> None:
         """Tell the peers this rank failed; the caller then raises its own error."""
-        with contextlib.suppress(TensorParallelError):  # this rank's own error says more
+        # Whatever stops the mark (its own collective failing, a group now refused), the
+        # caller's error is this rank's own and says more.
+        with contextlib.suppress(KernelpickError, RuntimeError):
             self._header(failed=True)
 
     def _header(self, failed: bool) -> None:
         tp = self.tp
         tp.check_group()
-        self.sent = True
         ident = _identity(self.layer, self.config)
         header = torch.zeros(2 + tp.world_size, dtype=torch.float64, device=self.device)
         header[0], header[1] = ident, -ident
         header[2 + tp.rank] = float(failed)
+        self.sent = True  # from here on the peers are paired with this rank's collectives
         self._all_reduce(header)
         if header[0].item() != ident or header[1].item() != -ident:
             cause = (
