@@ -34,6 +34,8 @@ CATALOGS = {"default": CATALOG, "reversed": kp.Catalog(tuple(reversed(CATALOG.ke
 PROFILES = kp.device_profiles()
 HEADER = "Failed to find a kernel that can implement the ScaledMM linear layer. Reasons:"
 PTPC_4096 = kp.quant_config(kp.Scheme.FP8_PER_CHANNEL, weight_shape=(4096, 4096))
+# Block FP8 is SM 9.x-only (its hint names CUDA archs with their toolkit): found by a seed.
+BLOCK_128 = kp.quant_config("fp8_block", weight_shape=(128, 128), out_dtype="bfloat16")
 
 PROPERTY_SETTINGS = settings(
     max_examples=300,
@@ -432,8 +434,9 @@ _DEVICE_HINT = re.compile(r"(?:or )?move to a device with (.+), where (\S+) runs
 Change = Callable[[kp.DeviceCaps], kp.DeviceCaps]
 
 
-def _move_to(arch: RocmArch, least: Version | None) -> Change:
-    """To ``arch``, and to ROCm ``least`` when the hint names one (else ROCm unchanged)."""
+def _move_to(arch: RocmArch | CudaArch, least: Version | None) -> Change:
+    """To ``arch``, and to ``least`` of its toolkit (ROCm, CUDA) when the hint names one
+    (else the toolkit unchanged)."""
 
     def change(caps: kp.DeviceCaps) -> kp.DeviceCaps:
         moved = attrs.evolve(caps, arch=arch)
@@ -458,13 +461,19 @@ def _alternatives(part: str, spec: kp.KernelSpec) -> list[Change]:
     if match := re.fullmatch(r"GPU architecture (.+)", part):
         found: list[Change] = []
         for option in re.split(r", or |, | or ", match[1]):
+            if cuda := re.fullmatch(r"SM (\d+)\.x(?: with CUDA >= (\S+))?", option):
+                least = None if cuda[2] is None else Version.parse(cuda[2])
+                found.append(_move_to(CudaArch(int(cuda[1]), 0), least))
+                continue
             parsed = re.fullmatch(r"([\w/]+)(?: with ROCm >= (\S+))?", option)
             assert parsed is not None, f"an arch option the test cannot read: {option!r}"
             least = None if parsed[2] is None else Version.parse(parsed[2])
             found += [_move_to(RocmArch(name), least) for name in parsed[1].split("/")]
         return found
-    if match := re.fullmatch(r"ROCm (\S+) or newer on \w+", part):
-        version = Version.parse(match[1])
+    if match := re.fullmatch(
+        r"(?:ROCm (\S+) or newer on \w+|CUDA (\S+) or newer on SM \d+\.x)", part
+    ):
+        version = Version.parse(match[1] or match[2])
         return [lambda caps: attrs.evolve(caps, toolkit_version=version)]
     if match := re.fullmatch(r"torch (\S+) or newer", part):
         version = Version.parse(match[1])
@@ -502,6 +511,8 @@ def _hinted_devices(caps: kp.DeviceCaps, needs: str, spec: kp.KernelSpec) -> lis
 @example(profile="a100", stack="no libraries", config=PTPC_4096)
 @example(profile="cpu", stack="no features", config=PTPC_4096)
 @example(profile="h100", stack="torch 2.6", config=PTPC_4096)
+@example(profile="gh200", stack="ROCm 6.2", config=BLOCK_128)
+@example(profile="a100", stack="ROCm 6.2", config=BLOCK_128)
 def test_every_device_hint_holds_on_the_device_it_names(
     profile: str, stack: str, config: kp.QuantConfig
 ) -> None:
