@@ -274,6 +274,14 @@ def test_the_build_name_is_per_level_and_hashes_more_than_the_level() -> None:
     assert _build_name("avx512") != name.replace("avx2", "avx512")  # the flags differ too
 
 
+def test_each_torch_install_has_its_own_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two venvs with the same torch version write their own include paths into a build;
+    # sharing one, each would rebuild (and race) the other's.
+    name = _build_name("avx2")
+    monkeypatch.setattr(torch, "__file__", "/another/venv/site-packages/torch/__init__.py")
+    assert _build_name("avx2") != name
+
+
 def test_a_failed_build_reports_its_cause_again_not_a_missing_library(tmp_path: Path) -> None:
     # In a fresh process whose compiler fails: the second attempt must raise the first error
     # (the compiler's), not torch's "could not load" of a library that was never built.

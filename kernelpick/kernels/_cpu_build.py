@@ -151,14 +151,15 @@ def _compiler_identity() -> str:
 def _build_name(level: str) -> str:
     # Everything the library depends on is in the name: the source, the flags, the compiler
     # and torch (whose headers ninja does not track), so an edit or an upgrade is a new
-    # build, never a stale load.
+    # build, never a stale load. torch's install path too: two venvs with the same torch
+    # write their own include paths into one build.ninja, and would rebuild each other's.
     import torch
 
     parts = [
         *(path.read_bytes() for path in (_SOURCE, *_HEADERS)),
         " ".join(_cflags(level) + list(_LINK_FLAGS)).encode(),
         _compiler_identity().encode(),
-        f"{torch.__version__} {torch.version.git_version}".encode(),
+        f"{torch.__version__} {torch.version.git_version} {Path(torch.__file__).parent}".encode(),
     ]
     digest = hashlib.sha256(b"\0".join(parts)).hexdigest()[:12]
     return f"kernelpick_cpu_fp8_{level}_{digest}"
