@@ -158,8 +158,15 @@ class TensorParallel:
                 f"{sum(sizes) * world}: a column-parallel rank holds an equal part of each "
                 "shard's outputs",
             )  # fmt: skip
+        self.check_blocks(config, sizes, layer)
+
+    def check_blocks(self, config: QuantConfig, sizes: Sequence[int], layer: str) -> None:
+        """Refuse a partition whose scale blocks would straddle two ranks (each would scale
+        its half differently, and a checkpoint's block scales would be narrowed to other
+        blocks): per rank, K (row-parallel) or every shard's N (column-parallel) must be
+        a multiple of the block."""
         extent = _group_extent(self, config)
-        parts = [k] if self.style is ParallelStyle.ROW else list(sizes)
+        parts = [config.k] if self.style is ParallelStyle.ROW else list(sizes)
         if self.world_size > 1 and extent > 1 and any(part % extent for part in parts):
             dim = "K" if self.style is ParallelStyle.ROW else "each shard's N"
             raise InvalidValueError(
