@@ -1,5 +1,5 @@
 """Layering: the core is pure, and dependencies point one way (core <- kernels <- adapters
-<- integration <- bench <- cli)."""
+<- integration <- engines <- bench <- cli)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "kernelpick"
-LAYERS = ["core", "kernels", "adapters", "integration", "bench", "cli"]
+LAYERS = ["core", "kernels", "adapters", "integration", "engines", "bench", "cli"]
 CORE_ALLOWED_THIRD_PARTY = {"attrs"}
 
 

@@ -1,0 +1,201 @@
+"""The layers kernelpick's transformers quantizer makes, in the three moments transformers
+gives it: before the weights load (select every kernel, then swap each eligible
+``nn.Linear`` of the meta skeleton for an ``Fp8Linear``), while they load (quantize a
+high-precision weight as it arrives) and after (check every tensor each layer got, bind
+its kernel and install the canonical parameters).
+
+transformers sets each loaded tensor on its module with ``setattr`` and never raises from a
+conversion (it logs the error and leaves the tensor out), so nothing here trusts a tensor
+it did not check: a layer whose tensors did not all arrive, or arrived in another dtype or
+shape, is refused after loading rather than run with uninitialised memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+import torch
+
+from kernelpick.core._errors import InvalidValueError, KernelpickError
+from kernelpick.integration._errors import CheckpointError, ModelConversionError
+from kernelpick.integration._layer_steps import LayerSteps, frozen, install
+from kernelpick.integration._modules import Fp8Linear
+from kernelpick.integration._shards import scale_shape
+from kernelpick.integration._state import LayerState, attach, layer_state
+from kernelpick.integration._swap import Swaps, dropped_by_swap
+from kernelpick.kernels._canonical import (
+    canonical_dtype,
+    canonical_scale,
+    check_finite,
+    check_fp8_finite,
+    positive_zero_,
+)
+from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
+
+__all__ = ["LOADED", "HfLayers"]
+
+# The flag transformers puts on every tensor it loaded (set_param_for_module) and on none
+# it only moved off the meta device for a missing key.
+LOADED = "_is_hf_initialized"
+_WHERE = "transformers from_pretrained"
+
+
+def _meta(shape: tuple[int, ...], dtype: torch.dtype) -> torch.nn.Parameter:
+    return frozen(torch.empty(shape, dtype=dtype, device="meta"))
+
+
+def _tied(model: torch.nn.Module) -> set[str]:
+    """The parameters transformers ties (both ends): such a weight is shared with a module
+    that stays in high precision, so its linear is kept, as ``quantize_model`` keeps it."""
+    tied = getattr(model, "all_tied_weights_keys", None) or {}
+    return {str(k) for k in tied} | {str(v) for v in tied.values()}
+
+
+@attrs.define
+class HfLayers:
+    """The quantized layers of one ``from_pretrained`` call, by path, with the steps that
+    selected their kernels. ``online`` layers quantize a high-precision checkpoint; the
+    others read kernelpick's canonical tensors. ``errors`` are the quantizations that failed
+    during loading (transformers would only log them)."""
+
+    steps: LayerSteps
+    online: bool
+    layers: dict[str, Fp8Linear] = attrs.field(factory=dict)
+    errors: dict[str, Exception] = attrs.field(factory=dict)
+
+    # -- before loading ----------------------------------------------------------------
+
+    def swap(self, model: torch.nn.Module, keep: Callable[[str], bool]) -> None:
+        """Select a kernel for every eligible linear (exact ``nn.Linear``, not kept by
+        ``keep``, not tied), then put an ``Fp8Linear`` on the meta device at each. A
+        rejection raises ``KernelSelectionError`` with every reason before anything
+        changes or is allocated."""
+        tied = _tied(model)
+        found: list[tuple[str, torch.nn.Linear]] = []
+        for name, module in model.named_modules():
+            if type(module) is not torch.nn.Linear or not name or keep(name):
+                continue
+            if f"{name}.weight" in tied or dropped_by_swap(module):
+                continue
+            found.append((name, module))
+        states = [(name, linear, self._select(name, linear)) for name, linear in found]
+        swaps = Swaps(model)
+        for name, linear, state in states:
+            swaps.replace(name, self._placeholder(linear, state))
+
+    def _select(self, name: str, linear: torch.nn.Linear) -> LayerState:
+        n, k = linear.out_features, linear.in_features
+        config = self.steps.config(n, k, linear.weight.dtype, bias=linear.bias is not None)
+        return self.steps.state(config, name, (n,))
+
+    def _placeholder(self, linear: torch.nn.Linear, state: LayerState) -> Fp8Linear:
+        """The layer with meta tensors named as transformers will load them."""
+        config, (n, k) = state.config, state.config.weight_shape
+        layer = Fp8Linear(k, n, self.steps, linear.bias)
+        if self.online:  # the high-precision weight arrives; the quantize op makes the scale
+            layer.weight = _meta((n, k), linear.weight.dtype)
+            layer.weight_scale = _meta(config.weight_scale_shape, torch.float32)
+        else:
+            layer.weight = _meta((n, k), torch_dtype(canonical_dtype(config)))
+            layer.weight_scale = _meta(scale_shape(config, (n,)), torch.float32)
+            if config.activation is not None and config.activation.scale.static:
+                layer.input_scale = _meta((1,), torch.float32)
+        attach(layer, state)
+        self.layers[state.prefix] = layer
+        return layer
+
+    # -- while loading -----------------------------------------------------------------
+
+    def quantizes(self, param_name: str) -> bool:
+        """Whether the online path quantizes the tensor loaded as ``param_name``."""
+        path, _, tensor = param_name.rpartition(".")
+        return self.online and path in self.layers and tensor in ("weight", "weight_scale")
+
+    def owns(self, param_name: str) -> bool:
+        """Whether ``param_name`` is a tensor of one of these layers (other than bias)."""
+        path, _, tensor = param_name.rpartition(".")
+        return path in self.layers and tensor != "bias"
+
+    def quantize(self, tensors: dict[str, object]) -> dict[str, torch.Tensor]:
+        """Each high-precision ``<layer>.weight`` in ``tensors`` as the canonical weight and
+        its ``<layer>.weight_scale``; other tensors as they are. A failure is kept for
+        ``finish`` to raise (transformers would only log it) and raised to transformers."""
+        out: dict[str, torch.Tensor] = {}
+        for key, value in tensors.items():
+            tensor = value[0] if isinstance(value, list) else value
+            if not isinstance(tensor, torch.Tensor):
+                raise InvalidValueError(f"loaded tensor {key}", type(tensor).__name__, "a tensor")
+            path, _, name = key.rpartition(".")
+            layer = self.layers.get(path)
+            if layer is None or name != "weight":
+                out[key] = tensor
+                continue
+            try:
+                state = layer_state(layer)
+                self.steps.check_weight(state, tensor)
+                weight, scale = self.steps.quantize(state, tensor)
+            except Exception as error:
+                self.errors[path] = error
+                raise
+            out[key], out[f"{path}.weight_scale"] = weight.data, scale.data
+        return out
+
+    # -- after loading -----------------------------------------------------------------
+
+    def finish(self) -> None:
+        """Check every layer's loaded tensors, bind its kernel and install them; or raise,
+        naming every layer that failed (``ModelConversionError``), a layer with a tensor
+        the checkpoint did not hold (``CheckpointError``) first."""
+        failures: list[tuple[str, KernelpickError]] = []
+        for path, layer in self.layers.items():
+            error = self.errors.get(path)
+            if error is not None and not isinstance(error, KernelpickError):
+                raise error
+            try:
+                if error is not None:
+                    raise error
+                self._finish(path, layer)
+            except KernelpickError as failed:
+                failures.append((path, failed))
+        if failures:
+            raise ModelConversionError(failures)
+
+    def _finish(self, path: str, layer: Fp8Linear) -> None:
+        state = layer_state(layer)
+        if state.kernel is not None:
+            return
+        config, (n, k) = state.config, state.config.weight_shape
+        names = [name for name, p in layer.named_parameters(recurse=False) if p is not None]
+        missing = [name for name in names if not getattr(layer.get_parameter(name), LOADED, 0)]
+        if missing:
+            raise CheckpointError(
+                _WHERE, ", ".join(f"{path}.{name}" for name in missing), "no tensor",
+                "every tensor of a quantized layer in the checkpoint: transformers would "
+                "leave these uninitialised",
+            )  # fmt: skip
+        stored = torch_dtype(canonical_dtype(config))
+        weight = check_tensor(
+            f"{path}.weight", layer.get_parameter("weight").detach(), dtypes=(stored,), shape=(n, k)
+        )
+        if not weight.is_contiguous():
+            raise reject(f"{path}.weight", weight, "a contiguous row-major [N, K] tensor")
+        weight_scale = layer.get_parameter("weight_scale").detach()
+        scales = [canonical_scale(f"{path}.weight_scale", weight_scale, config.weight_scale_shape)]
+        if "input_scale" in names:
+            scales.append(
+                canonical_scale(f"{path}.input_scale", layer.get_parameter("input_scale"), (1,))
+            )
+        if layer.bias is not None:
+            check_finite(f"{path}.bias", layer.bias.detach().view(1, -1))
+        fp8 = stored == torch.float8_e4m3fn
+        if fp8 and not self.online:  # a checkpoint's bytes; the online path made its own
+            check_fp8_finite(f"{path}.weight", weight)
+        kernel = self.steps.bind(state, weight.device)
+        params = [frozen(weight), *(frozen(s) for s in scales)]
+        if fp8:
+            positive_zero_(params[0].data)
+        if layer.bias is not None:
+            layer.bias.requires_grad_(False)
+        install(layer, state, kernel, *params)  # the kernel checks them before they go in
+        self.steps.log(state)

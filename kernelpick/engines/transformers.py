@@ -1,0 +1,256 @@
+"""kernelpick as a transformers quantizer: ``quantization_config=KernelpickConfig(...)``.
+
+Importing this module registers the config and the quantizer under the name
+``"kernelpick"`` (transformers has no entry points for quantizers, so import it before
+``from_pretrained``). Then::
+
+    import kernelpick.engines.transformers  # registers "kernelpick"
+    from kernelpick.engines.transformers import KernelpickConfig
+
+    model = AutoModel.from_pretrained(path, quantization_config=KernelpickConfig())
+    model.save_pretrained(out)  # canonical weight, weight_scale (and input_scale)
+    again = AutoModel.from_pretrained(out)  # pre-quantized: quant_method "kernelpick"
+
+Quantize-on-load selects a kernel for every eligible ``nn.Linear`` on the meta skeleton
+before any weight is allocated (a rejection raises ``KernelSelectionError`` with every
+reason), swaps it for an ``Fp8Linear`` and quantizes each weight as it loads. A checkpoint
+whose config says ``"kernelpick"`` loads into the same layers, every tensor checked.
+
+Without this import transformers only warns about the unknown ``quant_method`` and loads
+the FP8 or int8 weights into plain linears, with no scales: silently wrong outputs.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, cast
+
+import torch
+from transformers.core_model_loading import ConversionOps
+from transformers.quantizers.auto import (
+    AUTO_QUANTIZATION_CONFIG_MAPPING,
+    AUTO_QUANTIZER_MAPPING,
+    register_quantization_config,
+    register_quantizer,
+)
+from transformers.quantizers.base import HfQuantizer
+from transformers.utils.quantization_config import QuantizationConfigMixin, QuantizationMethod
+
+from kernelpick.core._device import DeviceCaps
+from kernelpick.core._errors import InvalidValueError
+from kernelpick.core._policy import Policy
+from kernelpick.core._schemes import Scheme
+from kernelpick.engines._hf_layers import HfLayers
+from kernelpick.engines._patterns import check_patterns, kept
+from kernelpick.integration._errors import CheckpointError
+from kernelpick.integration._layer_steps import ONLINE_SCHEMES, LayerSteps
+
+__all__ = ["METHOD", "KernelpickConfig", "KernelpickHfQuantizer"]
+
+METHOD = "kernelpick"
+FORMAT_VERSION = 1  # the layout save_pretrained writes: canonical tensors, per layer
+_KEYS = ("quant_method", "scheme", "modules_to_not_convert", "block_size", "format_version")
+_QUANTIZED_DTYPES = ("F8_E4M3", "F8_E5M2", "I8")  # safetensors' names
+_WHERE = "transformers from_pretrained"
+
+
+class KernelpickConfig(QuantizationConfigMixin):
+    """What ``from_pretrained`` quantizes with kernelpick: ``scheme`` (one of
+    ``kernelpick.integration.ONLINE_SCHEMES``), the modules kept in high precision
+    (``modules_to_not_convert``: transformers' patterns, a name prefix at a module
+    boundary, a regex or a suffix; ``["lm_head"]`` when None) and, for ``fp8_block``,
+    ``block_size`` (None: 128). ``caps`` and ``policy`` (not saved) choose the device to
+    select for (default ``kp.probe`` of the load device) and the policy (default
+    ``Policy.from_env``). Every value is checked here; a bad one raises
+    ``InvalidValueError`` naming it and the valid ones."""
+
+    def __init__(
+        self,
+        scheme: Scheme | str = Scheme.FP8_PER_CHANNEL,
+        modules_to_not_convert: list[str] | None = None,
+        block_size: int | None = None,
+        *,
+        caps: DeviceCaps | None = None,
+        policy: Policy | None = None,
+        **saved: object,
+    ) -> None:
+        method, version = saved.pop("quant_method", METHOD), saved.pop("format_version", 1)
+        if saved:
+            raise InvalidValueError("KernelpickConfig keys", sorted(saved), f"only {_KEYS}")
+        if method != METHOD:
+            raise InvalidValueError("quant_method", method, repr(METHOD))
+        if version != FORMAT_VERSION:
+            raise InvalidValueError(
+                "format_version", version, f"{FORMAT_VERSION} (this kernelpick's)"
+            )
+        parsed = Scheme.parse(scheme)
+        if parsed not in ONLINE_SCHEMES:
+            valid = ", ".join(s.value for s in ONLINE_SCHEMES)
+            raise InvalidValueError("scheme", parsed.value, f"one of {valid}")
+        skip = check_patterns(
+            ["lm_head"] if modules_to_not_convert is None else modules_to_not_convert
+        )
+        if caps is not None and not isinstance(caps, DeviceCaps):
+            raise InvalidValueError("caps", type(caps).__name__, "None or a kp.DeviceCaps")
+        if policy is not None and not isinstance(policy, Policy):
+            raise InvalidValueError("policy", type(policy).__name__, "None or a kp.Policy")
+        # The same checks the layers make: block_size only for fp8_block, and positive.
+        LayerSteps.create(parsed, caps or _NO_CAPS, policy or Policy(), online=True,
+                          block_size=block_size)  # fmt: skip
+        self.quant_method = cast(QuantizationMethod, METHOD)
+        self.scheme = parsed.value
+        self.modules_to_not_convert = list(skip)
+        self.block_size = block_size
+        self._caps = caps
+        self._policy = policy
+
+    @property
+    def caps(self) -> DeviceCaps | None:
+        """The device kernels are selected for; None: ``kp.probe`` of the load device."""
+        return self._caps
+
+    @property
+    def policy(self) -> Policy | None:
+        """The selection policy; None: ``Policy.from_env(os.environ)``."""
+        return self._policy
+
+    def to_dict(self) -> dict[str, Any]:
+        """What ``save_pretrained`` writes as the ``quantization_config``."""
+        return {
+            "quant_method": METHOD, "scheme": self.scheme,
+            "modules_to_not_convert": list(self.modules_to_not_convert),
+            "block_size": self.block_size, "format_version": FORMAT_VERSION,
+        }  # fmt: skip
+
+    def __iter__(self) -> Any:
+        yield from copy.deepcopy(self.to_dict()).items()
+
+
+def _no_caps() -> DeviceCaps:
+    from kernelpick import device_profile
+
+    return device_profile("cpu")  # only for checking the config's values: nothing selects
+
+
+_NO_CAPS = _no_caps()
+
+
+class _Quantize(ConversionOps):
+    """transformers' quantize op: a loaded high-precision weight in, canonical out."""
+
+    def __init__(self, layers: HfLayers) -> None:
+        self.hf_quantizer = None  # not a load op (transformers reads this attribute)
+        self._layers = layers
+
+    def convert(self, input_dict: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return self._layers.quantize(input_dict)
+
+
+def _device(device_map: object) -> torch.device:
+    """The one device ``device_map`` loads onto (the CPU for None)."""
+    if device_map is None:
+        return torch.device("cpu")
+    places = set(device_map.values()) if isinstance(device_map, dict) else {device_map}
+    if len(places) == 1:
+        place = places.pop()
+        if isinstance(place, (str, int, torch.device)) and place not in ("auto", "disk", "meta"):
+            return torch.device(place)
+    raise InvalidValueError(
+        "device_map", device_map,
+        "None, one device, or a map onto one device: kernelpick selects for the device the "
+        "layers run on (pass caps= in the config to select for another)",
+    )  # fmt: skip
+
+
+class KernelpickHfQuantizer(HfQuantizer):
+    """The ``"kernelpick"`` quantizer: see the module's docstring."""
+
+    requires_calibration = False
+    quantization_config: KernelpickConfig
+
+    def __init__(self, quantization_config: QuantizationConfigMixin, **kwargs: Any) -> None:
+        if not isinstance(quantization_config, KernelpickConfig):
+            name = type(quantization_config).__name__
+            raise InvalidValueError("quantization_config", name, "a KernelpickConfig")
+        # Checked again: transformers' update() and from_dict(**kwargs) set attributes
+        # without calling __init__.
+        config = quantization_config
+        KernelpickConfig(**config.to_dict(), caps=config.caps, policy=config.policy)
+        super().__init__(config, **kwargs)
+        self._layers: HfLayers | None = None
+
+    @property
+    def quantized_element_size(self) -> float:
+        return 1.0
+
+    def _process_model_before_weight_loading(self, model: Any, **kwargs: Any) -> Any:
+        config = self.quantization_config
+        device = _device(kwargs.get("device_map"))
+        caps = config.caps
+        if caps is None:
+            from kernelpick import probe
+
+            caps = probe(device)
+        online = not self.pre_quantized
+        steps = LayerSteps.create(config.scheme, caps, config.policy, online=online,
+                                  block_size=config.block_size)  # fmt: skip
+        fp32 = [
+            *(getattr(model, "_keep_in_fp32_modules", None) or []),
+            *(getattr(model, "_keep_in_fp32_modules_strict", None) or []),
+        ]  # the model's own fp32 modules: transformers casts them apart, so never quantized
+        patterns = [*config.modules_to_not_convert, *fp32]
+        self._layers = HfLayers(steps, online)
+        self._layers.swap(model, lambda name: kept(name, patterns))
+        return model
+
+    def _hf_layers(self) -> HfLayers:
+        if self._layers is None:
+            raise InvalidValueError("quantizer", "unused", "a quantizer from_pretrained ran")
+        return self._layers
+
+    def param_needs_quantization(self, model: Any, param_name: str, **kwargs: Any) -> bool:
+        return self._layers is not None and self._layers.quantizes(param_name)
+
+    def get_quantize_ops(self) -> _Quantize:
+        return _Quantize(self._hf_layers())
+
+    def get_new_dtype(self, converter: Any, param: Any, dtype: Any) -> torch.dtype | None:
+        """No cast for a pre-quantized layer's tensors (they are checked as stored), and
+        no FP8 or int8 tensor cast into a module that is not a kernelpick layer."""
+        target = str(getattr(converter, "target_patterns", [""])[0])
+        layers = self._hf_layers()
+        if layers.owns(target):
+            return None
+        stored = param.get_dtype() if hasattr(param, "get_dtype") else str(param.dtype)
+        if stored in _QUANTIZED_DTYPES or stored in ("torch.float8_e4m3fn", "torch.int8"):
+            raise CheckpointError(
+                _WHERE, target, f"a {stored} tensor for a module kernelpick does not quantize",
+                "the same modules_to_not_convert the checkpoint was saved with: casting "
+                "quantized bytes without their scale gives wrong outputs",
+            )  # fmt: skip
+        new: torch.dtype | None = super().get_new_dtype(converter, param, dtype)
+        return new
+
+    def _process_model_after_weight_loading(self, model: Any, **kwargs: Any) -> Any:
+        self._hf_layers().finish()
+        return model
+
+    def is_serializable(self) -> bool:
+        return True
+
+    @property
+    def is_trainable(self) -> bool:
+        return False
+
+
+def _register() -> None:
+    """Register both classes as ``"kernelpick"``; again on a reload of this module."""
+    if METHOD in AUTO_QUANTIZATION_CONFIG_MAPPING or METHOD in AUTO_QUANTIZER_MAPPING:
+        AUTO_QUANTIZATION_CONFIG_MAPPING[METHOD] = KernelpickConfig  # a reload: replace
+        AUTO_QUANTIZER_MAPPING[METHOD] = KernelpickHfQuantizer
+        return
+    register_quantization_config(METHOD)(KernelpickConfig)
+    register_quantizer(METHOD)(KernelpickHfQuantizer)
+
+
+_register()
