@@ -53,3 +53,25 @@ check: lint typecheck fast
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis
+
+# The vLLM plugin's tests, against the real vllm 0.33.0 on CPU, in a venv of their own
+# (.venv-engines: vLLM's pins fight the main venv's). engines/vllm-requirements.txt says
+# what goes in and why; the stamp makes a second run skip the install.
+ENGINES_VENV := .venv-engines
+ENGINES_BIN := $(ENGINES_VENV)/bin
+ENGINES_PIP := $(ENGINES_BIN)/python -m pip install --quiet --disable-pip-version-check
+
+.PHONY: test-engines
+
+$(ENGINES_BIN)/python:
+	$(PYTHON) -m venv $(ENGINES_VENV)
+
+$(ENGINES_VENV)/.installed-vllm: pyproject.toml constraints.txt engines/vllm-requirements.txt engines/vllm-nodeps.txt | $(ENGINES_BIN)/python
+	$(ENGINES_PIP) -c constraints.txt -r engines/vllm-requirements.txt
+	$(ENGINES_PIP) --no-deps -r engines/vllm-nodeps.txt
+	$(ENGINES_PIP) --no-deps -e .
+	touch $@
+
+test-engines: $(ENGINES_VENV)/.installed-vllm
+	PATH="$(abspath $(ENGINES_BIN)):$$PATH" KERNELPICK_REQUIRE_VLLM=1 \
+		$(ENGINES_BIN)/python -m pytest -q $(wildcard tests/engines/test_vllm*.py)

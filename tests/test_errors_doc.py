@@ -15,8 +15,13 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "errors.md"
 
 def _error_classes() -> set[type[kp.KernelpickError]]:
     for module in pkgutil.walk_packages(kernelpick.__path__, "kernelpick."):
-        if module.name != "kernelpick.__main__":
+        if module.name == "kernelpick.__main__":
+            continue
+        try:
             importlib.import_module(module.name)
+        except ModuleNotFoundError as error:
+            if error.name != "vllm":  # the vLLM plugin's modules import vLLM (its own venv)
+                raise
     found: set[type[kp.KernelpickError]] = set()
     pending: list[type[kp.KernelpickError]] = [kp.KernelpickError]
     while pending:
