@@ -41,7 +41,7 @@ def check_patterns(patterns: object) -> tuple[str, ...]:
             expected = "module names or patterns: non-empty strings"
             raise InvalidValueError("modules_to_not_convert entry", pattern, expected)
         try:
-            re.compile(pattern)
+            re.compile(rf"(?:{pattern}){_BOUNDARY}")  # as kept() matches it
         except re.error as error:
             expected = f"a name, a suffix or a regex ({error})"
             raise InvalidValueError("modules_to_not_convert entry", pattern, expected) from None

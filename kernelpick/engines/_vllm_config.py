@@ -162,7 +162,10 @@ class KernelpickConfig(QuantizationConfig):
 
     def _keeps(self, prefix: str) -> bool:
         """Whether ``modules_to_not_convert`` keeps this layer in high precision, by the rule
-        transformers' quantizer uses (``_patterns``); a fused layer's shards must agree."""
+        transformers' quantizer uses (``_patterns``): by its own name, or for a fused layer
+        by its shards' names, which must agree."""
+        if kept(prefix, self.modules_to_not_convert):  # named as vLLM names it: qkv_proj
+            return True
         roles = {name: kept(name, self.modules_to_not_convert) for name in self._names(prefix)}
         if len(set(roles.values())) > 1:
             raise InvalidValueError(

@@ -43,7 +43,14 @@ def test_kept_is_transformers_rule(name: str, patterns: list[str]) -> None:
 
 @pytest.mark.parametrize(
     ("patterns", "named"),
-    [("lm_head", "'lm_head'"), (["["], "'['"), ([""], "''"), ([3], "3"), (None, "None")],
+    [
+        ("lm_head", "'lm_head'"),
+        (["["], "'['"),
+        (["(?i)LM_HEAD"], "'(?i)LM_HEAD'"),  # compiles alone, not inside kept()'s group
+        ([""], "''"),
+        ([3], "3"),
+        (None, "None"),
+    ],
 )
 def test_a_pattern_list_that_cannot_be_read_is_refused(patterns: object, named: str) -> None:
     with pytest.raises(kp.InvalidValueError) as caught:

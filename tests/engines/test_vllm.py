@@ -300,6 +300,7 @@ def test_a_fused_layer_is_kept_by_its_shards_names_which_must_agree() -> None:
         return QKVParallelLinear(64, 16, 4, 2, quant_config=config, prefix=prefix)
 
     assert isinstance(qkv(["q_proj", "k_proj", "v_proj"]).quant_method, UnquantizedLinearMethod)
+    assert isinstance(qkv(["qkv_proj"]).quant_method, UnquantizedLinearMethod)  # vLLM's name
     assert not isinstance(qkv(["o_proj"]).quant_method, UnquantizedLinearMethod)
     with pytest.raises(kp.InvalidValueError, match="fused layer") as caught:
         qkv(["q_proj"])  # q kept, k and v quantized: one layer cannot be both
