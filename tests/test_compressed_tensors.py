@@ -7,7 +7,6 @@ FP8-dynamic checkpoints people deploy are quantized: every Linear but ``lm_head`
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -18,7 +17,6 @@ from compressed_tensors.quantization import (
     preset_name_to_scheme,
 )
 from compressed_tensors.quantization.utils import calculate_qparams
-from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import kernelpick as kp
@@ -30,6 +28,7 @@ from kernelpick.integration import (
     save_quantized,
 )
 from kernelpick.kernels._canonical import dequantize_weight
+from tests.ct_reader import read_by_compressed_tensors
 from tests.emulation import relative_error
 
 CPU = kp.device_profile("cpu")
@@ -44,22 +43,6 @@ def _llama(seed: int) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     model = LlamaForCausalLM(CONFIG)
     model.train(False)
-    return model
-
-
-def _decompressed(directory: Path) -> LlamaForCausalLM:
-    """compressed-tensors' own reading of a checkpoint: its config applied to a fresh model,
-    the compressed tensors loaded, then decompressed to high precision."""
-    config = json.loads((directory / "config.json").read_text())["quantization_config"]
-    qconfig = QuantizationConfig.model_validate(config)
-    model = _llama(seed=99)
-    apply_quantization_config(model, qconfig)
-    compressor = ModelCompressor(quantization_config=qconfig)
-    compressor.compress_model(model)
-    result = model.load_state_dict(load_file(str(directory / "model.safetensors")), strict=False)
-    assert result.unexpected_keys == []
-    assert result.missing_keys == ["lm_head.weight"]  # tied: saved once, as the embedding
-    compressor.decompress_model(model)
     return model
 
 
@@ -92,7 +75,7 @@ def test_a_checkpoint_compressed_tensors_writes_loads_through_load_quantized(
     assert len(report.layers) == 14
     assert [s.name for s in report.skipped] == ["lm_head"]
     assert skeleton.lm_head.weight is skeleton.model.embed_tokens.weight  # still tied
-    reference = _decompressed(tmp_path)
+    reference = read_by_compressed_tensors(tmp_path, _llama(seed=99))
     for name, module in skeleton.named_modules():
         if isinstance(module, Fp8Linear):
             weight = dequantize_weight(
@@ -112,7 +95,7 @@ def test_a_checkpoint_kernelpick_writes_is_read_and_decompressed_by_compressed_t
     original = _llama(seed=0)
     quantize_model(model, "fp8_per_channel", CPU, kp.Policy())
     save_quantized(model, tmp_path)
-    reference = _decompressed(tmp_path)
+    reference = read_by_compressed_tensors(tmp_path, _llama(seed=99))
     quantized = 0
     for name, module in model.named_modules():
         if isinstance(module, Fp8Linear):
