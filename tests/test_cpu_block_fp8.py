@@ -69,6 +69,21 @@ def _bind(kernel: str, level: str, config: kp.QuantConfig) -> CpuFp8Gemm:
     return bound
 
 
+def _draw_problem(
+    data: st.DataObject,
+) -> tuple[int, int, int, str, str, bool, torch.Generator]:
+    """M, N, K, the input and output dtypes, whether there is a bias, and a seeded generator
+    for the values: what both numerics properties draw after their scale groupings."""
+    m = data.draw(st.integers(1, 300), label="M")
+    n = data.draw(extents, label="N")
+    k = data.draw(extents, label="K")
+    dtype = data.draw(st.sampled_from(DTYPES), label="input dtype")
+    out = data.draw(st.sampled_from(DTYPES), label="out dtype")
+    bias = data.draw(st.booleans(), label="bias")
+    seed = data.draw(st.integers(0, 2**16), label="seed")
+    return m, n, k, dtype, out, bias, torch.Generator().manual_seed(seed)
+
+
 def _check(got: torch.Tensor, want: torch.Tensor, out: str, m: int, n: int) -> None:
     # As in test_kernels_numerics: the output's own rounding, plus half a subnormal step
     # per element for fp16.
@@ -84,14 +99,7 @@ def _check(got: torch.Tensor, want: torch.Tensor, out: str, m: int, n: int) -> N
 def test_w8a8_matches_the_fp32_emulation(level: str, data: st.DataObject) -> None:
     act = data.draw(st.sampled_from(sorted(ACTIVATIONS)), label="activation scales")
     weight = data.draw(st.sampled_from(sorted(WEIGHTS)), label="weight scales")
-    m = data.draw(st.integers(1, 300), label="M")
-    n = data.draw(extents, label="N")
-    k = data.draw(extents, label="K")
-    dtype = data.draw(st.sampled_from(DTYPES), label="input dtype")
-    out = data.draw(st.sampled_from(DTYPES), label="out dtype")
-    bias = data.draw(st.booleans(), label="bias")
-    seed = data.draw(st.integers(0, 2**16), label="seed")
-    generator = torch.Generator().manual_seed(seed)
+    m, n, k, dtype, out, bias, generator = _draw_problem(data)
     config = _config(act, weight, n, k, dtype, out, bias)
     # Columns and rows of very different sizes, so the groups' and blocks' scales differ
     # and one applied to the wrong group shows (outputs stay within fp16's range).
@@ -112,14 +120,7 @@ def test_w8a8_matches_the_fp32_emulation(level: str, data: st.DataObject) -> Non
 def test_w8a16_matches_the_fp32_emulation(level: str, data: st.DataObject) -> None:
     # Weight-only block configs, and the fp8_block scheme served degraded (activations kept).
     act = data.draw(st.sampled_from([None, "1x128"]), label="activation scales")
-    m = data.draw(st.integers(1, 300), label="M")
-    n = data.draw(extents, label="N")
-    k = data.draw(extents, label="K")
-    dtype = data.draw(st.sampled_from(DTYPES), label="input dtype")
-    out = data.draw(st.sampled_from(DTYPES), label="out dtype")
-    bias = data.draw(st.booleans(), label="bias")
-    seed = data.draw(st.integers(0, 2**16), label="seed")
-    generator = torch.Generator().manual_seed(seed)
+    m, n, k, dtype, out, bias, generator = _draw_problem(data)
     if k <= 128:
         # A 1 x 128 group spanning the whole row is per-token, which no W8A16 kernel serves.
         act = None
