@@ -28,7 +28,6 @@ from __future__ import annotations
 import gc
 import math
 import platform
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -43,6 +42,7 @@ from benchmarks.rotation import (
     Timed,
     candidate,
     median_ratio,
+    ratio_row,
     rotated_weights,
     shape_record,
     time_tokens,
@@ -186,19 +186,14 @@ def _shape(
 
 
 def _row(m: int, samples: dict[str, list[float]], floor_ms: float) -> dict[str, Any]:
-    """One M: absolute medians (ms), the best baseline, and the paired ratios."""
-    ms = {name: statistics.median(times) * 1e3 for name, times in samples.items()}
-    best = min(BASELINES, key=ms.__getitem__)
-    row: dict[str, Any] = {
-        "m": m, "ms": ms, "best": best, "best_ms": ms[best], "read_ms": ms.pop("read"),
-    }  # fmt: skip
+    """One M: ``ratio_row``'s figures, the streaming read's time, and each candidate against
+    the bytes-read floor and the paired read."""
+    row = ratio_row(m, samples, CANDIDATES)
+    row["read_ms"] = row["ms"].pop("read")
     for name in CANDIDATES:
-        if name not in samples:
-            continue  # no kernel selected for this scheme here
-        row[f"{name}_vs_best"] = median_ratio(samples[name], samples[best])
-        row[f"{name}_vs_fp32"] = median_ratio(samples[name], samples["fp32"])
-        row[f"{name}_vs_floor"] = ms[name] / floor_ms
-        row[f"{name}_vs_read"] = median_ratio(samples[name], samples["read"])
+        if name in samples:  # else no kernel selected for this scheme here
+            row[f"{name}_vs_floor"] = row["ms"][name] / floor_ms
+            row[f"{name}_vs_read"] = median_ratio(samples[name], samples["read"])
     return row
 
 

@@ -12,7 +12,7 @@ import gc
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -33,6 +33,7 @@ __all__ = [
     "median_ratio",
     "nbytes",
     "paired",
+    "ratio_row",
     "rotated_weights",
     "rotation_count",
     "shape_record",
@@ -132,6 +133,19 @@ def candidate(name: str, config: kp.QuantConfig, caps: kp.DeviceCaps) -> Candida
 
 def median_ratio(top: Sequence[float], bottom: Sequence[float]) -> float:
     return statistics.median(a / b for a, b in zip(top, bottom, strict=True))
+
+
+def ratio_row(m: int, samples: dict[str, list[float]], candidates: Iterable[str]) -> dict[str, Any]:
+    """One M: absolute medians (ms), the best baseline, and each candidate's paired ratios
+    to it and to fp32 (a candidate missing from ``samples`` had no kernel selected here)."""
+    ms = {name: statistics.median(times) * 1e3 for name, times in samples.items()}
+    best = min(BASELINES, key=ms.__getitem__)
+    row: dict[str, Any] = {"m": m, "ms": ms, "best": best, "best_ms": ms[best]}
+    for name in candidates:
+        if name in samples:
+            row[f"{name}_vs_best"] = median_ratio(samples[name], samples[best])
+            row[f"{name}_vs_fp32"] = median_ratio(samples[name], samples["fp32"])
+    return row
 
 
 def flat(item: object) -> Sequence[object]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import gc
 import platform
-import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,9 +27,8 @@ import torch
 import kernelpick as kp
 from benchmarks.decode import MIB, llc_bytes
 from benchmarks.rotation import (
-    BASELINES,
     candidate,
-    median_ratio,
+    ratio_row,
     rotated_weights,
     shape_record,
     time_tokens,
@@ -69,19 +67,8 @@ def _shape(
     samples = time_tokens(tokens, k, generator, candidates, weights, repeats)
     del weights
     gc.collect()
-    return {**record, "rows": [_row(m, by_name) for m, by_name in samples.items()]}
-
-
-def _row(m: int, samples: dict[str, list[float]]) -> dict[str, Any]:
-    """One M: absolute medians (ms), the best baseline, and the paired ratios."""
-    ms = {name: statistics.median(times) * 1e3 for name, times in samples.items()}
-    best = min(BASELINES, key=ms.__getitem__)
-    row: dict[str, Any] = {"m": m, "ms": ms, "best": best, "best_ms": ms[best]}
-    for name in CANDIDATES:
-        if name in samples:  # else no kernel was selected for it here
-            row[f"{name}_vs_best"] = median_ratio(samples[name], samples[best])
-            row[f"{name}_vs_fp32"] = median_ratio(samples[name], samples["fp32"])
-    return row
+    rows = [ratio_row(m, by_name, CANDIDATES) for m, by_name in samples.items()]
+    return {**record, "rows": rows}
 
 
 def run_schemes(
