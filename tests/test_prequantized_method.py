@@ -241,11 +241,23 @@ def test_an_engines_own_loader_is_called_and_its_shards_are_counted() -> None:
         method.process_weights_after_loading(layer)
 
 
-def test_scales_an_engine_loader_wrote_are_checked_when_processing() -> None:
+def test_a_bad_scale_never_reaches_an_engines_loader() -> None:
+    calls: list[int | None] = []
+    _, layer = _engine_layer(calls)
+    _, fp8, scale = _shards("fp8_per_channel")[0]
+    _load(layer, "weight", fp8, 0)
+    with pytest.raises(kp.KernelInputError, match=r"weight_scale.*positive, finite"):
+        _load(layer, "weight_scale", -scale, 0)
+    assert calls == [0]  # the weight only: the engine never saw the negative scale
+
+
+def test_scales_written_past_every_loader_are_checked_when_processing() -> None:
     method, layer = _engine_layer()
     for i, (_, fp8, scale) in enumerate(_shards("fp8_per_channel")):
         _load(layer, "weight", fp8, i)
-        _load(layer, "weight_scale", -scale if i == 1 else scale, i)
+        _load(layer, "weight_scale", scale, i)
+    with torch.no_grad():
+        layer.get_parameter("weight_scale")[3] = -1.0  # as an engine writing .data would
     with pytest.raises(kp.KernelInputError, match=r"weight_scale.*positive, finite"):
         method.process_weights_after_loading(layer)
     assert layer_state(layer).kernel is None

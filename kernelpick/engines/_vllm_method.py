@@ -16,6 +16,7 @@ import torch
 from vllm.model_executor.layers.linear import (
     ColumnParallelLinear,
     LinearMethodBase,
+    QKVParallelLinear,
     RowParallelLinear,
     register_weight_loader_v2_supported_method,
 )
@@ -78,7 +79,8 @@ class KernelpickLinearMethod(LinearMethodBase):
         loader = None if engine_loader is None else _shard_call(engine_loader)
         method.create_weights(
             layer, input_size_per_partition, output_partition_sizes, input_size, output_size,
-            params_dtype, prefix=self.prefix, weight_loader=loader, **extra_weight_attrs,
+            params_dtype, prefix=self.prefix, weight_loader=loader,
+            checkpoint_shards=_checkpoint_shards(layer, sizes), **extra_weight_attrs,
         )  # fmt: skip
         if config.scheme is kp.Scheme.FP8_BLOCK:
             # vLLM's fused loaders place a shard's block scales by the layer's block size.
@@ -131,6 +133,17 @@ def _tensor_parallel(
     )  # fmt: skip
     tp.check_blocks(quant, sizes, name)
     return tp if tp.reduces(quant) else None
+
+
+def _checkpoint_shards(layer: torch.nn.Module, sizes: Sequence[int]) -> list[int] | None:
+    """Each shard's rows in the checkpoint, which vLLM's loaders narrow to this rank's part,
+    where they are not this rank's times the world size: a QKV layer's K and V replicate
+    their heads when the world is larger than the KV head count. None: the default
+    (``Fp8LinearMethod.create_weights``) holds."""
+    if not isinstance(layer, QKVParallelLinear) or len(sizes) != 3:
+        return None
+    heads, kv_heads = layer.total_num_heads, layer.total_num_kv_heads
+    return [heads * layer.head_size, kv_heads * layer.head_size, kv_heads * layer.v_head_size]
 
 
 def _shard_call(loader: Callable[..., Any]) -> Callable[[torch.Tensor, torch.Tensor, Any], None]:

@@ -9,6 +9,7 @@ is given its parameters and kernel (``install``) only once the kernel has checke
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 
@@ -27,15 +28,23 @@ from kernelpick.core._select import choose
 from kernelpick.core._specs import Catalog
 from kernelpick.integration._errors import KernelSelectionError
 from kernelpick.integration._launch_tables import check_rows, launch_table
+from kernelpick.integration._loaders import closed_loader
 from kernelpick.integration._log import log_selection
 from kernelpick.integration._parallel import TensorParallel
-from kernelpick.integration._state import LayerState, attach, layer_state
+from kernelpick.integration._state import LayerState, attach, layer_state, positive_sizes
 from kernelpick.kernels._base import Kernel
 from kernelpick.kernels._canonical import check_finite, quantize_weight
 from kernelpick.kernels._quantize import CHUNK_ROWS, AmaxReduce
 from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
 
-__all__ = ["ONLINE_SCHEMES", "LayerSteps", "frozen", "install", "positive_sizes", "run"]
+__all__ = [
+    "ONLINE_SCHEMES",
+    "LayerSteps",
+    "check_allocatable",
+    "frozen",
+    "install",
+    "run",
+]
 
 # Schemes whose scales can all be computed from the weights and the live activations.
 # fp8_per_tensor_static needs activation scales calibrated on data, which only a
@@ -52,16 +61,20 @@ ONLINE_SCHEMES = (
 _NOT_INTEGRATED = (Scheme.MXFP8,)
 
 
-def positive_sizes(sizes: object) -> tuple[int, ...]:
-    """``output_partition_sizes`` as a tuple, or ``InvalidValueError``."""
-    items = tuple(sizes) if isinstance(sizes, (list, tuple)) else ()
-    if not items or not all(
-        isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in items
-    ):
+# torch sizes a tensor's storage in signed 64-bit bytes: a larger one cannot be made, and
+# torch.empty says only "Storage size calculation overflowed".
+_MAX_BYTES = 2**63 - 1
+
+
+def check_allocatable(layer: str, shape: Sequence[int], dtype: torch.dtype) -> None:
+    """Refuse a parameter whose bytes overflow what torch can size, before allocating."""
+    needed = math.prod(shape) * dtype.itemsize
+    if needed > _MAX_BYTES:
         raise InvalidValueError(
-            "output_partition_sizes", sizes, "a non-empty list of positive ints"
-        )
-    return items
+            f"parameter shape of {layer}", list(shape),
+            f"at most 2**63 - 1 bytes of {str(dtype).removeprefix('torch.')}, which torch can "
+            f"size; this one needs {needed} bytes",
+        )  # fmt: skip
 
 
 def frozen(tensor: torch.Tensor) -> torch.nn.Parameter:
@@ -248,12 +261,14 @@ def install(
     input_scale: torch.nn.Parameter | None = None,
 ) -> None:
     """Give ``layer`` its canonical parameters and its kernel, once the kernel has checked
-    them (the parameters may be shared with a layer tied to this one)."""
+    them (the parameters may be shared with a layer tied to this one). Each carries a
+    ``weight_loader`` that refuses: the layer is processed, and its tensors are final."""
     kernel.prepare_weights(weight, scale, input_scale)
-    layer.weight = weight
-    layer.weight_scale = scale
-    if input_scale is not None:
-        layer.input_scale = input_scale
+    installed = {"weight": weight, "weight_scale": scale, "input_scale": input_scale}
+    for name, param in installed.items():
+        if param is not None:
+            param.weight_loader = closed_loader(state, name)  # type: ignore[attr-defined]
+            setattr(layer, name, param)
     state.kernel = kernel
     attach(layer, state)
 

@@ -12,6 +12,12 @@ rank's part itself, along the dimension its style splits (``param_dims`` says wh
 dimension of each parameter is the output and which the input, as engines read them).
 A parameter without that dimension (a row-parallel layer's per-channel scales, any
 per-tensor scale) is replicated: every rank loads all of it.
+
+An engine's own loader (vLLM's, which narrows by ``output_dim`` and ``input_dim`` itself)
+is wrapped, never trusted: each tensor passes the same checks first, against the whole
+layer's checkpoint shape (``CheckpointShape``), and the engine's loader is handed the
+checked value, in the parameter's dtype, so nothing it casts can change what the tensor
+means. Once a layer is processed, every loader of it refuses: its tensors are final.
 """
 
 from __future__ import annotations
@@ -24,30 +30,20 @@ import torch
 
 from kernelpick.core._errors import InvalidValueError, KernelInputError
 from kernelpick.core._quant import QuantConfig
+from kernelpick.integration._accepts import Accept, high_precision, quantized_weight, scale
 from kernelpick.integration._shards import per_tensor, scale_rows
-from kernelpick.integration._state import ALL_SHARDS, LayerState
-from kernelpick.kernels._canonical import (
-    CANONICAL_FP8,
-    canonical_dtype,
-    canonical_scale,
-    check_fp8_finite,
-)
-from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
+from kernelpick.integration._state import ALL_SHARDS, CheckpointShape, LayerState
+from kernelpick.kernels._torch import reject
 
 __all__ = [
     "EngineLoader",
     "WeightLoader",
-    "high_precision_loader",
+    "closed_loader",
+    "loader_for",
     "param_dims",
-    "quantized_weight_loader",
-    "scale_loader",
     "shard_index",
-    "tracking",
     "weight_loader_of",
 ]
-
-_PRE_QUANTIZED = "checkpoint_format='pre_quantized' (or 'fp8'; the pre-quantized path)"
-_ONLINE = "checkpoint_format='high_precision' (online quantization)"
 
 
 class WeightLoader(Protocol):
@@ -66,14 +62,8 @@ def weight_loader_of(param: torch.Tensor) -> WeightLoader:
     return cast(WeightLoader, loader)
 
 
-# Checks a loaded tensor for the rows it fills and returns what to copy into them.
-Accept = Callable[[str, torch.Tensor, int], torch.Tensor]
 # The rows of a parameter that a shard's weight rows (first, count) fill.
 Rows = Callable[[int, int], tuple[int, int]]
-
-
-def _same_rows(start: int, rows: int) -> tuple[int, int]:
-    return start, rows
 
 
 _QKV = ("q", "k", "v")  # vLLM's QKVParallelLinear names its three shards
@@ -99,6 +89,36 @@ def _shard(state: LayerState, shard_id: object) -> tuple[int, int, int]:
     if index == ALL_SHARDS:
         return 0, sum(state.shards), ALL_SHARDS
     return sum(state.shards[:index]), state.shards[index], index
+
+
+def _check_open(state: LayerState, label: str) -> None:
+    """Refuse a load into a processed layer: processing checked, canonicalized and bound its
+    tensors, and a later write would skip all of it (a -0 byte left, a scale unchecked)."""
+    if state.processed:
+        raise InvalidValueError(
+            f"load of {label}", "after process_weights_after_loading",
+            "loads before processing only: the layer's tensors are final once processed; "
+            "build the layer again (create_weights) to load other weights",
+        )  # fmt: skip
+
+
+def closed_loader(state: LayerState, name: str) -> WeightLoader:
+    """The loader a processed layer's parameter ``name`` carries: it refuses every tensor.
+    An engine that finds no ``weight_loader`` on a parameter copies into it with its
+    default loader (vLLM's casts), so every installed parameter carries this one."""
+
+    def weight_loader(
+        param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | str | None = None
+    ) -> None:
+        _check_open(state, state.label(name))
+
+    return weight_loader
+
+
+def _tensor(label: str, loaded: object) -> torch.Tensor:
+    if not isinstance(loaded, torch.Tensor):
+        raise KernelInputError(label, (), type(loaded).__name__, "-", "a torch.Tensor")
+    return loaded
 
 
 def param_dims(config: QuantConfig, name: str) -> dict[str, int]:
@@ -155,7 +175,7 @@ def _loader(
     name: str,
     accept: Accept,
     per_shard: bool,
-    rows_of: Rows = _same_rows,
+    rows_of: Rows,
 ) -> WeightLoader:
     """A loader for ``own``, the parameter ``name`` of a layer. ``per_shard`` parameters
     hold one value per shard (per-tensor scales); the others the rows ``rows_of`` gives a
@@ -171,6 +191,7 @@ def _loader(
         param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | str | None = None
     ) -> None:
         label = state.label(name if shard_id is None else f"{name}[shard {shard_id}]")
+        _check_open(state, label)
         if param is not own_ref():
             raise InvalidValueError(
                 "param", tuple(getattr(param, "shape", ())),
@@ -183,11 +204,9 @@ def _loader(
                 firsts = [sum(state.shards[:i]) for i in range(len(state.shards))]
                 pieces = [rows_of(f, n)[1] for f, n in zip(firsts, state.shards, strict=True)]
             start, rows = rows_of(start, rows)
-        if not isinstance(loaded_weight, torch.Tensor):
-            kind = type(loaded_weight).__name__
-            raise KernelInputError(label, (), kind, "-", "a torch.Tensor")
-        part = _narrowed(state, dims, label, loaded_weight, [rows, *columns], pieces)
-        value = accept(label, part, rows)
+        tensor = _tensor(label, loaded_weight)
+        part = _narrowed(state, dims, label, tensor, [rows, *columns], pieces)
+        value = accept(label, part, (1,) if per_shard else (rows, *columns))
         with torch.no_grad():
             if not per_shard:
                 param[start : start + rows].copy_(value)
@@ -205,76 +224,49 @@ def _loader(
 EngineLoader = Callable[[torch.Tensor, torch.Tensor, Any], object]
 
 
-def tracking(state: LayerState, name: str, loader: EngineLoader) -> WeightLoader:
-    """An engine's own loader, recording which shards it loaded so that processing can
-    refuse a layer with shards never loaded."""
+def _engine_loader(
+    state: LayerState, name: str, accept: Accept, per_shard: bool, loader: EngineLoader
+) -> WeightLoader:
+    """An engine's own loader behind kernelpick's checks: the tensor is checked against the
+    whole layer's checkpoint shape (the engine narrows it to this rank's part), the engine
+    is handed the checked value, and the shards it loaded are recorded so that processing
+    can refuse a layer with shards never loaded."""
+    whole = state.checkpoint or CheckpointShape(state.shards, state.config.k)
 
     def weight_loader(
         param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | str | None = None
     ) -> None:
+        label = state.label(name if shard_id is None else f"{name}[shard {shard_id}]")
+        _check_open(state, label)
         index = shard_index(state, shard_id)  # before loading: an unknown id loads nothing
-        loader(param, loaded_weight, shard_id)
+        tensor = _tensor(label, loaded_weight)
+        shape = (1,) if per_shard else whole.shape(state.config, name, index)
+        loader(param, accept(label, tensor, shape), shard_id)
         state.loaded.setdefault(name, set()).add(index)
 
     return weight_loader
 
 
-def high_precision_loader(state: LayerState, own: torch.Tensor) -> WeightLoader:
-    """The float ``weight [N, K]`` of the online path. FP8 and integer tensors are
-    refused: they are quantized already, and casting them would drop their scales."""
-    width = state.config.k
-
-    def accept(label: str, tensor: torch.Tensor, rows: int) -> torch.Tensor:
-        check_tensor(label, tensor)
-        if tensor.is_complex():
-            raise reject(label, tensor, "a real floating-point dtype")
-        if tensor.dtype.itemsize == 1 or not tensor.is_floating_point():
-            raise reject(
-                label, tensor, f"a high-precision float tensor; a quantized weight belongs to "
-                f"{_PRE_QUANTIZED}, which loads its scales too",
-            )  # fmt: skip
-        if tuple(tensor.shape) != (rows, width):
-            raise reject(label, tensor, f"shape [{rows}, {width}]")
-        return tensor
-
-    return _loader(state, own, "weight", accept, per_shard=False)
-
-
-def quantized_weight_loader(state: LayerState, own: torch.Tensor) -> WeightLoader:
-    """The quantized ``weight [N, K]`` of the pre-quantized path: e4m3fn without NaN bytes
-    (its negative zeros become +0 when the layer is processed), or int8 for an int8
-    scheme (any of -128..127: compressed-tensors' symmetric int8 reaches -128)."""
-    width = state.config.k
-    fmt = canonical_dtype(state.config)
-    dtype = torch_dtype(fmt)
-    layout = "the canonical FP8 layout" if fmt is CANONICAL_FP8 else "an int8 scheme's weight"
-
-    def accept(label: str, tensor: torch.Tensor, rows: int) -> torch.Tensor:
-        check_tensor(label, tensor)
-        if tensor.dtype != dtype:
-            hint = f"; a high-precision weight belongs to {_ONLINE}"
-            wanted = f"dtype {str(dtype).removeprefix('torch.')} ({layout})"
-            floating = tensor.is_floating_point() and tensor.dtype.itemsize > 1
-            raise reject(label, tensor, wanted + (hint if floating else ""))
-        if tuple(tensor.shape) != (rows, width):
-            raise reject(label, tensor, f"shape [{rows}, {width}]")
-        if fmt is CANONICAL_FP8:
-            check_fp8_finite(label, tensor)
-        return tensor
-
-    return _loader(state, own, "weight", accept, per_shard=False)
-
-
-def scale_loader(state: LayerState, own: torch.Tensor, name: str, per_shard: bool) -> WeightLoader:
-    """A scale: one per output row (``[rows, 1]`` or ``[rows]``), one row per ``b`` output
-    rows per block (``[ceil(rows / b), ceil(K / b)]``) or, ``per_shard``, one per shard.
-    fp32, bf16 and fp16 widen to fp32 exactly; zero, negative or NaN is refused."""
-    columns = state.config.weight_scale_shape[1:]
-
-    def accept(label: str, tensor: torch.Tensor, rows: int) -> torch.Tensor:
-        return canonical_scale(label, tensor, (1,) if per_shard else (rows, *columns))
+def loader_for(
+    state: LayerState,
+    own: torch.Tensor,
+    name: str,
+    *,
+    pre_quantized: bool,
+    engine: EngineLoader | None = None,
+) -> WeightLoader:
+    """The loader of ``own``, a layer's parameter ``name``: kernelpick's own, or ``engine``'s
+    behind the same checks. ``weight`` is the float weight (online) or the canonical FP8 or
+    int8 one (``pre_quantized``); ``weight_scale`` one per output row, one row per ``b``
+    output rows per block, or one per shard per tensor; ``input_scale`` one per shard."""
+    per_shard = name == "input_scale" or (name == "weight_scale" and per_tensor(state.config))
+    accept: Accept = scale
+    if name == "weight":
+        accept = quantized_weight(state) if pre_quantized else high_precision(state)
+    if engine is not None:
+        return _engine_loader(state, name, accept, per_shard, engine)
 
     def rows_of(start: int, rows: int) -> tuple[int, int]:
-        return scale_rows(state.config, start, rows)
+        return (start, rows) if name == "weight" else scale_rows(state.config, start, rows)
 
     return _loader(state, own, name, accept, per_shard, rows_of)

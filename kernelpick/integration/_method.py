@@ -28,28 +28,22 @@ from kernelpick.core._specs import Catalog
 from kernelpick.integration._layer_steps import (
     ONLINE_SCHEMES,
     LayerSteps,
+    check_allocatable,
     frozen,
     install,
-    positive_sizes,
     run,
 )
-from kernelpick.integration._loaders import (
-    EngineLoader,
-    WeightLoader,
-    high_precision_loader,
-    param_dims,
-    quantized_weight_loader,
-    scale_loader,
-    tracking,
-)
+from kernelpick.integration._loaders import EngineLoader, loader_for, param_dims
 from kernelpick.integration._parallel import AmaxExchange, TensorParallel
 from kernelpick.integration._shards import check_shards, per_tensor, scale_shape
 from kernelpick.integration._state import (
     ALL_SHARDS,
     CheckpointFormat,
+    CheckpointShape,
     LayerState,
     attach,
     layer_state,
+    positive_sizes,
 )
 from kernelpick.kernels._canonical import (
     CANONICAL_FP8,
@@ -165,6 +159,7 @@ class Fp8LinearMethod:
         *,
         prefix: str = "",
         weight_loader: EngineLoader | None = None,
+        checkpoint_shards: Sequence[int] | None = None,
         **extra_weight_attrs: object,
     ) -> None:
         """Select the kernel for this partition, then (only then) register its parameters.
@@ -179,8 +174,17 @@ class Fp8LinearMethod:
         Each carries its ``weight_loader`` and, where it has them, the ``output_dim`` and
         ``input_dim`` engines narrow it by. On a rejection this raises
         ``KernelSelectionError`` (naming the rank of a tensor-parallel shard), and on
-        fused block shards that would share a block of scales, or a partition the group
-        could not have made, ``InvalidValueError``; either way the layer gains nothing.
+        fused block shards that would share a block of scales, a partition the group
+        could not have made, or a shape too large to allocate, ``InvalidValueError``;
+        either way the layer gains nothing.
+
+        ``weight_loader`` is an engine's own loader, called in place of kernelpick's after
+        each tensor passed kernelpick's checks. It is handed the whole checkpoint tensor
+        and narrows it itself, so the checks read the whole layer's shape: K is
+        ``input_size``, and each shard's rows are ``checkpoint_shards`` or, when None,
+        ``output_partition_sizes`` times ``output_size / sum(output_partition_sizes)`` (a
+        column-parallel split of every shard alike). An engine that replicates a shard
+        (vLLM's KV heads beyond the KV head count) passes ``checkpoint_shards``.
         """
         steps, tp = self._steps, self._parallel
         sizes = positive_sizes(output_partition_sizes)
@@ -194,24 +198,25 @@ class Fp8LinearMethod:
                 tp.check_group()  # raises: its amax is all-reduced, so the group must be up
         if pre_quantized:  # before selecting: a layer it refuses logs no kernel
             check_shards(config, sizes, prefix or "layer")
-        state = steps.state(config, prefix, sizes, tp)
-        n, k = config.weight_shape
-        params: dict[str, tuple[torch.nn.Parameter, WeightLoader]] = {}
-        if not pre_quantized:
-            weight = frozen(torch.empty((n, k), dtype=params_dtype))
-            params["weight"] = (weight, high_precision_loader(state, weight))
-        else:
-            weight = frozen(torch.empty((n, k), dtype=torch_dtype(canonical_dtype(config))))
-            params["weight"] = (weight, quantized_weight_loader(state, weight))
-            shared = per_tensor(config)
-            scale = frozen(torch.empty(scale_shape(config, sizes)))
-            params["weight_scale"] = (scale, scale_loader(state, scale, "weight_scale", shared))
+        whole = None
+        if weight_loader is not None:
+            whole = CheckpointShape.of_engine(sizes, input_size, output_size, checkpoint_shards)
+        shapes: dict[str, tuple[tuple[int, ...], torch.dtype]]
+        shapes = {"weight": (config.weight_shape, params_dtype)}
+        if pre_quantized:
+            shapes["weight"] = (config.weight_shape, torch_dtype(canonical_dtype(config)))
+            shapes["weight_scale"] = (scale_shape(config, sizes), torch.float32)
             act = config.activation
             if act is not None and act.scale.static:
-                static = frozen(torch.empty((len(sizes),)))
-                params["input_scale"] = (static, scale_loader(state, static, "input_scale", True))
-        for name, (param, loader) in params.items():
-            own = loader if weight_loader is None else tracking(state, name, weight_loader)
+                shapes["input_scale"] = ((len(sizes),), torch.float32)
+        for shape, dtype in shapes.values():
+            check_allocatable(prefix or "layer", shape, dtype)
+        state = steps.state(config, prefix, sizes, tp)
+        state.checkpoint = whole
+        params = {name: frozen(torch.empty(shape, dtype=dtype))
+                  for name, (shape, dtype) in shapes.items()}  # fmt: skip
+        for name, param in params.items():
+            own = loader_for(state, param, name, pre_quantized=pre_quantized, engine=weight_loader)
             attributes = {**param_dims(config, name), **extra_weight_attrs, "weight_loader": own}
             for key, value in attributes.items():
                 setattr(param, key, value)

@@ -11,12 +11,10 @@ only what needs a fresh process (plugin discovery, the two ranks) is spawned.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +25,7 @@ import kernelpick as kp
 from kernelpick.integration import KernelSelectionError, layer_state
 from tests.engines import vllm_workers as workers
 
-if importlib.util.find_spec("vllm") is None:
-    if os.environ.get("KERNELPICK_REQUIRE_VLLM"):  # make test-engines: a skip would pass it
-        pytest.fail("KERNELPICK_REQUIRE_VLLM is set, but vLLM cannot be imported here")
-    pytest.skip(
-        "vLLM is not installed in this venv; `make test-engines` runs these tests in "
-        ".venv-engines, which has vllm 0.33.0",
-        allow_module_level=True,
-    )
-
-workers.cpu_target()  # before vLLM's first import, which reads the platform
+workers.require_vllm()  # before vLLM's first import, which reads the platform
 
 pytestmark = pytest.mark.slow  # vLLM's import alone takes seconds
 
@@ -51,12 +40,6 @@ SPAWN_TIMEOUT_S = 240
 # a wrong scale, a misplaced shard or a transposed weight is off by far more.
 FP8_BOUND = 0.1
 FP32_BOUND = 1e-5  # a different fp32 summation order (the row-parallel all-reduce)
-
-
-@pytest.fixture(scope="module")
-def vllm_tp1() -> Iterator[None]:
-    with workers.vllm_group(1, 0, workers.free_port()):
-        yield
 
 
 def _relative(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -394,12 +377,18 @@ def test_two_ranks_equal_one(tmp_path: Path) -> None:
     args = [str(port), ",".join(TP_SCHEMES), str(tmp_path)]
     ranks = [_spawn(["tp", str(rank), *args], _env()) for rank in range(workers.WORLD)]
     for process in ranks:
-        straddling = _result(process)["straddling"]
+        result = _result(process)
+        straddling = result["straddling"]
         # Blocks split between ranks: refused on every rank, in both styles, before the
         # loaders could narrow a checkpoint's block scales to other blocks.
         for style in ("column", "row"):
             assert straddling[style].startswith("InvalidValueError"), straddling
             assert "multiple of the scale block, 128" in straddling[style], straddling
+        # vLLM's loaders are handed whole tensors only, replicated KV heads included.
+        whole = result["whole"]
+        assert whole["replicated_kv_error"] < FP8_BOUND, whole
+        assert whole["rank_part"].startswith("KernelInputError"), whole
+        assert f"shape [{workers.N}, {workers.K}]" in whole["rank_part"], whole
     part = workers.N // workers.WORLD
     for scheme in TP_SCHEMES:
         single = workers.row_and_column(scheme)  # this process's TP = 1 group

@@ -9,6 +9,7 @@ this module imports (and type-checks) where vLLM is absent.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import socket
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 import kernelpick as kp
@@ -29,6 +31,21 @@ WORLD = 2
 def cpu_target() -> None:
     """vLLM reads its platform once, at import: CPU, whatever the machine has."""
     os.environ["VLLM_TARGET_DEVICE"] = "cpu"
+
+
+def require_vllm() -> None:
+    """At the top of a vLLM test module: skip it where vLLM is absent (the main venv), fail
+    under ``make test-engines`` (where a skip would pass it), and aim vLLM at the CPU
+    before its first import."""
+    if importlib.util.find_spec("vllm") is None:
+        if os.environ.get("KERNELPICK_REQUIRE_VLLM"):
+            pytest.fail("KERNELPICK_REQUIRE_VLLM is set, but vLLM cannot be imported here")
+        pytest.skip(
+            "vLLM is not installed in this venv; `make test-engines` runs these tests in "
+            ".venv-engines, which has vllm 0.33.0",
+            allow_module_level=True,
+        )
+    cpu_target()
 
 
 def free_port() -> int:
@@ -194,12 +211,44 @@ def straddling_blocks() -> dict[str, str]:
     return found
 
 
+def whole_tensors(rank: int) -> dict[str, Any]:
+    """What kernelpick checks vLLM's loaders are handed on a rank: whole checkpoint tensors.
+    A QKV layer of one KV head, which vLLM replicates on both ranks (so its checkpoint rows
+    are not the rank's part times the world), loads and matches; a rank's part of a
+    column-parallel weight, which vLLM would narrow again, is refused."""
+    from vllm.model_executor.layers.linear import ColumnParallelLinear, QKVParallelLinear
+
+    from kernelpick.engines.vllm import KernelpickConfig
+
+    config, head, x = KernelpickConfig("fp8_per_channel"), 32, peaked_x(world=1)
+    qkv = QKVParallelLinear(
+        K, head, 2, 1, bias=False, params_dtype=torch.float32, quant_config=config,
+        prefix="m.qkv",
+    )  # fmt: skip
+    shards = {"q": weight(2 * head, K, 3), "k": weight(head, K, 4), "v": weight(head, K, 5)}
+    for sid, tensor in shards.items():
+        qkv.weight.weight_loader(qkv.weight, tensor, sid)
+    qkv.quant_method.process_weights_after_loading(qkv)
+    mine = torch.cat([shards["q"][rank * head : (rank + 1) * head], shards["k"], shards["v"]])
+    out = qkv(x)[0]
+    error = float((out - x @ mine.T).norm() / (x @ mine.T).norm())
+    column = ColumnParallelLinear(K, N, bias=False, quant_config=config, prefix="m.up")
+    try:
+        column.weight.weight_loader(column.weight, weight()[: N // WORLD])
+    except kp.KernelpickError as refused:
+        part = f"{type(refused).__name__}: {refused}"
+    else:
+        part = "loaded"
+    return {"replicated_kv_error": error, "rank_part": part}
+
+
 def _tp_rank(rank: int, port: int, schemes: list[str], out: Path) -> dict[str, Any]:
     with vllm_group(WORLD, rank, port):
         tensors = {scheme: row_and_column(scheme) for scheme in schemes}
         straddling = straddling_blocks()
+        whole = whole_tensors(rank)
     torch.save(tensors, out / f"rank{rank}.pt")
-    return {"rank": rank, "straddling": straddling}
+    return {"rank": rank, "straddling": straddling, "whole": whole}
 
 
 def main(argv: list[str]) -> None:
