@@ -139,12 +139,23 @@ def test_another_block_size_is_written_and_read_back(tmp_path: Path) -> None:
 
 
 def test_save_refuses_layers_of_two_block_sizes(tmp_path: Path) -> None:
-    model = llama(seed=0)
+    model = torch.nn.Sequential(llama(seed=0).model)  # a module with no config of its own
     quantize_model(model, "fp8_block", CPU, kp.Policy(), skip=lambda n, _: "mlp" in n)
     quantize_model(model, "fp8_block", CPU, kp.Policy(), block_size=64)
     with pytest.raises(kp.InvalidValueError, match=r"block sizes.*\[64, 128\]"):
         save_quantized(model, tmp_path)
     assert not (tmp_path / "model.safetensors").exists()
+
+
+def test_a_transformers_model_takes_no_second_block_size() -> None:
+    """Its save_pretrained writes one quantization_config, which describes one block size:
+    the second conversion is refused before the model changes."""
+    model = llama(seed=0)
+    quantize_model(model, "fp8_block", CPU, kp.Policy(), skip=lambda n, _: "mlp" in n)
+    before = snapshot(model)
+    with pytest.raises(kp.InvalidValueError, match=r"block sizes.*\[64, 128\]"):
+        quantize_model(model, "fp8_block", CPU, kp.Policy(), block_size=64)
+    assert snapshot(model) == before
 
 
 def _rewrite(tmp_path: Path, key: str, change: Callable[[torch.Tensor], torch.Tensor]) -> None:

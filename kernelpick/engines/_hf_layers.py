@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import attrs
 import torch
+from safetensors import safe_open
 
 from kernelpick.core._errors import InvalidValueError, KernelpickError
 from kernelpick.integration._errors import CheckpointError, ModelConversionError
@@ -39,6 +40,7 @@ __all__ = ["LOADED", "HfLayers"]
 # it only moved off the meta device for a missing key.
 LOADED = "_is_hf_initialized"
 _WHERE = "transformers from_pretrained"
+_FLOATS = ("F32", "BF16", "F16", "F64")  # safetensors' names of high-precision floats
 
 
 def _meta(shape: tuple[int, ...], dtype: torch.dtype) -> torch.nn.Parameter:
@@ -105,12 +107,39 @@ class HfLayers:
         self.layers[state.prefix] = layer
         return layer
 
+    def check_stored(self, files: object, prefix: str) -> None:
+        """Refuse, before any weight loads, a quantized tensor stored for a weight the online
+        path quantizes: transformers casts each tensor to the model's dtype before the
+        quantize op sees it, so FP8 or int8 bytes would arrive as plausible values without
+        their scale. Read from the safetensors headers (``files``: transformers' list of
+        checkpoint files); a stored name may lack or add the model's ``prefix``."""
+        if not isinstance(files, (list, tuple)):
+            return
+        weights = {f"{path}.weight" for path in self.layers}
+        for file in (str(f) for f in files if str(f).endswith(".safetensors")):
+            with safe_open(file, framework="pt") as handle:
+                for key in handle.keys():  # noqa: SIM118  # a safetensors handle
+                    names = {key, f"{prefix}.{key}", key.removeprefix(f"{prefix}.")}
+                    stored = handle.get_slice(key).get_dtype() if names & weights else "F32"
+                    if stored not in _FLOATS:
+                        raise CheckpointError(
+                            file, key, f"{stored} (quantized already)",
+                            f"a high-precision float weight ({', '.join(_FLOATS)}) to quantize; "
+                            "a quantized checkpoint loads with its own quantization_config "
+                            "(compressed-tensors), or with kernelpick.integration.load_quantized",
+                        )  # fmt: skip
+
     # -- while loading -----------------------------------------------------------------
 
     def quantizes(self, param_name: str) -> bool:
-        """Whether the online path quantizes the tensor loaded as ``param_name``."""
+        """Whether the tensor loaded as ``param_name`` is one kernelpick takes as it arrives
+        and checks itself: the online path quantizes the weight; a pre-quantized layer's
+        tensors arrive in the checkpoint's own layouts (a ``[N]`` per-channel scale, say),
+        which transformers must not compare with the placeholders' shapes first."""
         path, _, tensor = param_name.rpartition(".")
-        return self.online and path in self.layers and tensor in ("weight", "weight_scale")
+        names = ("weight", "weight_scale") if self.online else ("weight", "weight_scale",
+                                                                "input_scale")  # fmt: skip
+        return path in self.layers and tensor in names
 
     def owns(self, param_name: str) -> bool:
         """Whether ``param_name`` is a tensor of one of these layers (other than bias)."""
@@ -119,8 +148,10 @@ class HfLayers:
 
     def quantize(self, tensors: dict[str, object]) -> dict[str, torch.Tensor]:
         """Each high-precision ``<layer>.weight`` in ``tensors`` as the canonical weight and
-        its ``<layer>.weight_scale``; other tensors as they are. A failure is kept for
-        ``finish`` to raise (transformers would only log it) and raised to transformers."""
+        its ``<layer>.weight_scale``; other tensors as they are. kernelpick's refusal of a
+        weight is kept for ``finish`` to raise and the weight passed on unquantized:
+        transformers would only log an error raised here, and then raise one of its own
+        that hides it. Any other failure is raised to transformers."""
         out: dict[str, torch.Tensor] = {}
         for key, value in tensors.items():
             tensor = value[0] if isinstance(value, list) else value
@@ -135,6 +166,12 @@ class HfLayers:
                 state = layer_state(layer)
                 self.steps.check_weight(state, tensor)
                 weight, scale = self.steps.quantize(state, tensor)
+            except KernelpickError as refused:  # finish raises it, first
+                self.errors[path] = refused
+                shape = layer_state(layer).config.weight_scale_shape
+                unused = torch.full(shape, float("nan"))  # never installed: finish raises
+                out[key], out[f"{path}.weight_scale"] = tensor, unused
+                continue
             except Exception as error:
                 self.errors[path] = error
                 raise

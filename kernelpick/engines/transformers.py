@@ -8,16 +8,22 @@ Importing this module registers the config and the quantizer under the name
     from kernelpick.engines.transformers import KernelpickConfig
 
     model = AutoModel.from_pretrained(path, quantization_config=KernelpickConfig())
-    model.save_pretrained(out)  # canonical weight, weight_scale (and input_scale)
-    again = AutoModel.from_pretrained(out)  # pre-quantized: quant_method "kernelpick"
+    model.save_pretrained(out)  # compressed-tensors: stock readers load it quantized
+    again = AutoModel.from_pretrained(out)  # transformers' compressed-tensors support
+    kp.integration.load_quantized(skeleton, out)  # or kernelpick's kernels again
 
 Quantize-on-load selects a kernel for every eligible ``nn.Linear`` on the meta skeleton
 before any weight is allocated (a rejection raises ``KernelSelectionError`` with every
-reason), swaps it for an ``Fp8Linear`` and quantizes each weight as it loads. A checkpoint
-whose config says ``"kernelpick"`` loads into the same layers, every tensor checked.
+reason), swaps it for an ``Fp8Linear`` and quantizes each weight as it loads; a weight
+kernelpick refuses (NaN, say) raises kernelpick's error, not transformers' generic one.
 
-Without this import transformers only warns about the unknown ``quant_method`` and loads
-the FP8 or int8 weights into plain linears, with no scales: silently wrong outputs.
+``save_pretrained`` writes one format, the one ``save_quantized`` writes: the canonical
+tensors with a compressed-tensors ``quantization_config``, which transformers (with
+compressed-tensors installed), vLLM and SGLang load as the quantized model it is, with or
+without kernelpick. Checkpoints an earlier kernelpick wrote under ``quant_method``
+``"kernelpick"`` (``format_version`` 1) still load here, pre-quantized, every tensor
+checked; without this import transformers would only warn about that unknown method and
+cast their FP8 or int8 weights into plain linears, with no scales.
 """
 
 from __future__ import annotations
@@ -42,13 +48,14 @@ from kernelpick.core._policy import Policy
 from kernelpick.core._schemes import Scheme
 from kernelpick.engines._hf_layers import HfLayers
 from kernelpick.engines._patterns import check_patterns, kept
+from kernelpick.integration import quantization_config
 from kernelpick.integration._errors import CheckpointError
 from kernelpick.integration._layer_steps import ONLINE_SCHEMES, LayerSteps
 
 __all__ = ["METHOD", "KernelpickConfig", "KernelpickHfQuantizer"]
 
 METHOD = "kernelpick"
-FORMAT_VERSION = 1  # the layout save_pretrained writes: canonical tensors, per layer
+FORMAT_VERSION = 1  # the layout an earlier save_pretrained wrote: canonical tensors, per layer
 _KEYS = ("quant_method", "scheme", "modules_to_not_convert", "block_size", "format_version")
 _QUANTIZED_DTYPES = ("F8_E4M3", "F8_E5M2", "I8")  # safetensors' names
 _WHERE = "transformers from_pretrained"
@@ -115,7 +122,8 @@ class KernelpickConfig(QuantizationConfigMixin):
         return self._policy
 
     def to_dict(self) -> dict[str, Any]:
-        """What ``save_pretrained`` writes as the ``quantization_config``."""
+        """This config's settings, as a ``format_version`` 1 checkpoint holds them. A model
+        quantized with it saves compressed-tensors' config instead (see the module)."""
         return {
             "quant_method": METHOD, "scheme": self.scheme,
             "modules_to_not_convert": list(self.modules_to_not_convert),
@@ -199,8 +207,12 @@ class KernelpickHfQuantizer(HfQuantizer):
             *(getattr(model, "_keep_in_fp32_modules_strict", None) or []),
         ]  # the model's own fp32 modules: transformers casts them apart, so never quantized
         patterns = [*config.modules_to_not_convert, *fp32]
-        self._layers = HfLayers(steps, online)
-        self._layers.swap(model, lambda name: kept(name, patterns))
+        layers = HfLayers(steps, online)
+        layers.swap(model, lambda name: kept(name, patterns))
+        if online:  # transformers casts each weight before the quantize op sees it
+            prefix = str(getattr(model, "base_model_prefix", "") or "")
+            layers.check_stored(kwargs.get("checkpoint_files"), prefix)
+        self._layers = layers
         return model
 
     def _hf_layers(self) -> HfLayers:
@@ -232,8 +244,18 @@ class KernelpickHfQuantizer(HfQuantizer):
         return new
 
     def _process_model_after_weight_loading(self, model: Any, **kwargs: Any) -> Any:
-        self._hf_layers().finish()
+        layers = self._hf_layers()
+        layers.finish()
+        if layers.layers:  # what save_pretrained writes: compressed-tensors, not this config
+            model.config.quantization_config = quantization_config(model)
         return model
+
+    def get_state_dict_and_metadata(self, model: Any) -> tuple[None, dict[str, Any]]:
+        """Called by ``save_pretrained`` before it writes the config: the model's
+        compressed-tensors ``quantization_config``, described as the model is now."""
+        if self._layers is not None and self._layers.layers:
+            model.config.quantization_config = quantization_config(model)
+        return None, {}
 
     def is_serializable(self) -> bool:
         return True

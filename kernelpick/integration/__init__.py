@@ -18,6 +18,7 @@ from kernelpick.integration._errors import (
 )
 from kernelpick.integration._loaders import WeightLoader, weight_loader_of
 from kernelpick.integration._method import ONLINE_SCHEMES, Fp8LinearMethod, Fp8PtpcLinearMethod
+from kernelpick.integration._model_config import quantization_config
 from kernelpick.integration._modules import Fp8Linear
 from kernelpick.integration._parallel import ParallelStyle, TensorParallel
 from kernelpick.integration._report import ConversionReport, LayerReport, SkippedLayer
@@ -43,6 +44,7 @@ __all__ = [
     "WeightLoader",
     "layer_state",
     "load_quantized",
+    "quantization_config",
     "quantize_model",
     "save_quantized",
     "shard_linear",

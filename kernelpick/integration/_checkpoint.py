@@ -22,16 +22,14 @@ import torch
 
 from kernelpick.adapters import Launch
 from kernelpick.core._device import DeviceCaps
-from kernelpick.core._errors import InvalidValueError
 from kernelpick.core._policy import Policy
-from kernelpick.core._schemes import Scheme, block_size_of, scheme_of
 from kernelpick.core._specs import Catalog
 from kernelpick.integration import _ct_config, _hf_fp8_config
-from kernelpick.integration._ct_config import SCHEMES, matches, to_config
 from kernelpick.integration._errors import CheckpointError, ModelConversionError
 from kernelpick.integration._layer_steps import LayerSteps
 from kernelpick.integration._layout import QUANTIZATION_CONFIG, Layout
 from kernelpick.integration._load_plan import LoadPlan, build, plan
+from kernelpick.integration._model_config import check_one_config, quantization_config, record
 from kernelpick.integration._modules import Fp8Linear
 from kernelpick.integration._report import ConversionReport, LayerReport
 from kernelpick.integration._safetensors_io import (
@@ -41,54 +39,11 @@ from kernelpick.integration._safetensors_io import (
     write_atomically,
     write_safetensors,
 )
-from kernelpick.integration._state import LayerState, find_state
 from kernelpick.integration._swap import Swaps, model_bytes
 
 __all__ = ["CONFIG_NAME", "load_quantized", "save_quantized"]
 
 CONFIG_NAME = "config.json"
-
-
-def _quantized(model: torch.nn.Module) -> dict[str, LayerState]:
-    found: dict[str, LayerState] = {}
-    for name, module in model.named_modules():
-        state = find_state(module)
-        if state is None:
-            continue
-        if state.kernel is None:
-            expected = "a layer whose weights were processed (process_weights_after_loading)"
-            raise InvalidValueError("layer", name, expected)
-        if state.parallel is not None:  # its tensors are one rank's part, not the layer's
-            raise InvalidValueError(
-                "layer", name,
-                f"a whole layer, not a shard {state.parallel.describe()}: save the unsharded "
-                "model (quantize_model), which every rank then loads and narrows",
-            )  # fmt: skip
-        found[name] = state
-    return found
-
-
-def _one_scheme(layers: dict[str, LayerState]) -> tuple[Scheme, int | None]:
-    """The scheme (and fp8_block's block size) every layer shares, or an error."""
-    schemes = {scheme_of(state.config) for state in layers.values()}
-    named = [s for s in schemes if s is not None]
-    if len(schemes) != 1 or len(named) != 1:  # none, several, or a custom config
-        found = sorted(str(s) for s in schemes) or "no quantized layer"
-        raise InvalidValueError(
-            "schemes of the quantized layers", found,
-            "one named scheme for every quantized layer (quantize_model first)",
-        )  # fmt: skip
-    scheme = named[0]
-    if scheme not in SCHEMES:
-        valid = ", ".join(s.value for s in SCHEMES)
-        raise InvalidValueError("scheme of the quantized layers", scheme.value, f"one of {valid}")
-    sizes = sorted({size for s in layers.values() if (size := block_size_of(s.config))})
-    if len(sizes) > 1:
-        raise InvalidValueError(
-            "block sizes of the fp8_block layers", sizes,
-            "one block size: a compressed-tensors config group holds one block_structure",
-        )  # fmt: skip
-    return scheme, sizes[0] if sizes else None
 
 
 def save_quantized(model: torch.nn.Module, directory: str | os.PathLike[str]) -> Path:
@@ -98,12 +53,7 @@ def save_quantized(model: torch.nn.Module, directory: str | os.PathLike[str]) ->
     Every quantized layer must use the same named scheme (and, for ``fp8_block``, the same
     block size). Returns the directory.
     """
-    layers = _quantized(model)
-    scheme, block_size = _one_scheme(layers)
-    ignore = [
-        name for name, module in model.named_modules()
-        if name and name not in layers and matches(name, module, ["Linear"])
-    ]  # fmt: skip
+    quantization = quantization_config(model)
     root = Path(directory)
     others = sorted(
         p.name
@@ -119,7 +69,7 @@ def save_quantized(model: torch.nn.Module, directory: str | os.PathLike[str]) ->
     config = getattr(model, "config", None)
     to_json = getattr(config, "to_json_string", None)
     merged: dict[str, Any] = json.loads(to_json()) if callable(to_json) else {}
-    merged[QUANTIZATION_CONFIG] = to_config(scheme, ignore, block_size)
+    merged[QUANTIZATION_CONFIG] = quantization
     text = json.dumps(merged, indent=2, sort_keys=True) + "\n"
 
     def write_config(path: Path) -> None:
@@ -202,11 +152,13 @@ def load_quantized(
         layout.scheme, caps, policy, online=False, catalog=catalog, launches=launches,
         block_size=layout.block_size,
     )  # fmt: skip
+    check_one_config(model, layout.scheme, layout.block_size)
     with Checkpoint(root) as checkpoint:
         planned = plan(model, checkpoint, steps, layout, target)
         before = model_bytes(model)
         modules, tensors = build(checkpoint, steps, planned, target)
     _commit(model, planned, modules, tensors)
+    record(model)  # what its save_pretrained writes: this checkpoint's config
     for layer in planned.layers:  # logged once in place, as quantize_model does
         steps.log(layer.state)
     layers = tuple(LayerReport.of(layer.paths[0], layer.state) for layer in planned.layers)

@@ -27,6 +27,7 @@ from kernelpick.core._schemes import Scheme
 from kernelpick.core._specs import Catalog
 from kernelpick.integration._errors import ModelConversionError
 from kernelpick.integration._layer_steps import LayerSteps, install
+from kernelpick.integration._model_config import check_one_config, record
 from kernelpick.integration._modules import Fp8Linear
 from kernelpick.integration._progress import ProgressBar
 from kernelpick.integration._report import ConversionReport, LayerReport, SkippedLayer
@@ -203,6 +204,7 @@ def quantize_model(
         scheme, caps, policy, online=True, catalog=catalog, launches=launches,
         chunk_rows=chunk_rows, block_size=block_size,
     )  # fmt: skip
+    check_one_config(model, steps.scheme, steps.block_size)
     plans = _plan_all(steps, groups)
     before = model_bytes(model)
     reports: list[LayerReport] = []
@@ -218,6 +220,7 @@ def quantize_model(
                 bar.update(len(layers))
             except BaseException as error:
                 swaps.undo()
+                record(model)  # the layers converted so far, each whole
                 converted = [report.name for report in reports]
                 raise ModelConversionError.stopped(layers[0].paths[0], converted, error) from error
             reports.extend(LayerReport.of(layer.paths[0], layer.state) for layer in layers)
@@ -231,6 +234,7 @@ def quantize_model(
     finally:
         bar.close()  # on an interrupt too, so the terminal is left on a fresh line; it
         # raises no drawing error, which would hide the ModelConversionError raised above
+    record(model)  # what a transformers model's save_pretrained writes beside its weights
     return ConversionReport(
         steps.scheme.value, caps.name, tuple(reports), (*skipped, *tied), before,
         model_bytes(model),

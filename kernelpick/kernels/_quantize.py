@@ -112,8 +112,14 @@ def quantize_static(x: torch.Tensor, scale: torch.Tensor, fp8: Dtype) -> torch.T
 
 
 def _extents(group: tuple[int, int], shape: tuple[int, int]) -> tuple[int, int]:
+    """A group's rows and columns over a tensor of ``shape``: -1 is the whole dimension,
+    and so is a group larger than it (the same single group, without padding the tensor
+    out to the group's size)."""
     rows, cols = group
-    return (shape[0] if rows == -1 else rows, shape[1] if cols == -1 else cols)
+    return (
+        shape[0] if rows == -1 else min(rows, shape[0]),
+        shape[1] if cols == -1 else min(cols, shape[1]),
+    )
 
 
 def expand_scales(

@@ -4,6 +4,8 @@ embeddings (the code a fresh process runs too)."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,17 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from kernelpick.engines.transformers import KernelpickConfig
 
-__all__ = ["EMBED", "ROOT", "embed_function", "linears", "llama_dir", "load", "minilm", "saved"]
+__all__ = [
+    "EMBED",
+    "ROOT",
+    "as_format_v1",
+    "embed_function",
+    "linears",
+    "llama_dir",
+    "load",
+    "minilm",
+    "saved",
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,11 +53,26 @@ def load(path: Path, **kwargs: Any) -> Any:
     return AutoModelForCausalLM.from_pretrained(path, **kwargs)
 
 
-def saved(tmp_path: Path) -> tuple[Path, Any]:
-    model = load(llama_dir(tmp_path), quantization_config=KernelpickConfig())
+def saved(tmp_path: Path, config: KernelpickConfig | None = None) -> tuple[Path, Any]:
+    """The tiny Llama quantized on load with ``config`` and saved: compressed-tensors'."""
+    model = load(llama_dir(tmp_path), quantization_config=config or KernelpickConfig())
     out = tmp_path / "quantized"
     model.save_pretrained(out)
     return out, model
+
+
+def as_format_v1(out: Path, config: KernelpickConfig | None = None) -> Path:
+    """A copy of the checkpoint in ``out`` as kernelpick's quantizer wrote it before it
+    wrote compressed-tensors: the same canonical tensors, under its own ``quant_method``
+    (``format_version`` 1), which kernelpick keeps reading."""
+    copy = out.with_name(f"{out.name}-v1")
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(out, copy)
+    file = copy / "config.json"
+    written = json.loads(file.read_text())
+    written["quantization_config"] = (config or KernelpickConfig()).to_dict()
+    file.write_text(json.dumps(written))
+    return copy
 
 
 EMBED = textwrap.dedent(

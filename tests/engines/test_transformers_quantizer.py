@@ -8,7 +8,6 @@ ships the model, so they run offline) are slow: a real model and a fresh process
 from __future__ import annotations
 
 import json
-import logging
 import subprocess
 import sys
 import textwrap
@@ -18,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModel, LlamaForCausalLM
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, LlamaForCausalLM
 from transformers.quantizers.auto import (
     AUTO_QUANTIZATION_CONFIG_MAPPING,
     AUTO_QUANTIZER_MAPPING,
@@ -32,10 +31,13 @@ from kernelpick.integration import (
     Fp8Linear,
     KernelSelectionError,
     ModelConversionError,
+    load_quantized,
+    quantization_config,
 )
 from tests.engines.hf_models import (
     EMBED,
     ROOT,
+    as_format_v1,
     embed_function,
     linears,
     llama_dir,
@@ -139,41 +141,93 @@ def test_a_rejected_device_raises_before_any_weight_loads(
         assert f"\n  - {kernel}: " in text
 
 
-def test_a_weight_that_cannot_be_quantized_fails_theload(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # transformers reports a conversion error and raises once its report is out; the
-    # quantizer would raise it itself (ModelConversionError) if transformers only logged.
+def test_a_weight_kernelpick_refuses_raises_kernelpicks_error(tmp_path: Path) -> None:
+    """transformers would only log an error raised while it converts a weight, then raise
+    its own ("issues during automatic conversion"): the user sees kernelpick's, naming
+    the layer and why."""
     path = llama_dir(tmp_path)
     tensors = load_file(path / "model.safetensors")
     tensors["model.layers.1.mlp.up_proj.weight"][3, 5] = float("nan")
     save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
-    monkeypatch.setattr(logging.getLogger("transformers"), "propagate", True)
-    with pytest.raises((RuntimeError, ModelConversionError)):
+    with pytest.raises(ModelConversionError, match="row 3 has NaN or Inf") as caught:
         load(path, quantization_config=KernelpickConfig())
-    report = caplog.text
-    assert "model.layers.1.mlp.up_proj.weight" in report
-    assert "row 3 has NaN or Inf" in report
+    assert [name for name, _ in caught.value.failures] == ["model.layers.1.mlp.up_proj"]
+    assert isinstance(caught.value.failures[0][1], kp.KernelInputError)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float8_e4m3fn])
+def test_quantized_bytes_for_a_weight_to_quantize_are_refused_before_loading(
+    tmp_path: Path, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """transformers casts each stored tensor to the model's dtype before the quantize op
+    sees it: FP8 or int8 bytes (a quantized checkpoint saved with no quantization_config)
+    would arrive as values without their scale. The header says what is stored."""
+    path = llama_dir(tmp_path)
+    tensors = load_file(path / "model.safetensors")
+    key = "model.layers.1.mlp.up_proj.weight"
+    tensors[key] = tensors[key].to(dtype)
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    from transformers import modeling_utils
+
+    def no_loading(*args: object, **kwargs: object) -> None:
+        raise AssertionError("weights loaded before the checkpoint was checked")
+
+    monkeypatch.setattr(modeling_utils.PreTrainedModel, "_load_pretrained_model", no_loading)
+    with pytest.raises(CheckpointError, match="quantized already") as caught:
+        load(path, quantization_config=KernelpickConfig())
+    assert caught.value.key == key
+
+
+def test_a_huge_block_size_quantizes_as_one_block(tmp_path: Path) -> None:
+    """A block wider than the weight is one block: quantized as such, never padded out to
+    the block's size (2**70 overflowed torch's pad; 2**40 asked for 256 TiB)."""
+    path = llama_dir(tmp_path)
+    reference = logits(load(path))
+    model = load(path, quantization_config=KernelpickConfig("fp8_block", block_size=2**70))
+    scale = model.model.layers[0].mlp.down_proj.weight_scale
+    assert tuple(scale.shape) == (1, 1)
+    error = torch.linalg.norm(logits(model) - reference) / torch.linalg.norm(reference)
+    assert float(error) < FP8_BOUND
 
 
 # -- save and reload -----------------------------------------------------------------------
 
 
-def test_save_then_reload_is_the_same_model(tmp_path: Path) -> None:
+def test_save_writes_compressed_tensors_which_stock_transformers_loads(tmp_path: Path) -> None:
+    """One format from every save path: compressed-tensors', which transformers' own
+    compressed-tensors support loads as the quantized model (no kernelpick kernel runs),
+    and load_quantized loads into kernelpick's layers byte for byte."""
     out, model = saved(tmp_path)
     written = json.loads((out / "config.json").read_text())["quantization_config"]
-    assert written["quant_method"] == "kernelpick"
+    assert written == quantization_config(model)
+    assert written["quant_method"] == "compressed-tensors"
+    assert written["ignore"] == ["lm_head"]
     stored = load_file(out / "model.safetensors")
     assert stored["model.layers.0.self_attn.q_proj.weight"].dtype == torch.float8_e4m3fn
     assert stored["model.layers.0.self_attn.q_proj.weight_scale"].dtype == torch.float32
-    again = load(out)
+    stock = load(out)
+    assert type(stock.hf_quantizer).__name__ == "CompressedTensorsHfQuantizer"
+    assert not linears(stock, Fp8Linear)
+    error = torch.linalg.norm(logits(stock) - logits(model)) / torch.linalg.norm(logits(model))
+    assert float(error) < 1e-5  # the same FP8 weights and per-token activations
+    skeleton = LlamaForCausalLM(AutoConfig.from_pretrained(out))
+    load_quantized(skeleton, out, kp.probe("cpu"), kp.Policy())
+    assert torch.equal(logits(skeleton), logits(model))
+    for key, value in model.state_dict().items():
+        other = skeleton.state_dict()[key]
+        assert other.dtype == value.dtype
+        assert torch.equal(other.view(torch.uint8), value.view(torch.uint8)), key
+
+
+def test_a_format_version_1_checkpoint_still_loads_pre_quantized(tmp_path: Path) -> None:
+    out, model = saved(tmp_path)
+    again = load(as_format_v1(out))
     assert again.hf_quantizer.pre_quantized
     assert linears(again, torch.nn.Linear) == ["lm_head"]
     assert torch.equal(logits(again), logits(model))
-    for key, value in model.state_dict().items():
-        other = again.state_dict()[key]
-        assert other.dtype == value.dtype
-        assert torch.equal(other.view(torch.uint8), value.view(torch.uint8)), key
+    again.save_pretrained(tmp_path / "resaved")  # saved again: compressed-tensors, as always
+    written = json.loads((tmp_path / "resaved" / "config.json").read_text())
+    assert written["quantization_config"] == quantization_config(model)
 
 
 def test_a_missing_quantized_tensor_is_refused(tmp_path: Path) -> None:
@@ -182,19 +236,58 @@ def test_a_missing_quantized_tensor_is_refused(tmp_path: Path) -> None:
     del tensors["model.layers.1.self_attn.o_proj.weight_scale"]
     save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ModelConversionError, match=r"o_proj\.weight_scale"):
-        load(out)
+        load(as_format_v1(out))
 
 
 def test_quantized_bytes_for_a_high_precision_module_are_refused(tmp_path: Path) -> None:
     # Saved with every linear quantized, reloaded keeping the MLP: transformers would cast
     # the FP8 bytes into fp32 linears without their scales.
     out, _ = saved(tmp_path)
-    file = out / "config.json"
-    config = json.loads(file.read_text())
-    config["quantization_config"]["modules_to_not_convert"] = ["lm_head", "up_proj"]
-    file.write_text(json.dumps(config))
+    v1 = as_format_v1(out, KernelpickConfig(modules_to_not_convert=["lm_head", "up_proj"]))
     with pytest.raises(CheckpointError, match=r"mlp\.up_proj\.weight"):
-        load(out)
+        load(v1)
+
+
+def _edit(out: Path, key: str, change: Any) -> None:
+    tensors = load_file(out / "model.safetensors")
+    tensors[key] = change(tensors[key]).contiguous()
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+
+
+LAYER = "model.layers.0.mlp.down_proj"
+RESHAPED: list[tuple[str, str, Any, str]] = [
+    ("weight_scale", "transposed", lambda t: t.reshape(1, -1), r"weight_scale.*\[128, 1\]"),
+    ("weight_scale", "half", lambda t: t[:64], r"weight_scale.*\[128, 1\]"),
+    ("weight", "transposed", lambda t: t.t(), r"down_proj\.weight.*\[128, 192\]"),
+    ("weight", "a row short", lambda t: t[:-1], r"down_proj\.weight.*\[128, 192\]"),
+]
+
+
+@pytest.mark.parametrize(("name", "how", "change", "named"), RESHAPED)
+def test_a_reshaped_tensor_is_kernelpicks_refusal_not_transformers(
+    tmp_path: Path, name: str, how: str, change: Any, named: str
+) -> None:
+    """transformers compares each tensor with its placeholder before kernelpick sees it,
+    and raises "ignore_mismatched_sizes": the shapes are kernelpick's to check."""
+    out, _ = saved(tmp_path)
+    _edit(out, f"{LAYER}.{name}", change)
+    with pytest.raises(ModelConversionError, match=named) as caught:
+        load(as_format_v1(out))
+    assert [failed for failed, _ in caught.value.failures] == [LAYER], how
+
+
+def test_a_scale_stored_flat_loads_as_load_quantized_reads_it(tmp_path: Path) -> None:
+    out, model = saved(tmp_path)
+    _edit(out, f"{LAYER}.weight_scale", lambda t: t.reshape(-1))  # [N]: load_quantized's too
+    again = load(as_format_v1(out))
+    assert torch.equal(logits(again), logits(model))
+    assert tuple(again.get_submodule(LAYER).weight_scale.shape) == (128, 1)
+
+
+def test_an_edited_scheme_is_refused_by_kernelpick(tmp_path: Path) -> None:
+    out, _ = saved(tmp_path)  # per-channel scales, read as per-tensor ones
+    with pytest.raises(ModelConversionError, match=r"weight_scale.*\[1\]"):
+        load(as_format_v1(out, KernelpickConfig("fp8_per_tensor")))
 
 
 # -- all-MiniLM-L6-v2 ----------------------------------------------------------------------
@@ -202,6 +295,9 @@ def test_quantized_bytes_for_a_high_precision_module_are_refused(tmp_path: Path)
 
 @pytest.mark.slow
 def test_minilm_quantize_save_and_reload_in_a_fresh_process(tmp_path: Path) -> None:
+    """A fresh process with no kernelpick import loads what save_pretrained wrote, through
+    transformers' compressed-tensors support, to the quantized model's embeddings; one that
+    imports kernelpick reads a format-1 checkpoint of the same tensors bit for bit."""
     embed = embed_function()
     reference = embed(AutoModel.from_pretrained(minilm()))
     model = AutoModel.from_pretrained(minilm(), quantization_config=KernelpickConfig())
@@ -212,6 +308,22 @@ def test_minilm_quantize_save_and_reload_in_a_fresh_process(tmp_path: Path) -> N
     assert float(cosine.min()) >= 0.99, cosine
     out = tmp_path / "minilm-kernelpick"
     model.save_pretrained(out)
+    stock = EMBED + textwrap.dedent(
+        """
+        from safetensors.torch import save_file
+        model = AutoModel.from_pretrained(sys.argv[1])
+        assert "kernelpick" not in sys.modules
+        save_file({"embeddings": embed(model).contiguous()}, sys.argv[2])
+        """
+    )
+    result = tmp_path / "stock.safetensors"
+    subprocess.run(
+        [sys.executable, "-c", stock, str(out), str(result)], check=True, cwd=ROOT, timeout=300
+    )
+    fresh = load_file(result)["embeddings"]
+    # transformers decompresses and runs its own FP8 activation path: near, not equal.
+    assert float(torch.nn.functional.cosine_similarity(fresh, quantized).min()) >= 0.999
+    assert float(torch.nn.functional.cosine_similarity(fresh, reference).min()) >= 0.99
     state = {k: v.contiguous().view(torch.uint8) for k, v in model.state_dict().items()}
     script = EMBED + textwrap.dedent(
         """
@@ -226,13 +338,14 @@ def test_minilm_quantize_save_and_reload_in_a_fresh_process(tmp_path: Path) -> N
     )
     result = tmp_path / "fresh.safetensors"
     subprocess.run(
-        [sys.executable, "-c", script, str(out), str(result)], check=True, cwd=ROOT, timeout=300
-    )
-    fresh = load_file(result)
-    assert torch.equal(fresh.pop("__embeddings__"), quantized.contiguous().view(torch.uint8))
-    assert fresh.keys() == state.keys()
+        [sys.executable, "-c", script, str(as_format_v1(out)), str(result)], check=True,
+        cwd=ROOT, timeout=300,
+    )  # fmt: skip
+    fresh_state = load_file(result)
+    assert torch.equal(fresh_state.pop("__embeddings__"), quantized.contiguous().view(torch.uint8))
+    assert fresh_state.keys() == state.keys()
     for key, value in state.items():
-        assert torch.equal(fresh[key], value), key
+        assert torch.equal(fresh_state[key], value), key
 
 
 @pytest.mark.parametrize(
@@ -257,11 +370,22 @@ def test_every_online_scheme_saves_and_reloads(
     assert float(torch.linalg.norm(got - reference) / torch.linalg.norm(reference)) < FP8_BOUND
     out = tmp_path / "quantized"
     model.save_pretrained(out)
-    again = load(out, dtype=dtype)
-    assert again.model.layers[0].mlp.gate_proj.kernelpick_decision == (
-        model.model.layers[0].mlp.gate_proj.kernelpick_decision
+    assert json.loads((out / "config.json").read_text())["quantization_config"] == (
+        quantization_config(model)
     )
-    assert torch.equal(logits(again), logits(model))
+    for again in (load(as_format_v1(out, KernelpickConfig(scheme)), dtype=dtype),
+                  _load_quantized(out, dtype)):  # fmt: skip
+        assert again.model.layers[0].mlp.gate_proj.kernelpick_decision == (
+            model.model.layers[0].mlp.gate_proj.kernelpick_decision
+        )
+        assert torch.equal(logits(again), logits(model))
+
+
+def _load_quantized(out: Path, dtype: torch.dtype) -> Any:
+    config = AutoConfig.from_pretrained(out)
+    skeleton = AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]
+    load_quantized(skeleton, out, kp.probe("cpu"), kp.Policy())
+    return skeleton
 
 
 def test_a_head_tied_to_the_embedding_stays_high_precision(tmp_path: Path) -> None:
@@ -280,28 +404,41 @@ def test_a_bad_value_set_after_the_config_was_made_is_refused() -> None:
 
 
 @pytest.mark.slow
-def test_without_the_import_transformers_loads_the_checkpoint_silently_wrong(
-    tmp_path: Path,
-) -> None:
-    # Why docs/engines.md says to import kernelpick.engines.transformers first: without it,
-    # transformers only warns about the unknown quant_method and casts the FP8 bytes into
-    # plain linears with no scales. If this starts failing, transformers refuses by itself.
-    out, _ = saved(tmp_path)
+def test_without_kernelpick_what_save_pretrained_wrote_loads_quantized(tmp_path: Path) -> None:
+    """Where kernelpick is not imported, stock transformers loads the checkpoint through its
+    compressed-tensors support, to the quantized model's logits. A format-1 checkpoint
+    (``quant_method`` "kernelpick", which kernelpick no longer writes) is why: there,
+    transformers only warns about the unknown method and casts the FP8 bytes into plain
+    linears with no scales. If that half starts failing, transformers refuses by itself."""
+    out, model = saved(tmp_path)
+    torch.save(logits(model), tmp_path / "expected.pt")
     script = textwrap.dedent(
         """
         import sys, torch
         from transformers import AutoModelForCausalLM
+        IDS = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(0))
         model = AutoModelForCausalLM.from_pretrained(sys.argv[1])
+        assert "kernelpick" not in sys.modules
         linear = model.model.layers[0].mlp.gate_proj
-        print(type(linear).__name__, linear.weight.dtype)
+        with torch.no_grad():
+            got = model(IDS).logits
+        expected = torch.load(sys.argv[2])
+        print(type(linear).__name__, float((got - expected).norm() / expected.norm()))
         """
     )
-    run = subprocess.run(
-        [sys.executable, "-c", script, str(out)], capture_output=True, text=True, cwd=ROOT,
-        timeout=300, check=True,
-    )  # fmt: skip
-    assert run.stdout.split() == ["Linear", "torch.float32"]
-    assert "kernelpick" in run.stderr  # the only sign: a warning naming the unknown method
+
+    def run(path: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", script, str(path), str(tmp_path / "expected.pt")],
+            capture_output=True, text=True, cwd=ROOT, timeout=300, check=True,
+        )  # fmt: skip
+
+    kind, error = run(out).stdout.split()
+    assert kind == "Linear"  # transformers' own layer, its weights decompressed
+    assert float(error) < 1e-5
+    legacy = run(as_format_v1(out))
+    assert float(legacy.stdout.split()[1]) > 0.5  # silently wrong
+    assert "kernelpick" in legacy.stderr  # the only sign: a warning naming the unknown method
 
 
 @pytest.mark.parametrize("attribute", ["_keep_in_fp32_modules", "_keep_in_fp32_modules_strict"])

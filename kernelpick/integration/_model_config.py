@@ -1,0 +1,132 @@
+"""The ``quantization_config`` a converted model carries, so that every way of saving it
+writes one format: compressed-tensors', which stock readers (transformers with
+compressed-tensors installed, vLLM, SGLang) load as the quantized model it is.
+
+A transformers model's ``save_pretrained`` writes ``model.config.quantization_config``
+beside the state dict. Without one, the FP8 or int8 weights it writes would load into plain
+linears, cast without their scales: silently wrong. So whatever converts a transformers
+model (``quantize_model``, ``load_quantized``, the transformers quantizer) records the
+compressed-tensors config of its quantized layers there, the same config ``save_quantized``
+writes; and a conversion that would leave layers no single such config describes (another
+scheme beside this one, another method's quantized modules, tensor-parallel shards) is
+refused before the model changes. Models built from one config object share it, as they
+do with transformers' own quantizers: the config describes the model converted last.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from kernelpick.core._errors import InvalidValueError
+from kernelpick.core._schemes import DEFAULT_BLOCK_SIZE, Scheme, block_size_of, scheme_of
+from kernelpick.integration._ct_config import SCHEMES, matches, to_config
+from kernelpick.integration._layout import QUANTIZATION_CONFIG
+from kernelpick.integration._state import LayerState, find_state
+
+__all__ = [
+    "carries_config",
+    "check_one_config",
+    "quantization_config",
+    "quantized_layers",
+    "record",
+]
+
+_KERNELPICK = "kernelpick"  # the transformers quantizer's quant_method
+
+
+def carries_config(model: torch.nn.Module) -> bool:
+    """Whether ``model`` has a transformers config, which its ``save_pretrained`` writes."""
+    config = getattr(model, "config", None)
+    return callable(getattr(config, "to_json_string", None))
+
+
+def quantized_layers(model: torch.nn.Module) -> dict[str, LayerState]:
+    """Every kernelpick layer of ``model`` by name; an error for one that is not processed
+    or is one rank's shard, whose tensors are not a whole layer's."""
+    found: dict[str, LayerState] = {}
+    for name, module in model.named_modules():
+        state = find_state(module)
+        if state is None:
+            continue
+        if state.kernel is None:
+            expected = "a layer whose weights were processed (process_weights_after_loading)"
+            raise InvalidValueError("layer", name, expected)
+        if state.parallel is not None:
+            raise InvalidValueError(
+                "layer", name,
+                f"a whole layer, not a shard {state.parallel.describe()}: save the unsharded "
+                "model (quantize_model), which every rank then loads and narrows",
+            )  # fmt: skip
+        found[name] = state
+    return found
+
+
+def _one_scheme(pairs: Iterable[tuple[Scheme | None, int | None]]) -> tuple[Scheme, int | None]:
+    """The one named scheme (and fp8_block's one block size) of ``pairs``, or an error."""
+    found = set(pairs)
+    schemes = {scheme for scheme, _ in found}
+    named = [s for s in schemes if s is not None]
+    if len(schemes) != 1 or len(named) != 1:  # none, several, or a custom config
+        listed = sorted(str(s) for s in schemes) or "no quantized layer"
+        raise InvalidValueError(
+            "schemes of the quantized layers", listed,
+            "one named scheme for every quantized layer (quantize_model first): one "
+            "compressed-tensors config group describes them",
+        )  # fmt: skip
+    scheme = named[0]
+    if scheme not in SCHEMES:
+        valid = ", ".join(s.value for s in SCHEMES)
+        raise InvalidValueError("scheme of the quantized layers", scheme.value, f"one of {valid}")
+    sizes = sorted({size for _, size in found if size is not None})
+    if len(sizes) > 1:
+        raise InvalidValueError(
+            "block sizes of the fp8_block layers", sizes,
+            "one block size: a compressed-tensors config group holds one block_structure",
+        )  # fmt: skip
+    return scheme, sizes[0] if sizes else None
+
+
+def _pairs(layers: dict[str, LayerState]) -> list[tuple[Scheme | None, int | None]]:
+    return [(scheme_of(s.config), block_size_of(s.config)) for s in layers.values()]
+
+
+def quantization_config(model: torch.nn.Module) -> dict[str, Any]:
+    """The compressed-tensors ``quantization_config`` of ``model``'s quantized layers: one
+    config group of their scheme, every other linear in ``ignore``. An error where no
+    such config describes them (no quantized layer, several schemes, shards)."""
+    layers = quantized_layers(model)
+    scheme, block_size = _one_scheme(_pairs(layers))
+    ignore = [
+        name for name, module in model.named_modules()
+        if name and name not in layers and matches(name, module, ["Linear"])
+    ]  # fmt: skip
+    return to_config(scheme, ignore, block_size)
+
+
+def check_one_config(model: torch.nn.Module, scheme: Scheme, block_size: int | None) -> None:
+    """Refuse, before a conversion changes ``model``, one that would leave it holding
+    layers no recorded config could describe: where ``model`` carries a transformers config,
+    every kernelpick layer it already has must share ``scheme`` (and ``block_size``), and
+    no other method may have quantized it (transformers' ``hf_quantizer``)."""
+    if not carries_config(model):
+        return
+    quantizer = getattr(model, "hf_quantizer", None)
+    method = getattr(getattr(quantizer, "quantization_config", None), "quant_method", None)
+    if quantizer is not None and str(getattr(method, "value", method)) != _KERNELPICK:
+        raise InvalidValueError(
+            "model quantized by transformers with", str(getattr(method, "value", method)),
+            f"a model no other method quantized ({_KERNELPICK} loads and converts "
+            "high-precision ones): one quantization_config cannot describe both",
+        )  # fmt: skip
+    size = (block_size or DEFAULT_BLOCK_SIZE) if scheme is Scheme.FP8_BLOCK else None
+    _one_scheme([*_pairs(quantized_layers(model)), (scheme, size)])
+
+
+def record(model: torch.nn.Module) -> None:
+    """Give a transformers ``model`` holding quantized layers their compressed-tensors
+    config, which its ``save_pretrained`` writes (``check_one_config`` ran first)."""
+    if carries_config(model) and quantized_layers(model):
+        setattr(model.config, QUANTIZATION_CONFIG, quantization_config(model))
