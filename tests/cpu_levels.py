@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import kernelpick as kp
-from kernelpick.core import CpuArch
+from kernelpick.core import FEATURE_CPP_TOOLCHAIN, CpuArch
 from kernelpick.kernels._cpu_build import ISA_LEVELS
 
 HOST = kp.probe("cpu")
@@ -20,6 +20,21 @@ NEEDS_A_LEVEL = pytest.mark.skipif(
     not LEVELS or "cpp_toolchain" not in HOST.features,
     reason="needs an x86 CPU with AVX2+FMA+F16C and a C++ toolchain",
 )
+
+
+def skip_unless_runs(level: str) -> pytest.MarkDecorator:
+    """Skips a test of ``level`` where this host cannot run it, naming what it lacks."""
+    missing = sorted(ISA_LEVELS[level][0] - HOST_ISA)
+    if missing:
+        return pytest.mark.skip(reason=f"this CPU lacks the {level} level's {', '.join(missing)}")
+    return pytest.mark.skipif(
+        FEATURE_CPP_TOOLCHAIN not in HOST.features, reason=f"{level} needs a C++ toolchain"
+    )
+
+
+# Every level, as a parameter: a test of each runs where the host can run it and is skipped,
+# with the flags it lacks, elsewhere (so a run shows which levels it left out).
+EVERY_LEVEL = [pytest.param(level, marks=skip_unless_runs(level), id=level) for level in ISA_LEVELS]
 
 
 def caps_at(level: str) -> kp.DeviceCaps:

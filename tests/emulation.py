@@ -97,6 +97,20 @@ def emulate(
     the config says (the degraded fallback). ``input_scale`` is a checkpoint's, for
     e4m3fn (range 448): on an e4m3fnuz device (range 224) it applies doubled.
     """
+    x_deq, w_deq = _operands(x, weight, config, fp8, input_scale, weight_only)
+    out = x_deq @ w_deq.t()
+    return out if bias is None else out + bias.to(torch.float32)
+
+
+def _operands(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    config: kp.QuantConfig,
+    fp8: Dtype,
+    input_scale: torch.Tensor | None,
+    weight_only: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The dequantized fp32 operands ``emulate`` multiplies: activations, weight."""
     xf, wf = x.to(torch.float32), weight.to(torch.float32)
     w_fmt = Dtype.INT8 if config.weight.dtype is Dtype.INT8 else fp8
     w_group = config.weight.scale.group
@@ -122,8 +136,83 @@ def emulate(
             x_deq = fake_quant(xf, dynamic_scale(xf, per_token, a_fmt), a_fmt)
         else:
             x_deq = _group_fake_quant(xf, act, a_fmt, gemm_weight=False)
-    out = x_deq @ w_deq.t()
-    return out if bias is None else out + bias.to(torch.float32)
+    return x_deq, w_deq
+
+
+@attrs.frozen
+class Emulated:
+    """``emulate``'s output and, per element, the magnitude of what it sums:
+    ``|x| @ |w|.T + |bias|`` over the dequantized operands, the scale every rounding of a
+    sum of those terms is measured against (however much the terms cancel)."""
+
+    out: torch.Tensor
+    magnitude: torch.Tensor
+    terms: int  # K, and one more with a bias
+
+
+def emulated(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    config: kp.QuantConfig,
+    fp8: Dtype,
+    *,
+    bias: torch.Tensor | None = None,
+    input_scale: torch.Tensor | None = None,
+    weight_only: bool = False,
+) -> Emulated:
+    """``emulate``, with the magnitude of the terms each output element sums."""
+    x_deq, w_deq = _operands(x, weight, config, fp8, input_scale, weight_only)
+    out, magnitude = x_deq @ w_deq.t(), x_deq.abs() @ w_deq.abs().t()
+    if bias is not None:
+        out, magnitude = out + bias.float(), magnitude + bias.float().abs()
+    return Emulated(out, magnitude, x.shape[1] + (bias is not None))
+
+
+# Unit roundoff of each output dtype (half an ulp of 1): 2^-24, 2^-8, 2^-11.
+UNIT_ROUNDOFF = {"float32": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}
+# Higham and Mary's probabilistic bound on a sum of K terms in fp32 (SIAM J. Sci. Comput.
+# 41(5), 2019, Thm 3.1): |error| <= lambda sqrt(K) 2^-24 sum|terms|, failing with
+# probability at most 2 K exp(-lambda^2 / 2), whatever the order of the sum, with rounding
+# errors that are independent: at 9, 5e-15 a sum of 1024 terms, 5e-6 across the 10^9 sums
+# a run checks at most. Doubled: the kernel's sum and the emulation's, in their own
+# orders. The deterministic bound, K 2^-24 a sum, is 3.5x this at K = 1024 and would hide a
+# scale off by 1e-3 there. The largest error these tests' draws have shown, at every
+# kernel and ISA level, is 0.6 sqrt(K) 2^-24 of the magnitude: 30x below this bound.
+_LAMBDA = 9.0
+
+
+def assert_within_bound(got: torch.Tensor, want: Emulated, *, half_weight: bool = False) -> None:
+    """Each element of ``got`` (its dtype the output's) against ``want``:
+
+    ``|got - want| <= 2 lambda sqrt(terms) 2^-24 magnitude + 2 u |want| (+ 2^-25 for fp16)``
+
+    The first term is two fp32 sums of K products and a bias in different orders (the
+    kernel's, the emulation's), bounded by the terms' magnitude, not by the output, which
+    a bias can all but cancel. The second rounds into a half-precision output (u, its unit
+    roundoff), twice where a GEMM writes its sum in bf16 before the scale is applied. An
+    fp16 output below 2^-14 is subnormal: half its absolute step of 2^-24 per element.
+    ``half_weight``: the kernel rounds the dequantized weight into the output's half
+    precision first, each product off by u of itself: u * magnitude more.
+    """
+    out = str(got.dtype).removeprefix("torch.")
+    u = UNIT_ROUNDOFF[out]
+    limit = 2 * _LAMBDA * want.terms**0.5 * UNIT_ROUNDOFF["float32"] * want.magnitude
+    if out != "float32":
+        limit = limit + 2 * u * want.out.abs()
+    if half_weight:
+        limit = limit + u * want.magnitude
+    if out == "float16":
+        limit = limit + 2.0**-25
+    error = (got.float() - want.out).abs()
+    excess = error - limit
+    if bool((excess > 0).any()) or not bool(torch.isfinite(error).all()):
+        worst = int(torch.nan_to_num(excess, nan=float("inf")).argmax())
+        i, j = divmod(worst, error.shape[-1])
+        raise AssertionError(
+            f"output [{i}, {j}] is off by {float(error.flatten()[worst]):.3g}, over the bound "
+            f"{float(limit.flatten()[worst]):.3g} (want {float(want.out.flatten()[worst]):.6g}, "
+            f"magnitude of its terms {float(want.magnitude.flatten()[worst]):.3g})"
+        )
 
 
 def _fp32(key: QuantKey) -> bool:

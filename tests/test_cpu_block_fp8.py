@@ -19,13 +19,14 @@ import kernelpick as kp
 from kernelpick.core import Dtype, GroupShape, QuantKey, ScaleSpec
 from kernelpick.kernels import CpuFp8Gemm, CpuFp8GemmW8A16
 from tests.cpu_levels import (
+    EVERY_LEVEL,
     HOST_ISA,
     LEVELS,
     NEEDS_A_LEVEL,
     caps_at,
     on_one_and_two_threads,
 )
-from tests.emulation import BOUND, emulate, relative_error
+from tests.emulation import assert_within_bound, emulated
 
 DTYPES = ["float32", "bfloat16", "float16"]
 FP8 = Dtype.FLOAT8_E4M3FN
@@ -84,16 +85,7 @@ def _draw_problem(
     return m, n, k, dtype, out, bias, torch.Generator().manual_seed(seed)
 
 
-def _check(got: torch.Tensor, want: torch.Tensor, out: str, m: int, n: int) -> None:
-    # As in test_kernels_numerics: the output's own rounding, plus half a subnormal step
-    # per element for fp16.
-    slack = 2.0**-25 * (m * n) ** 0.5 if out == "float16" else 0.0
-    limit = BOUND[out] * float(torch.linalg.norm(want)) + slack
-    error = float(torch.linalg.norm(got.float() - want))
-    assert error <= limit, f"relative error {relative_error(got, want):.3g} > {BOUND[out]:.3g}"
-
-
-@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("level", EVERY_LEVEL)
 @settings(max_examples=40, deadline=None)
 @given(data=st.data())
 def test_w8a8_matches_the_fp32_emulation(level: str, data: st.DataObject) -> None:
@@ -111,10 +103,10 @@ def test_w8a8_matches_the_fp32_emulation(level: str, data: st.DataObject) -> Non
     got = impl.apply(x, impl.quantize_weights(w), b)
     assert got.shape == (m, n)
     assert got.dtype == getattr(torch, out)
-    _check(got, emulate(x, w, config, FP8, bias=b), out, m, n)
+    assert_within_bound(got, emulated(x, w, config, FP8, bias=b))
 
 
-@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("level", EVERY_LEVEL)
 @settings(max_examples=30, deadline=None)
 @given(data=st.data())
 def test_w8a16_matches_the_fp32_emulation(level: str, data: st.DataObject) -> None:
@@ -130,7 +122,7 @@ def test_w8a16_matches_the_fp32_emulation(level: str, data: st.DataObject) -> No
     b = torch.randn(n, generator=generator).to(getattr(torch, out)) if bias else None
     impl = _bind("cpu_fp8_w8a16_gemm", level, config)
     got = impl.apply(x, impl.quantize_weights(w), b)
-    _check(got, emulate(x, w, config, FP8, bias=b, weight_only=True), out, m, n)
+    assert_within_bound(got, emulated(x, w, config, FP8, bias=b, weight_only=True))
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -225,8 +217,7 @@ def test_scales_far_apart_or_tiny_in_one_row_stay_exact(
     got = impl.apply(x, bundle)
     assert bool(torch.isfinite(got).all())
     weight = bundle.weight.float() * scale.repeat_interleave(128, 1)[:, :k]
-    want = emulate(x, weight, config, FP8)
-    _check(got, want, "float32", m, n)
+    assert_within_bound(got, emulated(x, weight, config, FP8))
 
 
 def test_compiles_with_fullgraph_as_one_custom_op() -> None:
