@@ -6,21 +6,28 @@ which the CPU adapter's probe reports as ``FEATURE_CPP_TOOLCHAIN``). The build i
 under torch's extension directory (``TORCH_EXTENSIONS_DIR``, by default
 ``~/.cache/torch_extensions``), so later processes only load it. The ISA level is chosen
 from the device's probed ISA flags, never from the build machine's, and names the build:
-one library per level, so an AVX2 build can sit beside an AVX-512 one.
+one library per level, so an AVX2 build can sit beside an AVX-512 one. Its lock and the
+check of a cached library before it is loaded are in ``_cpu_cache``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
 import subprocess
 import threading
-import time
 from collections.abc import Iterable
 from pathlib import Path
 
 from kernelpick.core._errors import KernelpickError
+from kernelpick.kernels._cpu_cache import (
+    LOGGER,
+    build_lock,
+    discard_unverified,
+    record_verified,
+)
 
 __all__ = [
     "ISA_LEVELS",
@@ -62,9 +69,10 @@ ISA_LEVELS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
 _BASE_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp")
 _LINK_FLAGS = ("-fopenmp",)
 
-# A build lock older than this was left by a build that was killed (a build takes seconds).
-_STALE_LOCK_SECONDS = 600
-_LOCK_POLL_SECONDS = 0.5
+# How the build directory is kept (its lock, the hash of its library: see _cpu_cache), in
+# the build's name: a kernelpick that keeps it another way never shares a directory with
+# this one, which removes torch locks it finds there as left by killed builds.
+_CACHE_LAYOUT = "flock+sha256"
 
 # Held while a level is built, loaded and its op registered (re-entrant: the registration
 # holds it around load_ops).
@@ -160,6 +168,7 @@ def _build_name(level: str) -> str:
         " ".join(_cflags(level) + list(_LINK_FLAGS)).encode(),
         _compiler_identity().encode(),
         f"{torch.__version__} {torch.version.git_version} {Path(torch.__file__).parent}".encode(),
+        _CACHE_LAYOUT.encode(),
     ]
     digest = hashlib.sha256(b"\0".join(parts)).hexdigest()[:12]
     return f"kernelpick_cpu_fp8_{level}_{digest}"
@@ -172,26 +181,15 @@ def _build_directory(name: str) -> Path:
     return Path(root) / "kernelpick" / name
 
 
-def _wait_for_build_lock(level: str, directory: Path) -> None:
-    """Wait while another process builds this level; raise once its lock is stale.
-
-    torch's build lock has no timeout: a build killed part-way leaves it, and every later
-    process would wait on it forever, silently. A build takes seconds, so a lock older than
-    ``_STALE_LOCK_SECONDS`` was left by one that died.
-    """
-    lock = directory / "lock"
-    while True:
-        try:
-            age = time.time() - lock.stat().st_mtime
-        except FileNotFoundError:
-            return
-        if age > _STALE_LOCK_SECONDS:
-            raise KernelBuildError(
-                level,
-                f"{lock} is {age / 60:.0f} minutes old: a build of this kernel was "
-                "interrupted. Remove the file if no other process is building it.",
-            )
-        time.sleep(_LOCK_POLL_SECONDS)
+def _unusable(directory: Path, error: OSError) -> str:
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    valid = (
+        f"TORCH_EXTENSIONS_DIR={root} must name a directory this process can create and "
+        "write, or be unset (torch's default: ~/.cache/torch_extensions)"
+        if root
+        else "set TORCH_EXTENSIONS_DIR to a directory this process can create and write"
+    )
+    return f"its build directory {directory} cannot be created or written ({error}); {valid}"
 
 
 def _host_lacks(level: str) -> bool:
@@ -211,7 +209,8 @@ def load_ops(level: str) -> None:
     """Compile (first use on this machine) or load the extension of ``level``, once per process.
 
     Registers ``torch.ops.kernelpick.fp8_gemm_<level>``. Raises ``KernelBuildError`` if
-    this CPU lacks the level's instructions, if an interrupted build left its lock, or if
+    this CPU lacks the level's instructions, if the build directory cannot be created or
+    written, if another process's build holds its lock past ``LOCK_WAIT_SECONDS``, or if
     the compiler fails.
     """
     if level not in ISA_LEVELS:
@@ -236,21 +235,38 @@ def _build_and_load(level: str) -> None:
 
     name = _build_name(level)
     directory = _build_directory(name)
-    _wait_for_build_lock(level, directory)
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        cpp_extension.load(
-            name=name,
-            sources=[str(_SOURCE)],
-            extra_cflags=_cflags(level),
-            extra_ldflags=list(_LINK_FLAGS),
-            build_directory=str(directory),
-            is_python_module=False,
-            verbose=False,
-        )
-    except (RuntimeError, OSError, subprocess.CalledProcessError) as error:
-        # Remembered: the compiler's message is the cause a retry must report again. (A
-        # stale lock or a CPU without the ISA is not: those can change while we run.)
-        failure = KernelBuildError(level, str(error))
-        _FAILED[level] = failure
-        raise failure from error
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(build_lock(directory))
+            discard_unverified(directory)
+            directory.mkdir(parents=True, exist_ok=True)
+        except TimeoutError as error:
+            raise KernelBuildError(level, str(error)) from error
+        except OSError as error:
+            raise KernelBuildError(level, _unusable(directory, error)) from error
+        try:
+            cpp_extension.load(
+                name=name,
+                sources=[str(_SOURCE)],
+                extra_cflags=_cflags(level),
+                extra_ldflags=list(_LINK_FLAGS),
+                build_directory=str(directory),
+                is_python_module=False,
+                verbose=False,
+            )
+        except (RuntimeError, OSError, subprocess.CalledProcessError) as error:
+            # Remembered: the compiler's message is the cause a retry must report again. (A
+            # held lock, an unusable directory or a CPU without the ISA is not: those can
+            # change while we run.)
+            failure = KernelBuildError(level, str(error))
+            _FAILED[level] = failure
+            raise failure from error
+        try:
+            record_verified(directory)
+        except OSError as error:
+            # This process has its kernel; only the next one pays, with a rebuild.
+            LOGGER.warning(
+                "could not record the CPU kernel built in %s as verified (%s); the next "
+                "process will build it again",
+                directory, error,
+            )  # fmt: skip
