@@ -4,7 +4,8 @@ both ways, and transformers' FineGrainedFP8 block checkpoints in.
 
 ``save_quantized`` writes ``model.safetensors``, holding every quantized layer's canonical
 tensors and every other tensor as it is, and the ``quantization_config``: merged into the
-``config.json`` of a transformers model, or alone in a ``config.json`` beside the weights.
+``config.json`` of a transformers model, or alone in a ``config.json`` beside the weights;
+the two replace the old ones together (``_atomic_files``), or the directory stays as it was.
 ``load_quantized`` turns a high-precision skeleton, built on the meta device or normally,
 into the quantized model a checkpoint holds, never materialising a high-precision weight
 for a quantized layer. Either the whole checkpoint loads, or the model is left as it was.
@@ -12,6 +13,7 @@ for a quantized layer. Either the whole checkpoint loads, or the model is left a
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 from collections.abc import Mapping
@@ -25,6 +27,7 @@ from kernelpick.core._device import DeviceCaps
 from kernelpick.core._policy import Policy
 from kernelpick.core._specs import Catalog
 from kernelpick.integration import _ct_config, _hf_fp8_config
+from kernelpick.integration._atomic_files import Sink, locked
 from kernelpick.integration._errors import CheckpointError, ModelConversionError
 from kernelpick.integration._layer_steps import LayerSteps
 from kernelpick.integration._layout import QUANTIZATION_CONFIG, Layout
@@ -36,7 +39,6 @@ from kernelpick.integration._safetensors_io import (
     WEIGHTS_NAME,
     Checkpoint,
     read_json,
-    write_atomically,
     write_safetensors,
 )
 from kernelpick.integration._swap import Swaps, model_bytes
@@ -48,35 +50,43 @@ CONFIG_NAME = "config.json"
 
 def save_quantized(model: torch.nn.Module, directory: str | os.PathLike[str]) -> Path:
     """Write ``model``'s quantized checkpoint to ``directory`` (created if needed), in
-    compressed-tensors' format.
+    compressed-tensors' format: ``model.safetensors`` and ``config.json``, which replace
+    the old ones together; the directory's other files stay.
 
     Every quantized layer must use the same named scheme (and, for ``fp8_block``, the same
-    block size). Returns the directory.
+    block size). Saves into one directory wait for each other. On any error the directory
+    is as it was (an ``OSError`` arrives as a ``CheckpointError`` naming the path). Returns
+    the directory.
     """
     quantization = quantization_config(model)
     root = Path(directory)
-    others = sorted(
-        p.name
-        for p in root.glob("*.safetensors*")
-        if p.name != WEIGHTS_NAME and not p.name.startswith(".")
-    )  # a reader would take them with the new config (vLLM reads every *.safetensors)
-    if others:
-        raise CheckpointError(
-            str(root), "files", ", ".join(others[:5]),
-            f"a directory holding no other checkpoint than {WEIGHTS_NAME}",
-        )  # fmt: skip
-    root.mkdir(parents=True, exist_ok=True)
     config = getattr(model, "config", None)
     to_json = getattr(config, "to_json_string", None)
     merged: dict[str, Any] = json.loads(to_json()) if callable(to_json) else {}
     merged[QUANTIZATION_CONFIG] = quantization
-    text = json.dumps(merged, indent=2, sort_keys=True) + "\n"
+    text = (json.dumps(merged, indent=2, sort_keys=True) + "\n").encode()
+    state = model.state_dict()
 
-    def write_config(path: Path) -> None:
-        path.write_text(text)
+    def write_weights(out: Sink) -> None:
+        write_safetensors(out, state, str(root / WEIGHTS_NAME))
 
-    write_safetensors(root, model.state_dict())
-    write_atomically(root / CONFIG_NAME, write_config)
+    with locked(root) as target:
+        others = sorted(
+            name
+            for name in target.names()
+            if fnmatch.fnmatch(name, "*.safetensors*")
+            and name != WEIGHTS_NAME
+            and not name.startswith(".")
+        )  # a reader would take them with the new config (vLLM reads every *.safetensors)
+        if others:
+            raise CheckpointError(
+                str(root), "files", ", ".join(others[:5]),
+                f"a directory holding no other checkpoint than {WEIGHTS_NAME}",
+            )  # fmt: skip
+        # config.json is the key: without it, no reader takes the directory for a model.
+        target.replace(
+            {WEIGHTS_NAME: write_weights, CONFIG_NAME: lambda out: out(text)}, CONFIG_NAME
+        )
     return root
 
 

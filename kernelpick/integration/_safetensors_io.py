@@ -1,23 +1,25 @@
 """safetensors files on disk: one file or an index of shards in, one file out.
 
 Reading goes through the header first (names, dtypes, shapes), so a checkpoint is checked
-whole before a tensor is read; writing goes to a temporary file renamed into place, so a
-failed save never leaves half a checkpoint under the real name.
+whole before a tensor is read. Writing streams the format (header, then each tensor's bytes)
+to a sink, not to a path: the file it goes to is one ``_atomic_files`` created exclusively and
+holds open, so no name is opened twice and nothing written follows a link; a tensor is
+copied to the CPU one at a time, never the whole model at once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
-from collections.abc import Callable, Mapping
+import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
+from kernelpick.integration._atomic_files import Sink
 from kernelpick.integration._errors import CheckpointError
 
 __all__ = [
@@ -27,7 +29,6 @@ __all__ = [
     "Checkpoint",
     "read_json",
     "unique_tensors",
-    "write_atomically",
     "write_safetensors",
 ]
 
@@ -40,17 +41,22 @@ ALIASES = "kernelpick.aliases"
 _DTYPES = {
     "F8_E4M3": torch.float8_e4m3fn,
     "F8_E5M2": torch.float8_e5m2,
+    "F8_E8M0": torch.float8_e8m0fnu,  # the MX formats' block scales
     "BF16": torch.bfloat16,
     "F16": torch.float16,
     "F32": torch.float32,
     "F64": torch.float64,
     "BOOL": torch.bool,
     "U8": torch.uint8,
+    "U16": torch.uint16,
+    "U32": torch.uint32,
+    "U64": torch.uint64,
     "I8": torch.int8,
     "I16": torch.int16,
     "I32": torch.int32,
     "I64": torch.int64,
 }
+_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -82,6 +88,22 @@ def _files(directory: Path) -> dict[Path, set[str] | None]:
             raise CheckpointError(str(index), key, repr(name), "a file name in this directory")
         files.setdefault(directory / name, set()).add(key)
     return {path: keys for path, keys in files.items()}
+
+
+def _aliases(path: Path, metadata: Mapping[str, str]) -> dict[str, str]:
+    """The tied names a file's metadata records (``ALIASES``), each mapped to the stored one."""
+    text = metadata.get(ALIASES)
+    if text is None:
+        return {}
+    expected = "a JSON object mapping tensor names to tensor names, as save_quantized writes"
+    try:
+        aliases = json.loads(text)
+    except ValueError:
+        aliases = None
+    if not isinstance(aliases, dict) or not all(isinstance(v, str) for v in aliases.values()):
+        shown = text if len(text) <= 80 else f"{text[:77]}..."
+        raise CheckpointError(str(path), ALIASES, repr(shown), expected)
+    return aliases
 
 
 class Checkpoint:
@@ -119,7 +141,7 @@ class Checkpoint:
         for key in held if keys is None else keys:
             self._where[key] = handle
             self._path[key] = path
-        self.aliases.update(json.loads((handle.metadata() or {}).get(ALIASES, "{}")))
+        self.aliases.update(_aliases(path, handle.metadata() or {}))
 
     def __enter__(self) -> Checkpoint:
         return self
@@ -176,20 +198,36 @@ def unique_tensors(
     return kept, aliases
 
 
-def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
-    """``write`` to a temporary file beside ``path``, then rename it into place."""
-    partial = path.with_name(f".{path.name}.partial")
-    try:
-        write(partial)
-        os.replace(partial, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            partial.unlink()
+def write_safetensors(out: Sink, state: Mapping[str, torch.Tensor], where: str) -> None:
+    """Write ``state`` to ``out`` as one safetensors file (``where`` names it in errors): each
+    storage once, the tied names in the metadata (``ALIASES``).
 
-
-def write_safetensors(directory: Path, state: Mapping[str, torch.Tensor]) -> None:
+    The header lists the tensors by element size, largest first, so each one's bytes start
+    at a multiple of it (the header's length is padded to 8), as safetensors lays them out.
+    """
+    if sys.byteorder != "little":  # torch's bytes are the host's, safetensors' little-endian
+        raise CheckpointError(where, "", "a big-endian host", "a little-endian one")
     tensors, aliases = unique_tensors(state)
-    metadata = {"format": "pt", ALIASES: json.dumps(aliases, sort_keys=True)}
-    write_atomically(
-        directory / WEIGHTS_NAME, lambda path: save_file(tensors, str(path), metadata=metadata)
-    )
+    for key, tensor in tensors.items():
+        if tensor.is_meta:
+            raise CheckpointError(where, key, "a tensor on the meta device", "a tensor with data")
+        if tensor.dtype not in _NAMES:
+            valid = ", ".join(str(dtype) for dtype in _NAMES)
+            raise CheckpointError(where, key, str(tensor.dtype), f"a dtype of {valid}")
+    order = sorted(tensors, key=lambda k: (-tensors[k].element_size(), k))
+    header: dict[str, Any] = {
+        "__metadata__": {"format": "pt", ALIASES: json.dumps(aliases, sort_keys=True)}
+    }
+    offset = 0
+    for key in order:
+        tensor = tensors[key]
+        size = tensor.numel() * tensor.element_size()
+        header[key] = {"dtype": _NAMES[tensor.dtype], "shape": list(tensor.shape),
+                       "data_offsets": [offset, offset + size]}  # fmt: skip
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    out(len(text).to_bytes(8, "little") + text)
+    for key in order:
+        flat = tensors[key].detach().to("cpu").contiguous().reshape(-1)
+        out(flat.view(torch.uint8).numpy().data)
