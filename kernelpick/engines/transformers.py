@@ -47,10 +47,10 @@ from kernelpick.core._errors import InvalidValueError
 from kernelpick.core._policy import Policy
 from kernelpick.core._schemes import Scheme
 from kernelpick.engines._hf_layers import HfLayers
-from kernelpick.engines._patterns import check_patterns, kept
 from kernelpick.integration import quantization_config
 from kernelpick.integration._errors import CheckpointError
 from kernelpick.integration._layer_steps import ONLINE_SCHEMES, LayerSteps
+from kernelpick.integration._patterns import check_patterns, kept
 
 __all__ = ["METHOD", "KernelpickConfig", "KernelpickHfQuantizer"]
 

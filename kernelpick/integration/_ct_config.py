@@ -12,7 +12,6 @@ presets' arguments), which vLLM and SGLang load too.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeGuard
 
@@ -22,6 +21,7 @@ import torch
 from kernelpick.core._schemes import DEFAULT_BLOCK_SIZE, Scheme
 from kernelpick.integration._errors import CheckpointError
 from kernelpick.integration._layout import Layout, Stored
+from kernelpick.integration._patterns import ct_matches, ct_refusal
 
 __all__ = [
     "METHOD",
@@ -223,9 +223,22 @@ def from_config(where: str, config: Mapping[str, Any]) -> CompressedTensorsLayou
     ignore = config.get("ignore") or []
     if not _strings(targets) or not targets or not _strings(ignore):
         raise CheckpointError(at, "targets/ignore", repr((targets, ignore)), "lists of names")
+    for place, key, patterns in ((at, "targets", targets), (where, "ignore", ignore)):
+        _check_regexes(place, key, patterns)
     block = weights.size if scheme is Scheme.FP8_BLOCK else None
     return CompressedTensorsLayout(where=where, scheme=scheme, block_size=block,
                                    targets=tuple(targets), ignore=tuple(ignore))  # fmt: skip
+
+
+def _check_regexes(where: str, key: str, patterns: list[str]) -> None:
+    """Each ``re:`` pattern compiled now, as ``matches`` will match it: one that cannot be
+    is a ``CheckpointError`` when the config is read, not a ``re.error`` at some layer."""
+    for pattern in patterns:
+        if pattern.startswith("re:"):
+            refusal = ct_refusal(pattern.removeprefix("re:"))
+            if refusal is not None:
+                expected = f"a name, a class, or re: and a regex both re and RE2 read: {refusal}"
+                raise CheckpointError(where, key, repr(pattern), expected)
 
 
 def _strings(value: object) -> bool:
@@ -234,14 +247,15 @@ def _strings(value: object) -> bool:
 
 def matches(name: str, module: torch.nn.Module, patterns: Iterable[str]) -> bool:
     """compressed-tensors' rule: a pattern is a module name, ``re:`` and a regular
-    expression matched from the start of the name, or a class name in the module's MRO
-    (``Linear`` also matching vLLM's ``LinearBase``)."""
+    expression matched from the start of the name (by RE2, in linear time: see
+    ``_patterns``), or a class name in the module's MRO (``Linear`` also matching vLLM's
+    ``LinearBase``)."""
     classes = {cls.__name__ for cls in type(module).__mro__}
     if "LinearBase" in classes:
         classes.add("Linear")
     for pattern in patterns:
         if pattern.startswith("re:"):
-            if re.match(pattern.removeprefix("re:"), name):
+            if ct_matches(name, pattern.removeprefix("re:")):
                 return True
         elif pattern == name or pattern in classes:
             return True

@@ -12,7 +12,6 @@ dequantizes ``weight * weight_scale_inv``), which is kernelpick's ``weight_scale
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,6 +21,7 @@ import torch
 from kernelpick.core._schemes import DEFAULT_BLOCK_SIZE, Scheme
 from kernelpick.integration._errors import CheckpointError
 from kernelpick.integration._layout import Layout, Stored
+from kernelpick.integration._patterns import kept, not_convert_refusal
 
 __all__ = ["METHOD", "FineGrainedFp8Layout", "from_hf_config"]
 
@@ -33,31 +33,20 @@ _KNOWN = (
     "quant_method", "activation_scheme", "weight_block_size", "modules_to_not_convert",
     "ignored_layers", "modules_to_convert", "scale_fmt", "expert_dtype", "dequantize", "fmt",
 )  # fmt: skip
-# A pattern ends at a module boundary: "layers.1" keeps layers.1.mlp, not layers.11.mlp.
-_BOUNDARY = r"(?:(?<=\.)|(?=\.|$))"
-
-
-def _kept_by(name: str, patterns: tuple[str, ...]) -> bool:
-    """transformers' rule for ``modules_to_not_convert``: a pattern keeps a module whose
-    name ends with it, or that it matches from the start (as a regular expression) up to a
-    module boundary."""
-    return any(
-        name.endswith(pattern) or re.match(f"(?:{pattern}){_BOUNDARY}", name) is not None
-        for pattern in patterns
-    )
 
 
 @attrs.frozen(kw_only=True)
 class FineGrainedFp8Layout(Layout):
     """A FineGrainedFP8 checkpoint: a module is quantized when the checkpoint stores its
-    ``weight_scale_inv``; ``not_convert`` keeps modules in high precision."""
+    ``weight_scale_inv``; ``not_convert`` keeps modules in high precision, by transformers'
+    rule (``_patterns.kept``)."""
 
     not_convert: tuple[str, ...]
 
     def role(self, name: str, module: torch.nn.Module, stored: Stored) -> bool | str | None:
-        kept = _kept_by(name, self.not_convert)
+        keeps = kept(name, self.not_convert)
         if stored(self.scale_name):
-            if kept:
+            if keeps:
                 raise CheckpointError(
                     self.where, "modules_to_not_convert", f"a pattern keeping {name}",
                     f"none for a module the checkpoint quantizes ({name}.{self.scale_name} "
@@ -66,7 +55,7 @@ class FineGrainedFp8Layout(Layout):
             return True
         if not isinstance(module, torch.nn.Linear):
             return None
-        if kept:
+        if keeps:
             return "modules_to_not_convert keeps it in high precision"
         return f"the checkpoint stores no {self.scale_name} for it: high precision"
 
@@ -108,10 +97,10 @@ def _patterns(where: str, config: Mapping[str, Any]) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise _refuse(where, key, value, "a list of module names or patterns")
     for pattern in value:
-        try:
-            re.compile(pattern)
-        except re.error as error:
-            raise _refuse(where, key, pattern, f"a regular expression ({error})") from error
+        refusal = not_convert_refusal(pattern)
+        if refusal is not None:
+            raise _refuse(where, key, pattern, f"a name, a suffix or a regex Python's re "
+                          f"and RE2 read alike: {refusal}")  # fmt: skip
     return tuple(value)
 
 
