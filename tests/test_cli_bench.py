@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import time
 from pathlib import Path
 
@@ -87,6 +88,91 @@ def test_bench_refuses_bad_options_before_it_starts(options: list[str], needles:
     assert "checkpoint_format" not in err  # the Python API's remedy, not the command's
     for needle in needles:
         assert needle in err
+
+
+def _one_error_line(err: str) -> str:
+    """The one line of ``err``: kernelpick's error, and no traceback or progress."""
+    assert err.startswith("kernelpick: error: "), err
+    assert err.count("\n") == 1, err
+    return err
+
+
+# More than a 64-bit machine's address space: no allocator can give it, even overcommitted.
+BEYOND_ANY_MEMORY = ["--shape", "10000000,10000000"]
+
+
+@pytest.mark.parametrize(
+    ("options", "needs"),
+    [(["--shape", "200000,200000"], "335.5 GiB"), (["--tokens", "100000000"], "8011.0 GiB")],
+    ids=["a huge weight", "a huge input"],
+)
+def test_bench_refuses_a_layer_larger_than_the_memory_before_it_starts(
+    options: list[str], needs: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("kernelpick.bench._memory.available_bytes", lambda device: 16 * 2**30)
+    status, out, err = run_cli("bench", *options)
+    assert status == EXIT_BAD_INPUT
+    assert out == ""
+    line = _one_error_line(err)
+    assert f"it needs {needs} of cpu memory and 16.0 GiB is available" in line
+    assert "lower --tokens (M) or --shape (N,K)" in line
+    # And on this machine, as it reports its memory, for a layer no machine holds.
+    monkeypatch.undo()
+    status, _, err = run_cli("bench", *BEYOND_ANY_MEMORY)
+    assert status == EXIT_BAD_INPUT
+    assert re.search(r"it needs \d+\.\d GiB of cpu memory and \d+\.\d GiB is available", err)
+
+
+def test_an_allocation_that_fails_anyway_is_the_same_one_line_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # No memory reading (as where none can be read): torch's own allocation fails, for real.
+    monkeypatch.setattr("kernelpick.bench._memory.available_bytes", lambda device: None)
+    status, out, err = run_cli("bench", *BEYOND_ANY_MEMORY, "--quiet")
+    assert status == EXIT_BAD_INPUT
+    assert out == ""
+    line = _one_error_line(err)
+    assert "'M=256 N=10000000 K=10000000'" in line
+    assert "allocating failed (tried to allocate 400000000000000 bytes)" in line
+    assert "DefaultCPUAllocator" not in line  # torch's words stay in the chained error
+
+    def gpu_out_of_memory(*args: object) -> None:
+        raise torch.OutOfMemoryError(
+            "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has ..."
+        )
+
+    monkeypatch.setattr("kernelpick.bench._layer.processed_layer", gpu_out_of_memory)
+    status, _, err = run_cli(*BENCH_TINY, "--quiet")
+    assert status == EXIT_BAD_INPUT
+    assert "allocating failed (tried to allocate 20.00 GiB)" in _one_error_line(err)
+
+    def another_failure(*args: object) -> None:
+        raise RuntimeError("not about memory")
+
+    monkeypatch.setattr("kernelpick.bench._layer.processed_layer", another_failure)
+    with pytest.raises(RuntimeError, match="not about memory"):
+        run_cli(*BENCH_TINY, "--quiet")  # not disguised as a memory error
+
+
+def test_a_gpu_benchmark_is_held_to_the_gpus_free_memory_and_the_hosts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kernelpick.bench._memory import bench_bytes, check_fits
+
+    gpu = torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2 * 2**30, 80 * 2**30))
+    check_fits((4096, 4096), 256, 2, gpu)  # 0.1 GiB: fits
+    with pytest.raises(kp.InvalidValueError, match=r"of cuda memory and 2\.0 GiB is available"):
+        check_fits((32768, 32768), 256, 2, gpu)
+    assert bench_bytes((32768, 32768), 256, 2) > 2 * 2**30
+    # The weight is drawn in fp32 on the host first: 8 GiB of it for 32768 x 32768.
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (80 * 2**30, 80 * 2**30))
+    monkeypatch.setattr(
+        "kernelpick.bench._memory.available_bytes",
+        lambda device: 80 * 2**30 if device.type == "cuda" else 4 * 2**30,
+    )
+    with pytest.raises(kp.InvalidValueError, match=r"8\.0 GiB of cpu memory and 4\.0 GiB"):
+        check_fits((32768, 32768), 256, 2, gpu)
 
 
 def test_bench_layer_refuses_a_scheme_before_announcing_a_stage() -> None:

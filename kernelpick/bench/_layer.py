@@ -7,6 +7,7 @@ from collections.abc import Callable
 import attrs
 import torch
 
+from kernelpick.bench._memory import allocation_failures, check_fits
 from kernelpick.bench._timing import median_seconds
 from kernelpick.core._device import DeviceCaps
 from kernelpick.core._dtypes import Dtype
@@ -73,34 +74,40 @@ def bench_layer(
     progress: Progress | None = None,
 ) -> LayerBench:
     """Quantize a random ``[N, K]`` layer with the kernel selected for ``caps`` and time it;
-    ``progress`` hears of each of the ``STAGES`` stages as it starts (a run takes seconds)."""
+    ``progress`` hears of each of the ``STAGES`` stages as it starts (a run takes seconds).
+
+    A layer whose tensors would not fit ``device``'s free memory is ``InvalidValueError``
+    before anything is allocated, and so is an allocation that fails anyway."""
     n, k = shape
     parsed = Dtype.parse(dtype)
     name, native = parsed.value, torch_dtype(parsed)
     # Made (the scheme read, the kernel selected) before the first stage is announced: a
     # bad scheme is an error on its own, not one that follows "[1/4] quantizing".
     method = Fp8LinearMethod(scheme, caps)
+    # Before the first stage too, and before anything is allocated.
+    check_fits(shape, tokens, native.itemsize, device)
     sizes = f"M={tokens} N={n} K={k}"
     tell = progress or (lambda stage, number, total: None)
-    tell(f"quantizing the {n}x{k} weight", 1, STAGES)
-    generator = torch.Generator().manual_seed(0)
-    weight = (torch.randn(n, k, generator=generator) / k**0.5).to(device)
-    x = torch.randn(tokens, k, generator=generator).to(device)
-    layer = processed_layer(method, weight.to(native), device)
-    x_native, w_native = x.to(native), weight.to(native)
-    decision = layer_state(layer).decision
-    with torch.inference_mode():
-        exact = torch.nn.functional.linear(x, weight)
-        got = method.apply(layer, x_native).float()
-        error = float(torch.linalg.norm(got - exact) / torch.linalg.norm(exact))
-        tell(f"timing {decision.kernel} at {sizes}", 2, STAGES)
-        seconds = median_seconds(lambda: method.apply(layer, x_native), repeats, device)
-        tell(f"timing linear float32 at {sizes}", 3, STAGES)
-        fp32 = median_seconds(lambda: torch.nn.functional.linear(x, weight), repeats, device)
-        tell(f"timing linear {name} at {sizes}", 4, STAGES)
-        same = median_seconds(
-            lambda: torch.nn.functional.linear(x_native, w_native), repeats, device
-        )
+    with allocation_failures(shape, tokens):
+        tell(f"quantizing the {n}x{k} weight", 1, STAGES)
+        generator = torch.Generator().manual_seed(0)
+        weight = (torch.randn(n, k, generator=generator) / k**0.5).to(device)
+        x = torch.randn(tokens, k, generator=generator).to(device)
+        layer = processed_layer(method, weight.to(native), device)
+        x_native, w_native = x.to(native), weight.to(native)
+        decision = layer_state(layer).decision
+        with torch.inference_mode():
+            exact = torch.nn.functional.linear(x, weight)
+            got = method.apply(layer, x_native).float()
+            error = float(torch.linalg.norm(got - exact) / torch.linalg.norm(exact))
+            tell(f"timing {decision.kernel} at {sizes}", 2, STAGES)
+            seconds = median_seconds(lambda: method.apply(layer, x_native), repeats, device)
+            tell(f"timing linear float32 at {sizes}", 3, STAGES)
+            fp32 = median_seconds(lambda: torch.nn.functional.linear(x, weight), repeats, device)
+            tell(f"timing linear {name} at {sizes}", 4, STAGES)
+            same = median_seconds(
+                lambda: torch.nn.functional.linear(x_native, w_native), repeats, device
+            )
     return LayerBench(
         decision.kernel, decision.degraded, caps.name, tokens, shape,
         name, seconds, fp32, same, error,
