@@ -10,6 +10,7 @@ import torch
 
 import kernelpick as kp
 from kernelpick.core import FEATURE_CPP_TOOLCHAIN, CpuArch
+from kernelpick.core._catalog_facts import INT8_DOT_ISA
 from kernelpick.kernels._cpu_build import ISA_LEVELS
 
 HOST = kp.probe("cpu")
@@ -20,6 +21,22 @@ NEEDS_A_LEVEL = pytest.mark.skipif(
     not LEVELS or "cpp_toolchain" not in HOST.features,
     reason="needs an x86 CPU with AVX2+FMA+F16C and a C++ toolchain",
 )
+
+
+# torch._int_mm on a CPU sums right only with an int8 dot product (INT8_DOT_ISA): a test that
+# runs it on this host runs where the catalog would select it, and says why it skips elsewhere.
+NEEDS_INT8_DOT = pytest.mark.skipif(
+    not INT8_DOT_ISA.flags & HOST_ISA,
+    reason=f"torch._int_mm is exact on a CPU only with one of {sorted(INT8_DOT_ISA.flags)}; "
+    "this CPU has none (cpu_int8_int_mm is turned down here)",
+)
+
+
+def with_int8_dot(caps: kp.DeviceCaps) -> kp.DeviceCaps:
+    """``caps`` of a CPU that also has VNNI, where the catalog selects ``cpu_int8_int_mm``."""
+    arch = caps.arch
+    assert isinstance(arch, CpuArch)
+    return attrs.evolve(caps, arch=attrs.evolve(arch, isa=arch.isa | {"avx512_vnni"}))
 
 
 def skip_unless_runs(level: str) -> pytest.MarkDecorator:

@@ -25,7 +25,7 @@ from kernelpick.core import evaluate
 from kernelpick.kernels._base import KernelBase
 from kernelpick.kernels._canonical import quantize_weight
 from kernelpick.kernels._cpu_build import ISA_LEVELS
-from tests.cpu_levels import caps_at, skip_unless_runs
+from tests.cpu_levels import NEEDS_INT8_DOT, caps_at, skip_unless_runs, with_int8_dot
 from tests.emulation import Emulated, assert_within_bound, emulated
 
 PER_CHANNEL, PER_TENSOR = "fp8_per_channel", "fp8_per_tensor"
@@ -73,10 +73,13 @@ LEVEL_CASES = [
     if kernel in COMPILED
     for level in ISA_LEVELS
 ] + [
-    pytest.param(kernel, scheme, None, id=f"{kernel}-{scheme}")
+    pytest.param(
+        kernel, scheme, None, id=f"{kernel}-{scheme}",
+        marks=[NEEDS_INT8_DOT] if kernel == "cpu_int8_int_mm" else [],
+    )
     for kernel, scheme in CASES
     if kernel not in COMPILED
-]
+]  # fmt: skip
 
 aligned = st.integers(1, 64).map(lambda v: v * 16)
 any_extent = st.integers(1, 1024)
@@ -85,7 +88,8 @@ any_extent = st.integers(1, 1024)
 def _caps(kernel: str) -> kp.DeviceCaps:
     # Without cupy: on CPU tensors the CUDA families quantize with torch ops (the cupy
     # quantizer is checked on a GPU, tests/gpu).
-    return attrs.evolve(kp.device_profile(DEVICE[kernel.split("_")[0]]), libraries=frozenset())
+    caps = attrs.evolve(kp.device_profile(DEVICE[kernel.split("_")[0]]), libraries=frozenset())
+    return with_int8_dot(caps) if kernel == "cpu_int8_int_mm" else caps
 
 
 def _out_dtypes(kernel: str) -> list[str]:

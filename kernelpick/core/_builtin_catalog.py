@@ -23,6 +23,7 @@ from kernelpick.core._catalog_facts import (
     CPU_FP8_WEIGHTS,
     DEQUANT_ANY,
     E4M3,
+    INT8_DOT_ISA,
     INT8_PER_TOKEN,
     INT_MM_ALIGN,
     INT_MM_CUDA,
@@ -182,13 +183,13 @@ _CPU = (
         "tiles for large M, activations kept in their own dtype",
     ),
     KernelSpec(
-        # torch's CPU _int_mm is oneDNN's int8 GEMM (VNNI / AMX where the CPU has them) for
-        # any M, K and N (measured on torch 2.13: M=1, K=60, N=12 runs).
+        # torch's CPU _int_mm is oneDNN's int8 GEMM for any M, K and N (measured on torch
+        # 2.13: M=1, K=60, N=12 runs), exact only with VNNI or AMX (INT8_DOT_ISA).
         "cpu_int8_int_mm",
         CPU,
         W8A8,
-        (*INT8_PER_TOKEN, ANY_OUT),
-        "torch._int_mm (oneDNN int8 GEMM), then token and channel scales",
+        (INT8_DOT_ISA, *INT8_PER_TOKEN, ANY_OUT),
+        "torch._int_mm (oneDNN int8 GEMM, VNNI or AMX), then token and channel scales",
     ),
     KernelSpec(
         # torch runs CPU _scaled_mm through oneDNN only where the CPU has amx_int8

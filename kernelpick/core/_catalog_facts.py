@@ -11,6 +11,7 @@ from kernelpick.core._requirements import (
     ActivationScales,
     Alignment,
     CpuIsa,
+    CpuIsaAnyOf,
     CudaArchs,
     DynamicActivationScales,
     Fp8Dtypes,
@@ -44,6 +45,7 @@ __all__ = [
     "E4M3",
     "E8M0",
     "INT8",
+    "INT8_DOT_ISA",
     "INT8_PER_TOKEN",
     "INT_MM_ALIGN",
     "INT_MM_CUDA",
@@ -162,6 +164,12 @@ SM75 = MinComputeCapability(CudaArch(7, 5))
 # exactly (an e4m3 byte shifted into an fp16 is its value times 2^-8), FMA accumulates in
 # fp32; code built for them faults without them (docs/design.md, CpuIsa).
 CPU_FP8_ISA = CpuIsa(frozenset({"avx2", "fma", "f16c"}))
+# torch's CPU _int_mm is oneDNN's int8 GEMM. Without VNNI or AMX, oneDNN sums u8 x s8 pairs
+# in saturating int16 (vpmaddubsw), and the int32 sums come out wrong, silently: measured
+# on torch 2.13 with ONEDNN_MAX_CPU_ISA=AVX2 or AVX512_CORE, 4319 of 24100 outputs of random
+# int8 operands wrong (by up to 18% of the output); none with AVX2_VNNI, AVX512_CORE_VNNI
+# or the host's AMX-less AVX512_CORE_BF16. (tests/test_cpu_int8_isa.py runs both.)
+INT8_DOT_ISA = CpuIsaAnyOf(frozenset({"avx512_vnni", "avx_vnni", "amx_int8"}))
 # Compiled at first use by torch.utils.cpp_extension, which needs a C++ compiler and ninja.
 CPP_TOOLCHAIN = NeedsToolchain()
 # The C++ kernel quantizes activations itself, fused into the GEMM: dynamic scales, per

@@ -19,6 +19,7 @@ from kernelpick.core._rule_fields import as_cuda_arch, either, flag_names, non_e
 
 __all__ = [
     "CpuIsa",
+    "CpuIsaAnyOf",
     "CudaArchs",
     "MinComputeCapability",
     "MinTorch",
@@ -221,6 +222,28 @@ class CpuIsa:
 
     def render(self) -> str:
         return f"CPU with {_flag_list(self.flags)}"
+
+
+@attrs.frozen
+class CpuIsaAnyOf:
+    """The device is a CPU whose ISA has at least one of ``flags`` (named as
+    ``/proc/cpuinfo`` names them): one of several instruction sets that each run a kernel's
+    code right, where the ISA without any of them runs it wrong or not at all."""
+
+    flags: frozenset[str] = attrs.field(converter=_isa_flags)
+
+    def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
+        arch = caps.arch
+        if isinstance(arch, CpuArch) and self.flags & arch.isa:
+            return None
+        if isinstance(arch, CpuArch):
+            found = f"{arch.machine} CPU has none of them"
+        else:
+            found = f"device is not a CPU ({caps.platform} {arch})"
+        return Reason(RejectCode.CPU_ISA, f"one of {_flag_list(self.flags)}", found)
+
+    def render(self) -> str:
+        return f"CPU with one of {_flag_list(self.flags)}"
 
 
 def _flag_list(flags: frozenset[str]) -> str:

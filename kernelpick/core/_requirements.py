@@ -26,6 +26,7 @@ from kernelpick.core._config_rules import (
 from kernelpick.core._device import DeviceCaps
 from kernelpick.core._device_rules import (
     CpuIsa,
+    CpuIsaAnyOf,
     CudaArchs,
     MinComputeCapability,
     MinTorch,
@@ -43,6 +44,7 @@ __all__ = [
     "ActivationScales",
     "Alignment",
     "CpuIsa",
+    "CpuIsaAnyOf",
     "CudaArchs",
     "DynamicActivationScales",
     "Fp8Dtypes",

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import functools
+import os
 import platform
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import torch
@@ -19,11 +20,19 @@ from kernelpick.core._device import (
 from kernelpick.core._errors import InvalidValueError
 from kernelpick.kernels._cpu_build import toolchain_found
 
-__all__ = ["KERNEL_ISA_FLAGS", "parse_cpuinfo", "probe", "read_properties", "translate"]
+__all__ = [
+    "KERNEL_ISA_FLAGS",
+    "parse_cpuinfo",
+    "probe",
+    "read_properties",
+    "translate",
+    "usable_isa",
+]
 
 # The /proc/cpuinfo flags that decide which CPU kernel paths run and are fast: x86 vector,
-# FMA, F16C (the compiled kernels decode FP8 with vcvtph2ps), AVX-512 and AMX units (x86
-# "flags" line), and Arm SIMD, SVE and bf16/int8 dot products (aarch64 "Features" line).
+# FMA, F16C (the compiled kernels decode FP8 with vcvtph2ps), AVX-512, VNNI (int8 dot
+# products: oneDNN's int8 GEMM is exact only with them or AMX) and AMX units (x86 "flags"
+# line), and Arm SIMD, SVE and bf16/int8 dot products (aarch64 "Features" line).
 # Everything else in cpuinfo is noise for kernel choice.
 KERNEL_ISA_FLAGS = frozenset(
     {
@@ -35,6 +44,8 @@ KERNEL_ISA_FLAGS = frozenset(
         "avx512vl",
         "avx512_bf16",
         "avx512_fp16",
+        "avx512_vnni",
+        "avx_vnni",
         "avx512vbmi",
         "amx_bf16",
         "amx_int8",
@@ -48,6 +59,13 @@ KERNEL_ISA_FLAGS = frozenset(
         "sve2",
     }
 )
+
+# oneDNN, which runs torch's CPU int8 GEMM, uses no newer ISA than ONEDNN_MAX_CPU_ISA (or
+# its old name DNNL_MAX_CPU_ISA) allows. These levels have no int8 dot product (VNNI, AMX):
+# under them the CPU's VNNI is unused and _int_mm's sums saturate (see INT8_DOT_ISA).
+_ONEDNN_CAPS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
+_NO_INT8_DOT_LEVELS = frozenset({"SSE41", "AVX", "AVX2", "AVX512_CORE"})
+_INT8_DOT_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
 
 _CPUINFO = Path("/proc/cpuinfo")
 # Only the host CPU exists as a device for this adapter.
@@ -77,6 +95,14 @@ def parse_cpuinfo(text: str) -> tuple[str | None, list[str]]:
         elif key in ("flags", "features") and not flags:
             flags = {flag.lower() for flag in value.split()} & KERNEL_ISA_FLAGS
     return name, sorted(flags)
+
+
+def usable_isa(flags: Iterable[str], environ: Mapping[str, str]) -> list[str]:
+    """The CPU's ``flags`` less the int8 dot products oneDNN is told not to use (its
+    ``ONEDNN_MAX_CPU_ISA`` names a level without them), sorted."""
+    level = next((environ[key] for key in _ONEDNN_CAPS if environ.get(key)), "")
+    capped = level.strip().upper() in _NO_INT8_DOT_LEVELS
+    return sorted(set(flags) - _INT8_DOT_FLAGS if capped else set(flags))
 
 
 def _read_cpuinfo() -> str:
@@ -122,7 +148,8 @@ def _trial_scaled_mm(rowwise: bool) -> bool:
 def read_properties(device_index: int = 0) -> dict[str, object]:
     """The raw facts of the host CPU and torch build, JSON-ready (``translate`` reads them).
 
-    Keys: ``machine``, ``name``, ``isa`` (sorted ``KERNEL_ISA_FLAGS`` present),
+    Keys: ``machine``, ``name``, ``isa`` (sorted ``KERNEL_ISA_FLAGS`` present, less the
+    int8 dot products ``ONEDNN_MAX_CPU_ISA`` keeps oneDNN from: see ``usable_isa``),
     ``torch_version``, ``scaled_mm`` / ``scaled_mm_rowwise`` found by a tiny trial call, and
     ``cpp_toolchain``: a C++ compiler and ninja on PATH (nothing is compiled). Only index 0
     exists.
@@ -133,7 +160,7 @@ def read_properties(device_index: int = 0) -> dict[str, object]:
     return {
         "machine": machine,
         "name": model or platform.processor() or machine or "CPU",
-        "isa": isa,
+        "isa": usable_isa(isa, os.environ),
         "torch_version": str(torch.__version__),
         "scaled_mm": _trial_scaled_mm(rowwise=False),
         "scaled_mm_rowwise": _trial_scaled_mm(rowwise=True),
