@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -163,6 +164,42 @@ def test_an_extensions_dir_under_a_file_is_a_kernelpick_error_naming_it(
     assert f"TORCH_EXTENSIONS_DIR={root} must name a directory" in str(raised.value)
     assert isinstance(model[0], torch.nn.Linear)  # nothing was changed
     assert not _cpu_build._FAILED  # a directory fixed later is used: not remembered
+
+
+_PROBED = """
+import json, torch
+import kernelpick as kp
+from kernelpick.integration import quantize_model
+caps = kp.probe("cpu")
+model = torch.nn.Sequential(torch.nn.Linear(64, 32))
+report = quantize_model(model, "fp8_per_channel", caps, kp.Policy(), progress=False)
+decision = model[0].kernelpick_decision
+reasons = [r.render() for v in decision.trace if v.kernel == "cpu_fp8_gemm" for r in v.reasons]
+print(json.dumps({"features": sorted(caps.features), "kernel": report.layers[0].kernel,
+                  "reasons": reasons}))
+"""
+
+
+def test_an_extensions_dir_the_probe_cannot_write_turns_the_compiled_kernels_down(
+    tmp_path: Path,
+) -> None:
+    """As with no compiler: the probe reports no usable toolchain, and the layer runs on a
+    kernel that needs no build, the compiled one's reason saying what to fix."""
+    root = tmp_path / "a_file" / "extensions"
+    root.parent.write_text("")
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(root)}
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBED], env=env, capture_output=True, text=True, timeout=300,
+        check=True,
+    )  # fmt: skip
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert "cpp_toolchain" not in result["features"]
+    assert result["kernel"] not in ("cpu_fp8_gemm", "cpu_fp8_w8a16_gemm")
+    assert result["reasons"] == [
+        "needs a C++ toolchain; none usable (a C++ compiler and ninja on PATH, a writable "
+        "TORCH_EXTENSIONS_DIR)"
+    ]
+    assert not root.parent.is_dir()  # the probe created nothing
 
 
 def _load(env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess[str]:

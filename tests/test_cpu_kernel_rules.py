@@ -49,7 +49,8 @@ SQUARE = (4096, 4096)
 UNALIGNED = (4096, 4100)
 
 C = kp.RejectCode
-TOOLCHAIN_LINE = "  - cpu_fp8_gemm: needs a C++ toolchain; none found"
+NO_TOOLCHAIN = "none usable (a C++ compiler and ninja on PATH, a writable TORCH_EXTENSIONS_DIR)"
+TOOLCHAIN_LINE = f"  - cpu_fp8_gemm: needs a C++ toolchain; {NO_TOOLCHAIN}"
 
 
 def _cpu(
@@ -212,7 +213,7 @@ def test_without_a_toolchain_the_reason_reads_so_and_the_choice_falls_back() -> 
     assert (decision.kernel, decision.degraded) == (before.kernel, before.degraded)
     lines = decision.render().splitlines()
     assert TOOLCHAIN_LINE in lines
-    assert "  - cpu_fp8_w8a16_gemm: needs a C++ toolchain; none found" in lines
+    assert f"  - cpu_fp8_w8a16_gemm: needs a C++ toolchain; {NO_TOOLCHAIN}" in lines
     # The JSON form carries the code, and the same sentence as its message.
     record = next(t for t in decision.to_dict()["trace"] if t["kernel"] == FP8_GEMM)
     assert record["status"] == "rejected"
@@ -220,8 +221,8 @@ def test_without_a_toolchain_the_reason_reads_so_and_the_choice_falls_back() -> 
         {
             "code": "toolchain",
             "needed": "a C++ toolchain",
-            "found": "none found",
-            "message": "needs a C++ toolchain; none found",
+            "found": NO_TOOLCHAIN,
+            "message": f"needs a C++ toolchain; {NO_TOOLCHAIN}",
         }
     ]
 
@@ -343,7 +344,7 @@ def test_compiled_kernels_run_exactly_where_their_device_facts_hold(
         assert (C.TOOLCHAIN in codes) is not toolchain
         assert (C.CPU_ISA in codes) is not isa
         lines = decision.render().splitlines()
-        assert (f"  - {kernel}: needs a C++ toolchain; none found" in lines) is not toolchain
+        assert (f"  - {kernel}: needs a C++ toolchain; {NO_TOOLCHAIN}" in lines) is not toolchain
     before = kp.choose(caps, config, catalog=BEFORE)
     assert isinstance(before, kp.Selected)
     scheme = scheme_of(config)

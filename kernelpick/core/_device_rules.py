@@ -180,18 +180,23 @@ class NeedsLibrary:
         return f"{self.library} usable"
 
 
+# What the probe looked for (kernels/_cpu_build.toolchain_found).
+_NO_TOOLCHAIN = "none usable (a C++ compiler and ninja on PATH, a writable TORCH_EXTENSIONS_DIR)"
+
+
 @attrs.frozen
 class NeedsToolchain:
-    """A C++ toolchain (a compiler and ninja) is on the device's PATH, so a kernel compiled
-    at first use by ``torch.utils.cpp_extension`` can be built (``FEATURE_CPP_TOOLCHAIN``,
-    found by the CPU adapter's probe)."""
+    """A C++ toolchain (a compiler and ninja) is on the device's PATH and the extensions
+    directory can be written, so a kernel compiled at first use by
+    ``torch.utils.cpp_extension`` can be built (``FEATURE_CPP_TOOLCHAIN``, found by the
+    CPU adapter's probe)."""
 
     def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
         # torch.utils.cpp_extension.load runs $CXX (else c++) through ninja: without both,
         # the kernel's first call would fail after the weights were made for it.
         if FEATURE_CPP_TOOLCHAIN in caps.features:
             return None
-        return Reason(RejectCode.TOOLCHAIN, "a C++ toolchain", "none found")
+        return Reason(RejectCode.TOOLCHAIN, "a C++ toolchain", _NO_TOOLCHAIN)
 
     def render(self) -> str:
         return "a C++ toolchain (compiler and ninja)"

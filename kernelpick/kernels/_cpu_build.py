@@ -108,13 +108,15 @@ def _compiler() -> str:
 
 
 def toolchain_found() -> bool:
-    """Whether this machine can build the CPU kernel: a C++ compiler and ninja on PATH.
+    """Whether this machine can build the CPU kernel: a C++ compiler and ninja on PATH, and
+    a build root (``TORCH_EXTENSIONS_DIR``) it can create and write.
 
-    Cheap (two PATH lookups and ``ninja --version``); nothing is compiled. The answer is a
-    probed fact (``FEATURE_CPP_TOOLCHAIN``), so a machine without a toolchain gets the
-    kernel rejected with a reason rather than an error at first use.
+    Cheap (two PATH lookups, ``ninja --version`` and a look at the root's nearest existing
+    folder); nothing is compiled or created. The answer is a probed fact
+    (``FEATURE_CPP_TOOLCHAIN``), so a machine that cannot build gets the kernel rejected
+    with a reason rather than an error at first use.
     """
-    if shutil.which(_compiler()) is None:
+    if not _build_root_writable() or shutil.which(_compiler()) is None:
         return False
     ninja = shutil.which("ninja")
     if ninja is None:
@@ -174,11 +176,25 @@ def _build_name(level: str) -> str:
     return f"kernelpick_cpu_fp8_{level}_{digest}"
 
 
-def _build_directory(name: str) -> Path:
+def _build_root() -> Path:
     from torch.utils import cpp_extension
 
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
-    return Path(root) / "kernelpick" / name
+    return Path(root) / "kernelpick"
+
+
+def _build_root_writable() -> bool:
+    """Whether the build root can be made: its nearest existing folder is a directory this
+    process may write into (under a regular file, or a read-only tree, it cannot)."""
+    root = _build_root()
+    for path in (root, *root.parents):
+        if path.exists():
+            return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
+    return False
+
+
+def _build_directory(name: str) -> Path:
+    return _build_root() / name
 
 
 def _unusable(directory: Path, error: OSError) -> str:
