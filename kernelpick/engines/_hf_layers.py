@@ -16,7 +16,6 @@ from collections.abc import Callable
 
 import attrs
 import torch
-from safetensors import safe_open
 
 from kernelpick.core._errors import InvalidValueError, KernelpickError
 from kernelpick.integration._errors import CheckpointError, ModelConversionError
@@ -40,7 +39,6 @@ __all__ = ["LOADED", "HfLayers"]
 # it only moved off the meta device for a missing key.
 LOADED = "_is_hf_initialized"
 _WHERE = "transformers from_pretrained"
-_FLOATS = ("F32", "BF16", "F16", "F64")  # safetensors' names of high-precision floats
 
 
 def _meta(shape: tuple[int, ...], dtype: torch.dtype) -> torch.nn.Parameter:
@@ -59,12 +57,14 @@ class HfLayers:
     """The quantized layers of one ``from_pretrained`` call, by path, with the steps that
     selected their kernels. ``online`` layers quantize a high-precision checkpoint; the
     others read kernelpick's canonical tensors. ``errors`` are the quantizations that failed
-    during loading (transformers would only log them)."""
+    during loading (transformers would only log them), ``scales`` the scales they made (the
+    only ones an online layer installs)."""
 
     steps: LayerSteps
     online: bool
     layers: dict[str, Fp8Linear] = attrs.field(factory=dict)
     errors: dict[str, Exception] = attrs.field(factory=dict)
+    scales: dict[str, torch.Tensor] = attrs.field(factory=dict)
 
     # -- before loading ----------------------------------------------------------------
 
@@ -106,28 +106,6 @@ class HfLayers:
         attach(layer, state)
         self.layers[state.prefix] = layer
         return layer
-
-    def check_stored(self, files: object, prefix: str) -> None:
-        """Refuse, before any weight loads, a quantized tensor stored for a weight the online
-        path quantizes: transformers casts each tensor to the model's dtype before the
-        quantize op sees it, so FP8 or int8 bytes would arrive as plausible values without
-        their scale. Read from the safetensors headers (``files``: transformers' list of
-        checkpoint files); a stored name may lack or add the model's ``prefix``."""
-        if not isinstance(files, (list, tuple)):
-            return
-        weights = {f"{path}.weight" for path in self.layers}
-        for file in (str(f) for f in files if str(f).endswith(".safetensors")):
-            with safe_open(file, framework="pt") as handle:
-                for key in handle.keys():  # noqa: SIM118  # a safetensors handle
-                    names = {key, f"{prefix}.{key}", key.removeprefix(f"{prefix}.")}
-                    stored = handle.get_slice(key).get_dtype() if names & weights else "F32"
-                    if stored not in _FLOATS:
-                        raise CheckpointError(
-                            file, key, f"{stored} (quantized already)",
-                            f"a high-precision float weight ({', '.join(_FLOATS)}) to quantize; "
-                            "a quantized checkpoint loads with its own quantization_config "
-                            "(compressed-tensors), or with kernelpick.integration.load_quantized",
-                        )  # fmt: skip
 
     # -- while loading -----------------------------------------------------------------
 
@@ -176,6 +154,7 @@ class HfLayers:
                 self.errors[path] = error
                 raise
             out[key], out[f"{path}.weight_scale"] = weight.data, scale.data
+            self.scales[path] = scale.data
         return out
 
     # -- after loading -----------------------------------------------------------------
@@ -218,6 +197,13 @@ class HfLayers:
         if not weight.is_contiguous():
             raise reject(f"{path}.weight", weight, "a contiguous row-major [N, K] tensor")
         weight_scale = layer.get_parameter("weight_scale").detach()
+        made = self.scales.get(path)
+        if self.online and (made is None or weight_scale.data_ptr() != made.data_ptr()):
+            raise CheckpointError(
+                _WHERE, f"{path}.weight_scale", "a scale the checkpoint holds",
+                "none: this layer's weight is quantized on load, and its scale is the one "
+                "quantizing made (a checkpoint with scales is quantized already)",
+            )  # fmt: skip
         scales = [canonical_scale(f"{path}.weight_scale", weight_scale, config.weight_scale_shape)]
         if "input_scale" in names:
             scales.append(

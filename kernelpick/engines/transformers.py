@@ -47,6 +47,7 @@ from kernelpick.core._errors import InvalidValueError
 from kernelpick.core._policy import Policy
 from kernelpick.core._schemes import Scheme
 from kernelpick.engines._hf_layers import HfLayers
+from kernelpick.engines._hf_stored import check_high_precision
 from kernelpick.integration import quantization_config
 from kernelpick.integration._errors import CheckpointError
 from kernelpick.integration._layer_steps import ONLINE_SCHEMES, LayerSteps
@@ -209,9 +210,8 @@ class KernelpickHfQuantizer(HfQuantizer):
         patterns = [*config.modules_to_not_convert, *fp32]
         layers = HfLayers(steps, online)
         layers.swap(model, lambda name: kept(name, patterns))
-        if online:  # transformers casts each weight before the quantize op sees it
-            prefix = str(getattr(model, "base_model_prefix", "") or "")
-            layers.check_stored(kwargs.get("checkpoint_files"), prefix)
+        if online:  # transformers casts each tensor before the quantize op sees it
+            check_high_precision(kwargs.get("checkpoint_files"))
         self._layers = layers
         return model
 

@@ -155,27 +155,77 @@ def test_a_weight_kernelpick_refuses_raises_kernelpicks_error(tmp_path: Path) ->
     assert isinstance(caught.value.failures[0][1], kp.KernelInputError)
 
 
-@pytest.mark.parametrize("dtype", [torch.int8, torch.float8_e4m3fn])
-def test_quantized_bytes_for_a_weight_to_quantize_are_refused_before_loading(
-    tmp_path: Path, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+UP = "model.layers.1.mlp.up_proj"
+QUANTIZED_ALREADY: list[tuple[str, str, Any, dict[str, Any]]] = [
+    # What is stored, under what name, and how from_pretrained is asked to read it.
+    ("int8 weight", f"{UP}.weight", lambda t: t.to(torch.int8), {}),
+    ("fp8 weight", f"{UP}.weight", lambda t: t.to(torch.float8_e4m3fn), {}),
+    # transformers renames keys (key_mapping, conversion mappings) before kernelpick sees
+    # a name: what is stored is refused, whatever it is called.
+    ("renamed", f"{UP}.weight", lambda t: t.to(torch.float8_e4m3fn),
+     {"key_mapping": {"upp_proj": "up_proj"}, "rename": ("up_proj", "upp_proj")}),
+    # A module kept in high precision would take FP8 bytes cast, without their scale.
+    ("kept module", "lm_head.weight", lambda t: t.to(torch.float8_e4m3fn), {}),
+    # A scale in a high-precision checkpoint would replace the one quantizing makes.
+    ("stray scale", f"{UP}.weight_scale", lambda t: torch.full((t.shape[0], 1), 0.5), {}),
+    ("pickled", f"{UP}.weight", lambda t: t.to(torch.float8_e4m3fn), {"bin": True}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("case", "key", "change", "how"), QUANTIZED_ALREADY, ids=[c[0] for c in QUANTIZED_ALREADY]
+)
+def test_a_quantized_checkpoint_is_refused_before_a_weight_is_quantized_on_load(
+    tmp_path: Path,
+    case: str,
+    key: str,
+    change: Any,
+    how: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """transformers casts each stored tensor to the model's dtype before the quantize op
-    sees it: FP8 or int8 bytes (a quantized checkpoint saved with no quantization_config)
-    would arrive as values without their scale. The header says what is stored."""
+    (or a module kept in high precision) sees it: FP8 or int8 bytes (a quantized checkpoint
+    saved with no quantization_config) would arrive as values without their scale."""
     path = llama_dir(tmp_path)
     tensors = load_file(path / "model.safetensors")
-    key = "model.layers.1.mlp.up_proj.weight"
-    tensors[key] = tensors[key].to(dtype)
-    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    source = key if key in tensors else key.replace("weight_scale", "weight")
+    tensors[key] = change(tensors[source])
+    stored = key
+    if "rename" in how:
+        old, new = how["rename"]
+        stored = key.replace(old, new)
+        tensors[stored] = tensors.pop(key)
+    (path / "model.safetensors").unlink()
+    if how.get("bin"):
+        torch.save(tensors, path / "pytorch_model.bin")
+    else:
+        save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
     from transformers import modeling_utils
 
     def no_loading(*args: object, **kwargs: object) -> None:
         raise AssertionError("weights loaded before the checkpoint was checked")
 
     monkeypatch.setattr(modeling_utils.PreTrainedModel, "_load_pretrained_model", no_loading)
+    kwargs = {"key_mapping": how["key_mapping"]} if "key_mapping" in how else {}
     with pytest.raises(CheckpointError, match="quantized already") as caught:
+        load(path, quantization_config=KernelpickConfig(), **kwargs)
+    assert caught.value.key == stored, case
+
+
+def test_a_scale_past_the_file_check_is_never_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the files are not read first (a loader that passes none), an online layer
+    still installs only the scale its quantizing made."""
+    import kernelpick.engines.transformers as plugin
+
+    path = llama_dir(tmp_path)
+    tensors = load_file(path / "model.safetensors")
+    tensors[f"{UP}.weight_scale"] = torch.full((192, 1), 0.5)
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    monkeypatch.setattr(plugin, "check_high_precision", lambda files: None)
+    with pytest.raises(ModelConversionError, match=r"up_proj\.weight_scale.*quantizing made"):
         load(path, quantization_config=KernelpickConfig())
-    assert caught.value.key == key
 
 
 def test_a_huge_block_size_quantizes_as_one_block(tmp_path: Path) -> None:
