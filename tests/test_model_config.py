@@ -107,6 +107,20 @@ def test_a_model_another_method_quantized_is_refused() -> None:
     assert getattr(model.config, "quantization_config", None) is None
 
 
+def test_an_untied_head_is_saved_untied(tmp_path: Path) -> None:
+    """untie=True makes the tied head a quantized copy of its own: the config must not
+    tell a reader to tie the embedding's float weight to it again (stock transformers
+    then failed on FP8 promotion)."""
+    model = llama(seed=0)  # its head is tied to the embedding
+    assert model.config.tie_word_embeddings
+    quantize_model(model, "fp8_per_channel", CPU, kp.Policy(), untie=True)
+    assert model.config.tie_word_embeddings is False
+    assert model.config.quantization_config["ignore"] == []
+    model.save_pretrained(tmp_path)
+    stock = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert _relative(logits(stock), logits(model)) < 0.02
+
+
 def test_a_model_with_no_transformers_config_is_left_without_one() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
     quantize_model(model, "fp8_per_channel", CPU, kp.Policy())

@@ -177,3 +177,19 @@ ANCHORED = st.tuples(REGEXES, st.sampled_from(["", "$", r"\b", r"\B"])).map("".j
 def test_kept_is_transformers_should_convert_module(name: str, patterns: list[str]) -> None:
     assume(all(_patterns.not_convert_refusal(pattern) is None for pattern in patterns))
     assert _patterns.kept(name, patterns) == (not should_convert_module(name, patterns))
+
+
+@pytest.mark.parametrize("pattern", [r"model\.layers\.\d+\.attn\.\w+", r"re:.*\bproj"])
+def test_a_class_the_engines_read_apart_is_refused_on_a_non_ascii_name(pattern: str) -> None:
+    """RE2 reads \\w, \\d, \\s and \\b as ASCII, Python's re as Unicode: on a name with
+    non-ASCII characters the two could keep different layers, so the match is refused."""
+    name = "model.layers.0.attn.proj_é"
+    if pattern.startswith("re:"):
+        assert _patterns.ct_matches("model.layers.0.attn.proj", pattern[3:])
+        with pytest.raises(kp.InvalidValueError, match="non-ASCII name"):
+            _patterns.ct_matches(name, pattern[3:])
+    else:
+        assert _patterns.kept("model.layers.0.attn.proj", [pattern])
+        with pytest.raises(kp.InvalidValueError, match="non-ASCII name"):
+            _patterns.kept(name, [pattern])
+    assert _patterns.kept(name, [r"model\.layers\.[0-9]+"])  # spelled out: both agree

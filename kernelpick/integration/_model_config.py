@@ -125,8 +125,24 @@ def check_one_config(model: torch.nn.Module, scheme: Scheme, block_size: int | N
     _one_scheme([*_pairs(quantized_layers(model)), (scheme, size)])
 
 
+def _untied(model: torch.nn.Module) -> None:
+    """A head that ``quantize_model(untie=True)`` made a quantized copy of is no longer tied
+    to the input embedding: say so, or a reader would tie the embedding's float weight to
+    the head's FP8 one again (stock transformers then fails on the promotion)."""
+    output = getattr(model, "get_output_embeddings", None)
+    head = output() if callable(output) else None
+    if not isinstance(head, torch.nn.Module) or find_state(head) is None:
+        return
+    config: object = getattr(model, "config", None)
+    text = getattr(config, "get_text_config", None)
+    for each in {id(c): c for c in (config, text() if callable(text) else config)}.values():
+        if getattr(each, "tie_word_embeddings", False):
+            setattr(each, "tie_word_embeddings", False)  # noqa: B010  # a config of any class
+
+
 def record(model: torch.nn.Module) -> None:
     """Give a transformers ``model`` holding quantized layers their compressed-tensors
     config, which its ``save_pretrained`` writes (``check_one_config`` ran first)."""
     if carries_config(model) and quantized_layers(model):
+        _untied(model)
         setattr(model.config, QUANTIZATION_CONFIG, quantization_config(model))

@@ -84,9 +84,20 @@ def _compiled(pattern: str) -> Regex | str:
     return compile_re2(pattern)
 
 
-def _regex(pattern: str) -> Regex:
-    """``pattern`` compiled (once); one no config check has read (a model's own
-    ``_keep_in_fp32_modules``) is refused here."""
+# Classes RE2 reads as ASCII and Python's re as Unicode: the same on an ASCII name only.
+_ASCII_CLASSES = tuple(f"\\{c}" for c in "wWdDsSbB")
+
+
+def _regex(pattern: str, name: str) -> Regex:
+    """``pattern`` compiled (once), to be matched against ``name``; one no config check has
+    read (a model's own ``_keep_in_fp32_modules``) is refused here, and so is a class the
+    two engines read differently on this name's non-ASCII characters."""
+    if not name.isascii() and any(c in pattern for c in _ASCII_CLASSES):
+        raise InvalidValueError(
+            f"module pattern for the non-ASCII name {name!r}", pattern,
+            "a pattern without \\w, \\d, \\s or \\b (RE2 reads them as ASCII, Python's re as "
+            "Unicode): spell the characters out in a set",
+        )  # fmt: skip
     compiled = _compiled(pattern)
     if isinstance(compiled, str):
         raise InvalidValueError("module pattern", pattern, f"a regex RE2 reads ({compiled})")
@@ -102,7 +113,7 @@ def _keeps(name: str, pattern: str) -> bool:
         return True
     if _literal(pattern):
         return name.startswith(pattern) and _boundary(name, len(pattern))
-    regex = _regex(pattern)
+    regex = _regex(pattern, name)
     # Exactly name[:end] for each boundary end, the whole name staying the context, so an
     # anchor inside the pattern means what it means to Python's re over the whole name.
     return regex.matches_prefix(name) and any(
@@ -121,7 +132,7 @@ def ct_matches(name: str, regex: str) -> bool:
     start."""
     if _literal(regex):
         return name.startswith(regex)
-    return _regex(regex).matches_prefix(name)
+    return _regex(regex, name).matches_prefix(name)
 
 
 def check_patterns(patterns: object) -> tuple[str, ...]:

@@ -60,12 +60,29 @@ KERNEL_ISA_FLAGS = frozenset(
     }
 )
 
-# oneDNN, which runs torch's CPU int8 GEMM, uses no newer ISA than ONEDNN_MAX_CPU_ISA (or
-# its old name DNNL_MAX_CPU_ISA) allows. These levels have no int8 dot product (VNNI, AMX):
-# under them the CPU's VNNI is unused and _int_mm's sums saturate (see INT8_DOT_ISA).
+# oneDNN, which runs torch's CPU int8 GEMM, uses no ISA that ONEDNN_MAX_CPU_ISA (or its old
+# name DNNL_MAX_CPU_ISA) leaves out. Each level, with the int8 dot products (see
+# INT8_DOT_ISA) it lets oneDNN use: none below VNNI, where _int_mm's sums saturate; only
+# AVX2's VNNI at the AVX2 VNNI levels, only AVX-512's at the AVX-512 ones (neither level
+# contains the other), all of them at the AMX levels and by default. An unknown level
+# leaves none: int8 then runs on a kernel that needs none, rather than perhaps wrong.
 _ONEDNN_CAPS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
-_NO_INT8_DOT_LEVELS = frozenset({"SSE41", "AVX", "AVX2", "AVX512_CORE"})
 _INT8_DOT_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
+_AVX2_VNNI, _AVX512_VNNI = frozenset({"avx_vnni"}), frozenset({"avx512_vnni"})
+_ONEDNN_INT8_DOT: dict[str, frozenset[str]] = {
+    **dict.fromkeys(("SSE41", "AVX", "AVX2", "AVX512_CORE"), frozenset()),
+    **dict.fromkeys(("AVX2_VNNI", "AVX2_VNNI_2"), _AVX2_VNNI),
+    **dict.fromkeys(
+        ("AVX512_CORE_VNNI", "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX10_1_512",
+         "AVX10_2_512"),
+        _AVX512_VNNI,
+    ),
+    **dict.fromkeys(
+        ("AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16", "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16",
+         "AVX10_2_512_AMX_2", "DEFAULT"),
+        _INT8_DOT_FLAGS,
+    ),
+}  # fmt: skip
 
 _CPUINFO = Path("/proc/cpuinfo")
 # Only the host CPU exists as a device for this adapter.
@@ -101,8 +118,10 @@ def usable_isa(flags: Iterable[str], environ: Mapping[str, str]) -> list[str]:
     """The CPU's ``flags`` less the int8 dot products oneDNN is told not to use (its
     ``ONEDNN_MAX_CPU_ISA`` names a level without them), sorted."""
     level = next((environ[key] for key in _ONEDNN_CAPS if environ.get(key)), "")
-    capped = level.strip().upper() in _NO_INT8_DOT_LEVELS
-    return sorted(set(flags) - _INT8_DOT_FLAGS if capped else set(flags))
+    if not level.strip():
+        return sorted(set(flags))
+    allowed = _ONEDNN_INT8_DOT.get(level.strip().upper(), frozenset())
+    return sorted(set(flags) - (_INT8_DOT_FLAGS - allowed))
 
 
 def _read_cpuinfo() -> str:
