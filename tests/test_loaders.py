@@ -171,3 +171,33 @@ def test_a_shape_whose_bytes_overflow_is_refused_before_allocating() -> None:
     assert "needs" in str(caught.value)
     assert list(layer.parameters()) == []
     assert "kernelpick_decision" not in layer.__dict__
+
+
+@pytest.mark.parametrize(
+    ("sizes", "k", "whole_k", "output_size", "refused"),
+    [
+        ([192], 128, 128, 384, "each shard's N"),  # N split: rank 1 starts mid-block
+        ([128], 192, 384, 128, "K"),  # K split: rank 1 starts mid-block
+        ([128], 128, 128, 256, None),  # whole blocks on every rank
+        ([192], 128, 128, 192, None),  # not split: a ragged last block is the layer's own
+    ],
+)
+def test_an_engine_split_that_would_straddle_scale_blocks_is_refused(
+    sizes: list[int], k: int, whole_k: int, output_size: int, refused: str | None
+) -> None:
+    """An engine that splits a block-FP8 layer itself would hand a rank whose part starts
+    inside a block the scales of other rows: no loader can fill it right."""
+    layer = torch.nn.Module()
+    method = _method("fp8_block", "pre_quantized")
+
+    def create() -> None:
+        method.create_weights(
+            layer, k, sizes, whole_k, output_size, torch.float32, weight_loader=Recording()
+        )
+
+    if refused is None:
+        create()
+        return
+    with pytest.raises(kp.InvalidValueError, match=f"{refused} per rank a multiple of the scale"):
+        create()
+    assert list(layer.parameters()) == []

@@ -71,7 +71,7 @@ class KernelpickLinearMethod(LinearMethodBase):
         config = self.config
         engine_loader = extra_weight_attrs.pop("weight_loader", None)
         sizes, k = output_partition_sizes, input_size_per_partition
-        tp = _tensor_parallel(config, layer, sizes, k, params_dtype, self.prefix or "layer")
+        tp = _tensor_parallel(config, layer, sizes, k, params_dtype)
         method = Fp8LinearMethod(
             config.scheme, config.caps, config.policy, checkpoint_format=config.checkpoint_format,
             block_size=config.block_size, tensor_parallel=tp,
@@ -107,13 +107,12 @@ def _tensor_parallel(
     sizes: Sequence[int],
     k: int,
     dtype: torch.dtype,
-    name: str,
 ) -> TensorParallel | None:
     """kernelpick's view of the layer's tensor-parallel split, where its weight scales must
     be agreed over vLLM's group (see ``TensorParallel.reduces``); None where each rank's
     scales are its own (vLLM's loaders narrow the tensors either way). A split whose
-    scale blocks would straddle two ranks is refused here, for every layer: vLLM's
-    loaders would narrow a checkpoint's block scales to other blocks."""
+    scale blocks would straddle two ranks is refused by ``create_weights`` for every
+    engine that splits a layer itself, from the whole shape it is handed."""
     world = int(getattr(layer, "tp_size", 1))
     if world <= 1:
         return None
@@ -131,7 +130,6 @@ def _tensor_parallel(
         config.scheme, weight_shape=shape, out_dtype=str(dtype).removeprefix("torch."),
         block_size=config.block_size,
     )  # fmt: skip
-    tp.check_blocks(quant, sizes, name)
     return tp if tp.reduces(quant) else None
 
 

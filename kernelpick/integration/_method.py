@@ -34,7 +34,7 @@ from kernelpick.integration._layer_steps import (
     run,
 )
 from kernelpick.integration._loaders import EngineLoader, loader_for, param_dims
-from kernelpick.integration._parallel import AmaxExchange, TensorParallel
+from kernelpick.integration._parallel import AmaxExchange, TensorParallel, check_split_blocks
 from kernelpick.integration._shards import check_shards, per_tensor, scale_shape
 from kernelpick.integration._state import (
     ALL_SHARDS,
@@ -201,6 +201,10 @@ class Fp8LinearMethod:
         whole = None
         if weight_loader is not None:
             whole = CheckpointShape.of_engine(sizes, input_size, output_size, checkpoint_shards)
+            if tp is None:  # the engine splits the layer itself (tp checked its own split)
+                split = [part for part, rows in zip(sizes, whole.shards, strict=True)
+                         if part != rows]  # fmt: skip
+                check_split_blocks(config, split, whole.k != config.k, prefix or "layer")
         shapes: dict[str, tuple[tuple[int, ...], torch.dtype]]
         shapes = {"weight": (config.weight_shape, params_dtype)}
         if pre_quantized:

@@ -34,7 +34,13 @@ from kernelpick.integration._errors import TensorParallelError
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-__all__ = ["DEFAULT_TIMEOUT", "AmaxExchange", "ParallelStyle", "TensorParallel"]
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "AmaxExchange",
+    "ParallelStyle",
+    "TensorParallel",
+    "check_split_blocks",
+]
 
 # How long a rank waits for its peers at a collective before giving up: NCCL's default
 # process-group timeout. Ranks load and process the same layers in the same order, so a
@@ -165,15 +171,30 @@ class TensorParallel:
         its half differently, and a checkpoint's block scales would be narrowed to other
         blocks): per rank, K (row-parallel) or every shard's N (column-parallel) must be
         a multiple of the block."""
-        extent = _group_extent(self, config)
-        parts = [config.k] if self.style is ParallelStyle.ROW else list(sizes)
-        if self.world_size > 1 and extent > 1 and any(part % extent for part in parts):
-            dim = "K" if self.style is ParallelStyle.ROW else "each shard's N"
-            raise InvalidValueError(
-                f"partition of {layer} {self.describe()}", parts,
-                f"{dim} per rank a multiple of the scale block, {extent}: a block split "
-                "between ranks would be scaled differently on each",
-            )  # fmt: skip
+        if self.world_size > 1:
+            column = self.style is ParallelStyle.COLUMN
+            split = list(sizes) if column else []
+            check_split_blocks(config, split, not column, f"{layer} {self.describe()}")
+
+
+def check_split_blocks(
+    config: QuantConfig, split: Sequence[int], k_split: bool, layer: str
+) -> None:
+    """Refuse a part of a layer whose weight scale blocks would straddle the split, by
+    kernelpick's tensor parallelism or an engine's own: each of the ``split`` shards' rows
+    (N), and K where ``k_split``, a multiple of the scale group's extent along it."""
+    group = config.weight.scale.group  # over the GEMM's [K, N]: rows are K, columns are N
+    if k_split and group.rows > 1 and config.k % group.rows:
+        dim, parts, extent = "K", [config.k], group.rows
+    elif group.cols > 1 and any(part % group.cols for part in split):
+        dim, parts, extent = "each shard's N", list(split), group.cols
+    else:
+        return
+    raise InvalidValueError(
+        f"partition of {layer}", parts,
+        f"{dim} per rank a multiple of the scale block, {extent}: a block split between "
+        "ranks would be scaled differently on each",
+    )  # fmt: skip
 
 
 def _group_extent(tp: TensorParallel, config: QuantConfig) -> int:
