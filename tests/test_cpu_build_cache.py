@@ -137,6 +137,33 @@ def test_a_library_unlike_its_recorded_hash_is_discarded_whole(
     assert str(directory) in info.getMessage()
 
 
+@pytest.mark.parametrize("record", ["not text", "a directory"])
+def test_a_record_that_is_no_digest_verifies_nothing(tmp_path: Path, record: str) -> None:
+    """A record that cannot be read as a digest (bytes that are not UTF-8, a directory where
+    the file goes) sends the build to a rebuild, not a raw error in every later process."""
+    directory = _cached(tmp_path / "build", b"the library", b"unused")
+    sha = directory / "build.so.sha256"
+    sha.unlink()
+    if record == "not text":
+        sha.write_bytes(b"\xff\xfe\x00garbage")
+    else:
+        sha.mkdir()
+    _cpu_cache.discard_unverified(directory)
+    assert not directory.exists()
+
+
+def test_a_lock_planted_as_a_link_is_never_followed(tmp_path: Path) -> None:
+    """In a shared extensions directory, a link planted at the lock's name would have its
+    target overwritten with the holder's pid; the lock refuses it instead."""
+    directory = tmp_path / "build"
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious data\n")
+    _cpu_cache.lock_path(directory).symlink_to(victim)
+    with pytest.raises(OSError, match="symbolic links"), _cpu_cache.build_lock(directory):
+        pass
+    assert victim.read_text() == "precious data\n"
+
+
 def test_a_verified_library_stays_and_a_torch_lock_left_beside_it_goes(tmp_path: Path) -> None:
     directory = _cached(tmp_path / "build", b"the library", b"the library")
     (directory / "lock").touch()  # torch's FileBaton, left by a killed process

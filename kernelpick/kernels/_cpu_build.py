@@ -188,7 +188,7 @@ def _build_root_writable() -> bool:
     process may write into (under a regular file, or a read-only tree, it cannot)."""
     root = _build_root()
     for path in (root, *root.parents):
-        if path.exists():
+        if os.path.lexists(path):  # a dangling or looping link is there, and unusable
             return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
     return False
 

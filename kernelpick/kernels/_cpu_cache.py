@@ -22,6 +22,7 @@ import hashlib
 import logging
 import os
 import shutil
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -82,8 +83,14 @@ def build_lock(directory: Path) -> Iterator[None]:
 
     path = lock_path(directory)
     path.parent.mkdir(parents=True, exist_ok=True)
-    # "a+": opening never truncates, so a waiter can read which process holds it.
-    with open(path, "a+", encoding="utf-8") as file:
+    # Never truncated on opening, so a waiter can read which process holds it; never a
+    # link (one planted in a shared cache would have its target overwritten), nor a file
+    # of another kind.
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a regular file")
+    with open(fd, "a+", encoding="utf-8") as file:
         if not _try_lock(file):
             file.seek(0)
             holder = file.read().strip() or "another process"
@@ -119,17 +126,20 @@ def _sha256(path: Path) -> str:
 
 
 def _unverified(directory: Path) -> str | None:
-    """Why the library in ``directory`` must not be loaded, or None if it is verified."""
+    """Why the library in ``directory`` must not be loaded, or None if it is verified. A
+    record that cannot be read as a digest (not a file, not text) verifies nothing."""
     library = _library(directory)
     try:
-        recorded = _record(directory).read_text(encoding="utf-8").strip()
+        recorded = _record(directory).read_bytes().strip()
     except FileNotFoundError:
         if library.exists():
             return f"{library.name} was never recorded as loaded (its build was interrupted)"
         return "an earlier build did not finish"
-    if not library.exists():
+    except OSError as error:  # a directory, a special file: not a record
+        return f"its sha256 record cannot be read ({error.strerror or error})"
+    if not library.is_file():
         return f"{library.name} is missing"
-    if _sha256(library) != recorded:
+    if _sha256(library).encode() != recorded:
         return f"{library.name} does not match the sha256 recorded when it was built"
     return None
 
@@ -145,7 +155,10 @@ def discard_unverified(directory: Path) -> None:
     reason = _unverified(directory)
     if reason is not None:
         LOGGER.info("rebuilding the CPU kernel in %s: %s", directory, reason)
-        shutil.rmtree(directory)
+        if directory.is_symlink() or not directory.is_dir():
+            directory.unlink()  # a link or a file where the build goes: never followed
+        else:
+            shutil.rmtree(directory)
         return
     baton = directory / _TORCH_LOCK
     if baton.exists():
