@@ -193,6 +193,28 @@ def test_every_dtype_the_reader_knows_is_written_as_safetensors_writes_it(tmp_pa
             assert torch.equal(read.view(torch.uint8), tensor.view(torch.uint8)), name
 
 
+@pytest.mark.parametrize("name", ["__metadata__", "bad\ud800name"])
+def test_a_name_no_reader_takes_is_refused_before_anything_is_written(name: str) -> None:
+    from kernelpick.integration._safetensors_io import write_safetensors
+
+    chunks: list[bytes] = []
+    with pytest.raises(CheckpointError, match="a name no reader takes"):
+        write_safetensors(lambda data: chunks.append(bytes(data)), {name: torch.ones(2)}, "x")
+    assert chunks == []
+
+
+def test_empty_tensors_are_each_written_not_aliased(tmp_path: Path) -> None:
+    """Two empty tensors of one shape share no bytes (their data pointers are both 0):
+    each is written under its own name, as stock readers look them up."""
+    from kernelpick.integration._safetensors_io import write_safetensors
+
+    chunks: list[bytes] = []
+    state = {"a": torch.zeros(0, 4), "b": torch.zeros(0, 4)}
+    write_safetensors(lambda data: chunks.append(bytes(data)), state, "x")
+    (tmp_path / WEIGHTS).write_bytes(b"".join(chunks))
+    assert set(safetensors.torch.load_file(str(tmp_path / WEIGHTS))) == {"a", "b"}
+
+
 def test_a_save_keeps_the_other_files_and_leaves_nothing_of_its_own(tmp_path: Path) -> None:
     before = _saved(tmp_path, _model(0))
     model = _model(1, "fp8_per_tensor")

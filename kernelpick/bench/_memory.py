@@ -52,10 +52,12 @@ def available_bytes(device: torch.device) -> int | None:
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
         return int(free)
-    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo") as meminfo:
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/meminfo") as meminfo:
         for line in meminfo:
             if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024  # reported in kB
+                available = int(line.split()[1]) * 1024  # reported in kB
+                if available >= 0:
+                    return available
     try:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, AttributeError):  # no sysconf (Windows), or no such name

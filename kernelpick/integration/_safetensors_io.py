@@ -187,7 +187,7 @@ def unique_tensors(
         storage = (tensor.device, tensor.untyped_storage().data_ptr())
         ident = (*storage, tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()),
                  tensor.dtype)  # fmt: skip
-        if ident in same:
+        if ident in same and tensor.numel():  # empty tensors share no bytes: each is its own
             aliases[key] = same[ident]
             continue
         if storage in storages or not tensor.is_contiguous():
@@ -196,6 +196,18 @@ def unique_tensors(
         storages.add(storage)
         kept[key] = tensor
     return kept, aliases
+
+
+# safetensors' readers refuse a larger header (safetensors' MAX_HEADER_SIZE).
+_MAX_HEADER = 100_000_000
+
+
+def _unencodable(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate
+        return True
+    return False
 
 
 def write_safetensors(out: Sink, state: Mapping[str, torch.Tensor], where: str) -> None:
@@ -209,6 +221,9 @@ def write_safetensors(out: Sink, state: Mapping[str, torch.Tensor], where: str) 
         raise CheckpointError(where, "", "a big-endian host", "a little-endian one")
     tensors, aliases = unique_tensors(state)
     for key, tensor in tensors.items():
+        if key == "__metadata__" or _unencodable(key):
+            expected = "a tensor name safetensors can store (UTF-8 text, not __metadata__)"
+            raise CheckpointError(where, repr(key), "a name no reader takes", expected)
         if tensor.is_meta:
             raise CheckpointError(where, key, "a tensor on the meta device", "a tensor with data")
         if tensor.dtype not in _NAMES:
@@ -227,6 +242,9 @@ def write_safetensors(out: Sink, state: Mapping[str, torch.Tensor], where: str) 
         offset += size
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
+    if len(text) > _MAX_HEADER:
+        found = f"a header of {len(text)} bytes ({len(tensors)} tensors)"
+        raise CheckpointError(where, "", found, f"at most {_MAX_HEADER} bytes, safetensors' limit")
     out(len(text).to_bytes(8, "little") + text)
     for key in order:
         flat = tensors[key].detach().to("cpu").contiguous().reshape(-1)
