@@ -121,6 +121,39 @@ def test_an_untied_head_is_saved_untied(tmp_path: Path) -> None:
     assert _relative(logits(stock), logits(model)) < 0.02
 
 
+def test_the_modules_a_model_keeps_in_fp32_stay_high_precision() -> None:
+    """T5 keeps ``wo`` in fp32 and casts its activations to ``wo.weight``'s dtype: an FP8
+    ``wo`` was handed FP8 activations at the first forward. It is kept, and says why."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    sizes: dict[str, Any] = {"vocab_size": 64, "d_model": 64, "d_kv": 16, "d_ff": 128,
+                             "num_layers": 1, "num_decoder_layers": 1, "num_heads": 4,
+                             "decoder_start_token_id": 0}  # fmt: skip
+    torch.manual_seed(0)
+    t5 = T5ForConditionalGeneration(T5Config(**sizes))
+    t5.train(False)
+    ids = torch.randint(0, 64, (2, 8))
+    report = quantize_model(t5, "fp8_per_channel", CPU, kp.Policy())
+    kept = {s.name: s.reason for s in report.skipped if s.name.endswith(".wo")}
+    assert kept
+    assert set(kept.values()) == {"the model keeps it in fp32 (_keep_in_fp32_modules)"}
+    assert not any(layer.name.endswith(".wo") for layer in report.layers)
+    with torch.no_grad():
+        out = t5(input_ids=ids, decoder_input_ids=ids).logits
+    assert bool(torch.isfinite(out).all())
+    assert set(kept) <= set(t5.config.quantization_config["ignore"])  # and saved as kept
+
+
+def test_load_quantized_takes_a_skeleton_not_a_converted_model(tmp_path: Path) -> None:
+    model = llama(seed=0)
+    quantize_model(model, "fp8_per_channel", CPU, kp.Policy())
+    save_quantized(model, tmp_path)
+    before = snapshot(model)
+    with pytest.raises(kp.InvalidValueError, match="a high-precision skeleton"):
+        load_quantized(model, tmp_path, CPU, kp.Policy())
+    assert snapshot(model) == before
+
+
 def test_a_model_with_no_transformers_config_is_left_without_one() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
     quantize_model(model, "fp8_per_channel", CPU, kp.Policy())

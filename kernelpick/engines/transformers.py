@@ -51,6 +51,7 @@ from kernelpick.engines._hf_stored import check_high_precision
 from kernelpick.integration import quantization_config
 from kernelpick.integration._errors import CheckpointError
 from kernelpick.integration._layer_steps import ONLINE_SCHEMES, LayerSteps
+from kernelpick.integration._model_config import fp32_modules
 from kernelpick.integration._patterns import check_patterns, kept
 
 __all__ = ["METHOD", "KernelpickConfig", "KernelpickHfQuantizer"]
@@ -203,11 +204,8 @@ class KernelpickHfQuantizer(HfQuantizer):
         online = not self.pre_quantized
         steps = LayerSteps.create(config.scheme, caps, config.policy, online=online,
                                   block_size=config.block_size)  # fmt: skip
-        fp32 = [
-            *(getattr(model, "_keep_in_fp32_modules", None) or []),
-            *(getattr(model, "_keep_in_fp32_modules_strict", None) or []),
-        ]  # the model's own fp32 modules: transformers casts them apart, so never quantized
-        patterns = [*config.modules_to_not_convert, *fp32]
+        # The model's own fp32 modules: transformers casts them apart, so never quantized.
+        patterns = [*config.modules_to_not_convert, *fp32_modules(model)]
         layers = HfLayers(steps, online)
         layers.swap(model, lambda name: kept(name, patterns))
         if online:  # transformers casts each tensor before the quantize op sees it

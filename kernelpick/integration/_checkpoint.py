@@ -24,6 +24,7 @@ import torch
 
 from kernelpick.adapters import Launch
 from kernelpick.core._device import DeviceCaps
+from kernelpick.core._errors import InvalidValueError
 from kernelpick.core._policy import Policy
 from kernelpick.core._specs import Catalog
 from kernelpick.integration import _ct_config, _hf_fp8_config
@@ -32,7 +33,12 @@ from kernelpick.integration._errors import CheckpointError, ModelConversionError
 from kernelpick.integration._layer_steps import LayerSteps
 from kernelpick.integration._layout import QUANTIZATION_CONFIG, Layout
 from kernelpick.integration._load_plan import LoadPlan, build, plan
-from kernelpick.integration._model_config import check_one_config, quantization_config, record
+from kernelpick.integration._model_config import (
+    check_one_config,
+    quantization_config,
+    quantized_layers,
+    record,
+)
 from kernelpick.integration._modules import Fp8Linear
 from kernelpick.integration._report import ConversionReport, LayerReport
 from kernelpick.integration._safetensors_io import (
@@ -162,6 +168,13 @@ def load_quantized(
         layout.scheme, caps, policy, online=False, catalog=catalog, launches=launches,
         block_size=layout.block_size,
     )  # fmt: skip
+    converted = sorted(quantized_layers(model))
+    if converted:  # its tensors would be read as the skeleton's own, to other layouts
+        raise InvalidValueError(
+            "model", f"{type(model).__name__} holding kernelpick layers ({converted[0]}, ...)",
+            "a high-precision skeleton: load into the model the checkpoint was saved from, "
+            "before any conversion",
+        )  # fmt: skip
     check_one_config(model, layout.scheme, layout.block_size)
     with Checkpoint(root) as checkpoint:
         planned = plan(model, checkpoint, steps, layout, target)

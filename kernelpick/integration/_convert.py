@@ -27,8 +27,9 @@ from kernelpick.core._schemes import Scheme
 from kernelpick.core._specs import Catalog
 from kernelpick.integration._errors import ModelConversionError
 from kernelpick.integration._layer_steps import LayerSteps, install
-from kernelpick.integration._model_config import check_one_config, record
+from kernelpick.integration._model_config import check_one_config, fp32_modules, record
 from kernelpick.integration._modules import Fp8Linear
+from kernelpick.integration._patterns import kept as kept_by
 from kernelpick.integration._progress import ProgressBar
 from kernelpick.integration._report import ConversionReport, LayerReport, SkippedLayer
 from kernelpick.integration._state import LayerState
@@ -55,20 +56,26 @@ Found = tuple[torch.nn.Linear, tuple[str, ...]]  # a linear, and every path to i
 
 
 def _linears(model: torch.nn.Module, skip: Skip | None) -> tuple[list[Found], list[SkippedLayer]]:
-    """Each eligible linear with every path to it, and the linears ``skip`` keeps. Only
-    exact ``nn.Linear``: subclasses such as MultiheadAttention's ``out_proj`` are read by
-    their owners as linears. A module ``skip`` keeps at one path is kept at all of them."""
+    """Each eligible linear with every path to it, and the linears ``skip`` keeps (and a
+    transformers model keeps in fp32). Only exact ``nn.Linear``: subclasses such as
+    MultiheadAttention's ``out_proj`` are read by their owners as linears. A module kept
+    at one path is kept at all of them."""
     found: dict[int, tuple[torch.nn.Linear, list[str]]] = {}
     kept: set[int] = set()
     skipped: list[SkippedLayer] = []
+    fp32 = fp32_modules(model)
     for name, module in model.named_modules(remove_duplicate=False):
         if type(module) is not torch.nn.Linear:
             continue
         extra = dropped_by_swap(module)
-        if extra or (skip is not None and skip(name, module)):
+        why = f"it also holds {', '.join(extra)}, which an Fp8Linear would drop" if extra else ""
+        if not why and fp32 and kept_by(name, fp32):
+            why = "the model keeps it in fp32 (_keep_in_fp32_modules)"
+        if not why and skip is not None and skip(name, module):
+            why = "skip() kept it"
+        if why:
             kept.add(id(module))
-            why = f"it also holds {', '.join(extra)}, which an Fp8Linear would drop"
-            skipped.append(SkippedLayer(name, why if extra else "skip() kept it"))
+            skipped.append(SkippedLayer(name, why))
         else:
             found.setdefault(id(module), (module, []))[1].append(name)
     linears = [(module, tuple(paths)) for key, (module, paths) in found.items() if key not in kept]

@@ -29,6 +29,7 @@ from kernelpick.integration._state import LayerState, find_state
 __all__ = [
     "carries_config",
     "check_one_config",
+    "fp32_modules",
     "quantization_config",
     "quantized_layers",
     "record",
@@ -41,6 +42,18 @@ def carries_config(model: torch.nn.Module) -> bool:
     """Whether ``model`` has a transformers config, which its ``save_pretrained`` writes."""
     config = getattr(model, "config", None)
     return callable(getattr(config, "to_json_string", None))
+
+
+def fp32_modules(model: torch.nn.Module) -> list[str]:
+    """The patterns of the modules a transformers model keeps in fp32 whatever dtype it
+    gets (``_keep_in_fp32_modules``, ``_keep_in_fp32_modules_strict``), matched by
+    transformers' ``modules_to_not_convert`` rule: they are never quantized (T5 casts its
+    activations to such a module's weight dtype, which FP8 cannot serve)."""
+    return [
+        str(pattern)
+        for attribute in ("_keep_in_fp32_modules", "_keep_in_fp32_modules_strict")
+        for pattern in (getattr(model, attribute, None) or [])
+    ]
 
 
 def quantized_layers(model: torch.nn.Module) -> dict[str, LayerState]:
