@@ -81,27 +81,6 @@ def _group_fake_quant(
     return _block_fake_quant(t, rows, cols, fp8, key.scale.dtype is Dtype.FLOAT8_E8M0FNU)
 
 
-def emulate(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    config: kp.QuantConfig,
-    fp8: Dtype,
-    *,
-    bias: torch.Tensor | None = None,
-    input_scale: torch.Tensor | None = None,
-    weight_only: bool = False,
-) -> torch.Tensor:
-    """The fp32 output of ``config`` for ``x [M, K]`` and a high-precision ``weight [N, K]``.
-
-    ``weight_only`` emulates a W8A16 kernel, which leaves activations unquantized whatever
-    the config says (the degraded fallback). ``input_scale`` is a checkpoint's, for
-    e4m3fn (range 448): on an e4m3fnuz device (range 224) it applies doubled.
-    """
-    x_deq, w_deq = _operands(x, weight, config, fp8, input_scale, weight_only)
-    out = x_deq @ w_deq.t()
-    return out if bias is None else out + bias.to(torch.float32)
-
-
 def _operands(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -110,7 +89,7 @@ def _operands(
     input_scale: torch.Tensor | None,
     weight_only: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The dequantized fp32 operands ``emulate`` multiplies: activations, weight."""
+    """The dequantized fp32 operands ``emulated`` multiplies: activations, weight."""
     xf, wf = x.to(torch.float32), weight.to(torch.float32)
     w_fmt = Dtype.INT8 if config.weight.dtype is Dtype.INT8 else fp8
     w_group = config.weight.scale.group
@@ -141,7 +120,7 @@ def _operands(
 
 @attrs.frozen
 class Emulated:
-    """``emulate``'s output and, per element, the magnitude of what it sums:
+    """``emulated``'s output and, per element, the magnitude of what it sums:
     ``|x| @ |w|.T + |bias|`` over the dequantized operands, the scale every rounding of a
     sum of those terms is measured against (however much the terms cancel)."""
 
@@ -160,7 +139,14 @@ def emulated(
     input_scale: torch.Tensor | None = None,
     weight_only: bool = False,
 ) -> Emulated:
-    """``emulate``, with the magnitude of the terms each output element sums."""
+    """The fp32 output of ``config`` for ``x [M, K]`` and a high-precision ``weight [N, K]``.
+
+    ``weight_only`` emulates a W8A16 kernel, which leaves activations unquantized whatever
+    the config says (the degraded fallback). ``input_scale`` is a checkpoint's, for
+    e4m3fn (range 448): on an e4m3fnuz device (range 224) it applies doubled.
+
+    With the output, the magnitude of the terms each output element sums.
+    """
     x_deq, w_deq = _operands(x, weight, config, fp8, input_scale, weight_only)
     out, magnitude = x_deq @ w_deq.t(), x_deq.abs() @ w_deq.abs().t()
     if bias is not None:

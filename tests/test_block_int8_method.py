@@ -16,7 +16,7 @@ from kernelpick.integration import (
     weight_loader_of,
 )
 from kernelpick.kernels._canonical import quantize_weight
-from tests.emulation import BOUND, dynamic_scale, emulate, fake_quant, relative_error
+from tests.emulation import BOUND, dynamic_scale, emulated, fake_quant, relative_error
 
 CPU = kp.device_profile("cpu")
 K = 192  # one and a half blocks of 128
@@ -50,7 +50,7 @@ def test_online_fused_shards_match_the_emulation(scheme: str) -> None:
     config = layer_state(layer).config
     assert tuple(layer.get_parameter("weight_scale").shape) == config.weight_scale_shape
     x = torch.randn(5, K)
-    want = emulate(x, torch.cat(weights), config, Dtype.FLOAT8_E4M3FN)
+    want = emulated(x, torch.cat(weights), config, Dtype.FLOAT8_E4M3FN).out
     assert relative_error(method.apply(layer, x), want) <= BOUND["float32"]
 
 
@@ -71,7 +71,7 @@ def test_pre_quantized_shards_each_keep_their_own_scales(scheme: str, sizes: lis
         quantized, scale = quantize_weight(original, config)
         _load(layer, "weight", quantized, shard)
         _load(layer, "weight_scale", scale, shard)
-        want.append(emulate(x, original, config, Dtype.FLOAT8_E4M3FN))
+        want.append(emulated(x, original, config, Dtype.FLOAT8_E4M3FN).out)
     method.process_weights_after_loading(layer)
     assert relative_error(method.apply(layer, x), torch.cat(want, dim=-1)) <= BOUND["float32"]
 

@@ -26,7 +26,7 @@ from kernelpick.integration import (
 )
 from kernelpick.integration._layer_steps import LayerSteps, install
 from kernelpick.kernels import ReferenceW8A16
-from tests.emulation import BOUND, emulate, on_cpu, relative_error
+from tests.emulation import BOUND, emulated, on_cpu, relative_error
 from tests.snapshots import snapshot
 
 CPU = kp.device_profile("cpu")
@@ -70,8 +70,8 @@ def _expected(x: torch.Tensor, source: torch.nn.Module, model: torch.nn.Module) 
         state = layer_state(layer)
         weight_only = "w8a16" in state.decision.kernel
         weight, bias = original.get_parameter("weight"), original.get_parameter("bias")
-        out = emulate(out, weight.detach(), state.config, Dtype.FLOAT8_E4M3FN, bias=bias,
-                      weight_only=weight_only)  # fmt: skip
+        out = emulated(out, weight.detach(), state.config, Dtype.FLOAT8_E4M3FN, bias=bias,
+                      weight_only=weight_only).out  # fmt: skip
     return out
 
 

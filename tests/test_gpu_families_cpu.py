@@ -26,7 +26,7 @@ from kernelpick.kernels._block_scaled_mm import (
     mx_blocked_size,
 )
 from kernelpick.kernels._canonical import quantize_weight
-from tests.emulation import BOUND, emulate, on_cpu, relative_error
+from tests.emulation import BOUND, emulated, on_cpu, relative_error
 
 E4M3 = Dtype.FLOAT8_E4M3FN
 META = torch.device("meta")
@@ -208,7 +208,7 @@ def test_dequant_matmul_runs_block_and_mx_weights(
     x = torch.randn(7, shape[1], generator=generator).to(getattr(torch, dtype))
     b = torch.randn(shape[0], generator=generator).to(x.dtype) if bias else None
     got = impl.apply(x, impl.quantize_weights(w), b)
-    want = emulate(x, w, config, E4M3, bias=b, weight_only=True)
+    want = emulated(x, w, config, E4M3, bias=b, weight_only=True).out
     # The matmul runs in the input dtype: a few units of its rounding.
     assert got.dtype == x.dtype
     assert relative_error(got, want) <= 4 * BOUND[dtype]
@@ -227,7 +227,7 @@ def test_dequant_matmul_scales_fp16_layers_outside_fp16s_range() -> None:
     x = torch.ones(2, 64, dtype=torch.float16) * 2.0**10
     got = impl.apply(x, impl.quantize_weights(w))
     assert torch.isfinite(got).all()
-    assert relative_error(got, emulate(x, w, config, E4M3, weight_only=True)) < 0.05
+    assert relative_error(got, emulated(x, w, config, E4M3, weight_only=True).out) < 0.05
 
 
 # --- int8: the GPU's floor on M, said before torch says it -----------------------------------
@@ -278,7 +278,7 @@ def test_int8_on_the_cpu_takes_any_m(n: int, k: int) -> None:
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(5))
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(6))
     got = impl.apply(x, impl.quantize_weights(w))
-    assert relative_error(got, emulate(x, w, config, E4M3)) <= BOUND["float32"]
+    assert relative_error(got, emulated(x, w, config, E4M3).out) <= BOUND["float32"]
 
 
 # --- the catalog's choices and reasons -------------------------------------------------------

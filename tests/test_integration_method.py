@@ -14,7 +14,7 @@ from kernelpick.integration import (
     layer_state,
     weight_loader_of,
 )
-from tests.emulation import emulate, relative_error
+from tests.emulation import emulated, relative_error
 
 CPU = kp.device_profile("cpu")
 
@@ -83,7 +83,7 @@ def test_cpu_output_matches_the_emulation_and_the_fp32_linear() -> None:
     got = method.apply(layer, x, bias)
     assert got.shape == (3, 7, n)
     config = layer_state(layer).config
-    want = emulate(x.reshape(-1, k), weight, config, CPU.fp8_format, bias=bias).view(3, 7, n)
+    want = emulated(x.reshape(-1, k), weight, config, CPU.fp8_format, bias=bias).out.view(3, 7, n)
     assert relative_error(got, want) <= 1e-5
     exact = torch.nn.functional.linear(x, weight, bias)
     assert relative_error(got, exact) <= 0.06

@@ -16,7 +16,7 @@ from kernelpick.kernels._base import KernelBase
 from kernelpick.kernels._canonical import quantize_weight
 from kernelpick.kernels._fnuz import as_fnuz
 from kernelpick.kernels._quantize import quantize, quantize_in_chunks, quantize_per_token
-from tests.emulation import BOUND, emulate, on_cpu, relative_error
+from tests.emulation import BOUND, emulated, on_cpu, relative_error
 
 CPU = torch.device("cpu")
 
@@ -128,7 +128,7 @@ def test_cuda_adds_the_bias_after_the_op_where_cublaslt_refuses_it(
     fp8_weight, scale = quantize_weight(w, impl.config)
     got = impl.apply(x, impl.prepare_weights(fp8_weight, scale), bias)
     assert (seen[0] is not None) is fused
-    want = emulate(x, w, impl.config, impl.fp8_format, bias=bias)
+    want = emulated(x, w, impl.config, impl.fp8_format, bias=bias).out
     assert relative_error(got, want) <= BOUND[out]
 
 

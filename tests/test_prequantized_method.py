@@ -13,7 +13,7 @@ from kernelpick.core import Dtype
 from kernelpick.integration import Fp8LinearMethod, layer_state, weight_loader_of
 from kernelpick.kernels._canonical import dequantize_weight, quantize_weight
 from kernelpick.kernels._quantize import CHUNK_ROWS
-from tests.emulation import BOUND, emulate, relative_error
+from tests.emulation import BOUND, emulated, relative_error
 
 CPU = kp.device_profile("cpu")
 SIZES, K = [64, 32, 32], 128
@@ -69,7 +69,7 @@ def test_fused_fp8_shards_load_one_by_one_each_with_its_scale_rows() -> None:
     _process(layer)
     x = torch.randn(4, K)
     config = layer_state(layer).config
-    want = emulate(x, torch.cat([w for w, _, _ in shards]), config, Dtype.FLOAT8_E4M3FN)
+    want = emulated(x, torch.cat([w for w, _, _ in shards]), config, Dtype.FLOAT8_E4M3FN).out
     assert relative_error(_apply(layer, x), want) <= BOUND["float32"]
 
 

@@ -14,7 +14,7 @@ import kernelpick as kp
 from kernelpick.adapters import LAUNCHES, bind
 from kernelpick.core import evaluate
 from kernelpick.kernels._canonical import quantize_weight
-from tests.emulation import BOUND, emulate, relative_error
+from tests.emulation import BOUND, emulated, relative_error
 
 pytestmark = pytest.mark.gpu
 
@@ -60,10 +60,10 @@ def test_gpu_kernel_matches_the_fp32_emulation(
     bundle = impl.prepare_weights(fp8_weight, scale, input_scale.to(device) if static else None)
     got = impl.apply(x.to(device), bundle, None if b is None else b.to(device)).cpu()
     weight_only = verdict.kind is kp.KernelKind.W8A16
-    want = emulate(
+    want = emulated(
         x, w, config, caps.fp8_format, bias=b,
         input_scale=input_scale if static else None, weight_only=weight_only,
-    )  # fmt: skip
+    ).out  # fmt: skip
     # GPU GEMMs accumulate in their own order (and W8A16 in bf16): a few bf16 units.
     assert relative_error(got, want) <= 4 * BOUND["bfloat16"]
 
