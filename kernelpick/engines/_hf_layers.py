@@ -140,13 +140,13 @@ class HfLayers:
             if layer is None or name != "weight":
                 out[key] = tensor
                 continue
+            state = layer_state(layer)
             try:
-                state = layer_state(layer)
                 self.steps.check_weight(state, tensor)
                 weight, scale = self.steps.quantize(state, tensor)
             except KernelpickError as refused:  # finish raises it, first
                 self.errors[path] = refused
-                shape = layer_state(layer).config.weight_scale_shape
+                shape = state.config.weight_scale_shape
                 unused = torch.full(shape, float("nan"))  # never installed: finish raises
                 out[key], out[f"{path}.weight_scale"] = tensor, unused
                 continue

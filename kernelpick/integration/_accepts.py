@@ -1,7 +1,7 @@
 """What a tensor must be to reach a layer, whoever's loader carries it: kernelpick's own,
 or an engine's, which is handed the tensor only once it passed. Each check takes the
 tensor and the shape it must have (a rank's part, or the whole layer's tensor an engine
-narrows itself) and returns the value to copy."""
+narrows itself) and returns the value to copy. A scale's check is ``canonical_scale``."""
 
 from __future__ import annotations
 
@@ -13,12 +13,11 @@ from kernelpick.integration._state import LayerState
 from kernelpick.kernels._canonical import (
     CANONICAL_FP8,
     canonical_dtype,
-    canonical_scale,
     check_fp8_finite,
 )
 from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
 
-__all__ = ["Accept", "high_precision", "quantized_weight", "scale"]
+__all__ = ["Accept", "high_precision", "quantized_weight"]
 
 # Checks a loaded tensor against the shape it must have and returns what to copy.
 Accept = Callable[[str, torch.Tensor, tuple[int, ...]], torch.Tensor]
@@ -27,24 +26,20 @@ _PRE_QUANTIZED = "checkpoint_format='pre_quantized' (or 'fp8'; the pre-quantized
 _ONLINE = "checkpoint_format='high_precision' (online quantization)"
 
 
-def high_precision(state: LayerState) -> Accept:
+def high_precision(label: str, tensor: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     """The float ``weight`` of the online path. FP8 and integer tensors are refused: they
     are quantized already, and casting them would drop their scales."""
-
-    def accept(label: str, tensor: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-        check_tensor(label, tensor)
-        if tensor.is_complex():
-            raise reject(label, tensor, "a real floating-point dtype")
-        if tensor.dtype.itemsize == 1 or not tensor.is_floating_point():
-            raise reject(
-                label, tensor, f"a high-precision float tensor; a quantized weight belongs to "
-                f"{_PRE_QUANTIZED}, which loads its scales too",
-            )  # fmt: skip
-        if tuple(tensor.shape) != shape:
-            raise reject(label, tensor, f"shape {list(shape)}")
-        return tensor
-
-    return accept
+    check_tensor(label, tensor)
+    if tensor.is_complex():
+        raise reject(label, tensor, "a real floating-point dtype")
+    if tensor.dtype.itemsize == 1 or not tensor.is_floating_point():
+        raise reject(
+            label, tensor, f"a high-precision float tensor; a quantized weight belongs to "
+            f"{_PRE_QUANTIZED}, which loads its scales too",
+        )  # fmt: skip
+    if tuple(tensor.shape) != shape:
+        raise reject(label, tensor, f"shape {list(shape)}")
+    return tensor
 
 
 def quantized_weight(state: LayerState) -> Accept:
@@ -69,10 +64,3 @@ def quantized_weight(state: LayerState) -> Accept:
         return tensor
 
     return accept
-
-
-def scale(label: str, tensor: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    """A scale as canonical fp32 of ``shape`` (``[rows, 1]`` or ``[rows]`` per channel,
-    ``[]`` or ``[1]`` per tensor): fp32, bf16 and fp16 widen exactly; zero, negative or NaN
-    is refused."""
-    return canonical_scale(label, tensor, shape)

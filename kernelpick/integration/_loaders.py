@@ -30,9 +30,10 @@ import torch
 
 from kernelpick.core._errors import InvalidValueError, KernelInputError
 from kernelpick.core._quant import QuantConfig
-from kernelpick.integration._accepts import Accept, high_precision, quantized_weight, scale
+from kernelpick.integration._accepts import Accept, high_precision, quantized_weight
 from kernelpick.integration._shards import per_tensor, scale_rows
 from kernelpick.integration._state import ALL_SHARDS, CheckpointShape, LayerState
+from kernelpick.kernels._canonical import canonical_scale
 from kernelpick.kernels._torch import reject
 
 __all__ = [
@@ -225,13 +226,17 @@ EngineLoader = Callable[[torch.Tensor, torch.Tensor, Any], object]
 
 
 def _engine_loader(
-    state: LayerState, name: str, accept: Accept, per_shard: bool, loader: EngineLoader
+    state: LayerState,
+    name: str,
+    accept: Accept,
+    per_shard: bool,
+    loader: EngineLoader,
+    whole: CheckpointShape,
 ) -> WeightLoader:
     """An engine's own loader behind kernelpick's checks: the tensor is checked against the
-    whole layer's checkpoint shape (the engine narrows it to this rank's part), the engine
-    is handed the checked value, and the shards it loaded are recorded so that processing
-    can refuse a layer with shards never loaded."""
-    whole = state.checkpoint or CheckpointShape(state.shards, state.config.k)
+    ``whole`` layer's checkpoint shape (the engine narrows it to this rank's part), the
+    engine is handed the checked value, and the shards it loaded are recorded so that
+    processing can refuse a layer with shards never loaded."""
 
     def weight_loader(
         param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | str | None = None
@@ -253,18 +258,19 @@ def loader_for(
     name: str,
     *,
     pre_quantized: bool,
-    engine: EngineLoader | None = None,
+    engine: tuple[EngineLoader, CheckpointShape] | None = None,
 ) -> WeightLoader:
-    """The loader of ``own``, a layer's parameter ``name``: kernelpick's own, or ``engine``'s
-    behind the same checks. ``weight`` is the float weight (online) or the canonical FP8 or
-    int8 one (``pre_quantized``); ``weight_scale`` one per output row, one row per ``b``
-    output rows per block, or one per shard per tensor; ``input_scale`` one per shard."""
+    """The loader of ``own``, a layer's parameter ``name``: kernelpick's own, or an
+    ``engine``'s (its loader, and the whole layer it is handed tensors of) behind the same
+    checks. ``weight`` is the float weight (online) or the canonical FP8 or int8 one
+    (``pre_quantized``); ``weight_scale`` one per output row, one row per ``b`` output rows
+    per block, or one per shard per tensor; ``input_scale`` one per shard."""
     per_shard = name == "input_scale" or (name == "weight_scale" and per_tensor(state.config))
-    accept: Accept = scale
+    accept: Accept = canonical_scale
     if name == "weight":
-        accept = quantized_weight(state) if pre_quantized else high_precision(state)
+        accept = quantized_weight(state) if pre_quantized else high_precision
     if engine is not None:
-        return _engine_loader(state, name, accept, per_shard, engine)
+        return _engine_loader(state, name, accept, per_shard, *engine)
 
     def rows_of(start: int, rows: int) -> tuple[int, int]:
         return (start, rows) if name == "weight" else scale_rows(state.config, start, rows)

@@ -198,17 +198,18 @@ class Fp8LinearMethod:
                 tp.check_group()  # raises: its amax is all-reduced, so the group must be up
         if pre_quantized:  # before selecting: a layer it refuses logs no kernel
             check_shards(config, sizes, prefix or "layer")
-        whole = None
+        engine = None
         if weight_loader is not None:
             whole = CheckpointShape.of_engine(sizes, input_size, output_size, checkpoint_shards)
             if tp is None:  # the engine splits the layer itself (tp checked its own split)
                 split = [part for part, rows in zip(sizes, whole.shards, strict=True)
                          if part != rows]  # fmt: skip
                 check_split_blocks(config, split, whole.k != config.k, prefix or "layer")
+            engine = (weight_loader, whole)
+        stored = torch_dtype(canonical_dtype(config)) if pre_quantized else params_dtype
         shapes: dict[str, tuple[tuple[int, ...], torch.dtype]]
-        shapes = {"weight": (config.weight_shape, params_dtype)}
+        shapes = {"weight": (config.weight_shape, stored)}
         if pre_quantized:
-            shapes["weight"] = (config.weight_shape, torch_dtype(canonical_dtype(config)))
             shapes["weight_scale"] = (scale_shape(config, sizes), torch.float32)
             act = config.activation
             if act is not None and act.scale.static:
@@ -216,11 +217,10 @@ class Fp8LinearMethod:
         for shape, dtype in shapes.values():
             check_allocatable(prefix or "layer", shape, dtype)
         state = steps.state(config, prefix, sizes, tp)
-        state.checkpoint = whole
         params = {name: frozen(torch.empty(shape, dtype=dtype))
                   for name, (shape, dtype) in shapes.items()}  # fmt: skip
         for name, param in params.items():
-            own = loader_for(state, param, name, pre_quantized=pre_quantized, engine=weight_loader)
+            own = loader_for(state, param, name, pre_quantized=pre_quantized, engine=engine)
             attributes = {**param_dims(config, name), **extra_weight_attrs, "weight_loader": own}
             for key, value in attributes.items():
                 setattr(param, key, value)

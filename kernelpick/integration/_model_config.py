@@ -110,7 +110,10 @@ def quantization_config(model: torch.nn.Module) -> dict[str, Any]:
     """The compressed-tensors ``quantization_config`` of ``model``'s quantized layers: one
     config group of their scheme, every other linear in ``ignore``. An error where no
     such config describes them (no quantized layer, several schemes, shards)."""
-    layers = quantized_layers(model)
+    return _described(model, quantized_layers(model))
+
+
+def _described(model: torch.nn.Module, layers: dict[str, LayerState]) -> dict[str, Any]:
     scheme, block_size = _one_scheme(_pairs(layers))
     ignore = [
         name for name, module in model.named_modules()
@@ -156,6 +159,7 @@ def _untied(model: torch.nn.Module) -> None:
 def record(model: torch.nn.Module) -> None:
     """Give a transformers ``model`` holding quantized layers their compressed-tensors
     config, which its ``save_pretrained`` writes (``check_one_config`` ran first)."""
-    if carries_config(model) and quantized_layers(model):
+    layers = quantized_layers(model) if carries_config(model) else {}
+    if layers:
         _untied(model)
-        setattr(model.config, QUANTIZATION_CONFIG, quantization_config(model))
+        setattr(model.config, QUANTIZATION_CONFIG, _described(model, layers))

@@ -122,9 +122,8 @@ class CheckpointShape:
 @attrs.define
 class LayerState:
     """One layer's config, decision and device, which shards of each parameter were
-    loaded, its place in a tensor-parallel group (None: the whole layer), the whole
-    layer's shape in the checkpoint an engine's own loader narrows (None: no engine
-    loader) and (once its weights are processed) the bound kernel."""
+    loaded, its place in a tensor-parallel group (None: the whole layer) and (once its
+    weights are processed) the bound kernel."""
 
     config: QuantConfig
     decision: Selected
@@ -134,7 +133,6 @@ class LayerState:
     loaded: dict[str, set[int]] = attrs.field(factory=dict)
     kernel: Kernel | None = None
     parallel: TensorParallel | None = None
-    checkpoint: CheckpointShape | None = None
 
     @property
     def processed(self) -> bool:

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from kernelpick.adapters._props import Properties
+from kernelpick.core._catalog_facts import INT8_DOT_ISA
 from kernelpick.core._device import (
     FEATURE_CPP_TOOLCHAIN,
     FEATURE_SCALED_MM,
@@ -67,7 +68,7 @@ KERNEL_ISA_FLAGS = frozenset(
 # contains the other), all of them at the AMX levels and by default. An unknown level
 # leaves none: int8 then runs on a kernel that needs none, rather than perhaps wrong.
 _ONEDNN_CAPS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
-_INT8_DOT_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
+_INT8_DOT_FLAGS = INT8_DOT_ISA.flags
 _AVX2_VNNI, _AVX512_VNNI = frozenset({"avx_vnni"}), frozenset({"avx512_vnni"})
 _ONEDNN_INT8_DOT: dict[str, frozenset[str]] = {
     **dict.fromkeys(("SSE41", "AVX", "AVX2", "AVX512_CORE"), frozenset()),
