@@ -55,7 +55,7 @@ clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis
 
 # The vLLM plugin's tests, against the real vllm 0.33.0 on CPU, in a venv of their own
-# (.venv-engines: vLLM's pins fight the main venv's). engines/vllm-requirements.txt says
+# (.venv-engines: vLLM's pins fight the main venv's). requirements/vllm-requirements.txt says
 # what goes in and why; the stamp makes a second run skip the install.
 ENGINES_VENV := .venv-engines
 ENGINES_BIN := $(ENGINES_VENV)/bin
@@ -66,9 +66,9 @@ ENGINES_PIP := $(ENGINES_BIN)/python -m pip install --quiet --disable-pip-versio
 $(ENGINES_BIN)/python:
 	$(PYTHON) -m venv $(ENGINES_VENV)
 
-$(ENGINES_VENV)/.installed-vllm: pyproject.toml constraints.txt engines/vllm-requirements.txt engines/vllm-nodeps.txt | $(ENGINES_BIN)/python
-	$(ENGINES_PIP) -c constraints.txt -r engines/vllm-requirements.txt
-	$(ENGINES_PIP) --no-deps -r engines/vllm-nodeps.txt
+$(ENGINES_VENV)/.installed-vllm: pyproject.toml constraints.txt requirements/vllm-requirements.txt requirements/vllm-nodeps.txt | $(ENGINES_BIN)/python
+	$(ENGINES_PIP) -c constraints.txt -r requirements/vllm-requirements.txt
+	$(ENGINES_PIP) --no-deps -r requirements/vllm-nodeps.txt
 	$(ENGINES_PIP) --no-deps -e .
 	touch $@
 

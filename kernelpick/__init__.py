@@ -44,8 +44,7 @@ if _typing.TYPE_CHECKING:
 
     import torch
 
-    from kernelpick.adapters import Launch
-    from kernelpick.kernels import KernelBase
+    from kernelpick.kernels import KernelBase, Launch
 
 __version__ = "0.2.0"
 
@@ -79,9 +78,9 @@ def bind(
     ``apply``. ``prepare_weights`` trusts the weight's bytes to be canonical (no -0, which
     e4m3fnuz devices read as NaN, and no NaN byte) rather than scanning them on every
     call: make a weight of one's own canonical with ``kernelpick.kernels.canonicalize_fp8_``.
-    See ``kernelpick.adapters.bind``.
+    See ``kernelpick.kernels.bind``.
     """
-    from kernelpick.adapters import bind as bind_kernel
+    from kernelpick.kernels import bind as bind_kernel
 
     return bind_kernel(choice, config, caps, device, catalog=catalog, launches=launches)
 

@@ -13,7 +13,7 @@ import attrs
 import torch
 
 import kernelpick as kp
-from kernelpick.adapters import LAUNCHES
+from kernelpick.kernels import LAUNCHES
 from kernelpick.core import Dtype, GroupShape, QuantKey
 from kernelpick.kernels import KernelBase, RowMajorKernel, WeightBundle
 

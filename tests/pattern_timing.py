@@ -31,14 +31,14 @@ LINEAR = torch.nn.Linear(2, 2)
 
 def _transformers(pattern: str) -> Matcher:
     from kernelpick.engines.transformers import KernelpickConfig
-    from kernelpick.integration._patterns import kept
+    from kernelpick.integration.formats._patterns import kept
 
     config = KernelpickConfig(modules_to_not_convert=[pattern])
     return lambda name: kept(name, config.modules_to_not_convert)  # as the quantizer does
 
 
 def _fine_grained_fp8(pattern: str) -> Matcher:
-    from kernelpick.integration._checkpoint import read_layout
+    from kernelpick.integration.checkpoints._save_load import read_layout
 
     layout = read_layout("config.json", {"quant_method": "fp8",
                                          "modules_to_not_convert": [pattern]})  # fmt: skip
@@ -47,8 +47,8 @@ def _fine_grained_fp8(pattern: str) -> Matcher:
 
 def _compressed_tensors(where: str) -> Callable[[str], Matcher]:
     def reader(pattern: str) -> Matcher:
-        from kernelpick.integration import _ct_config
-        from kernelpick.integration._checkpoint import read_layout
+        from kernelpick.integration.formats import _compressed_tensors as _ct_config
+        from kernelpick.integration.checkpoints._save_load import read_layout
 
         ignore = [f"re:{pattern}"] if where == "ignore" else []
         config = _ct_config.to_config(kp.Scheme.FP8_PER_CHANNEL, ignore)
@@ -66,7 +66,7 @@ def _vllm(kind: str) -> Callable[[str], Matcher]:
 
         cpu_target()
         from kernelpick.engines.vllm import KernelpickConfig
-        from kernelpick.integration import _ct_config
+        from kernelpick.integration.formats import _compressed_tensors as _ct_config
 
         if kind == "modules_to_not_convert":
             config: Any = KernelpickConfig.from_config({"modules_to_not_convert": [pattern]})

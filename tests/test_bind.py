@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import kernelpick as kp
-from kernelpick.adapters import LAUNCHES, Launch, bind
+from kernelpick.kernels import LAUNCHES, Launch, bind
 from kernelpick.core import Dtype
 from kernelpick.kernels import (
     ReferenceW8A8,

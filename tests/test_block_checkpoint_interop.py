@@ -255,7 +255,7 @@ def test_a_finegrained_variant_kernelpick_does_not_read_is_named_and_nothing_cha
 def test_modules_to_not_convert_match_as_transformers_matches_them(
     pattern: str, name: str, kept: bool
 ) -> None:
-    from kernelpick.integration._hf_fp8_config import from_hf_config
+    from kernelpick.integration.formats._fine_grained_fp8 import from_hf_config
 
     layout = from_hf_config("config.json", {"quant_method": "fp8",
                                             "modules_to_not_convert": [pattern]})  # fmt: skip

@@ -19,8 +19,8 @@ import torch
 
 import kernelpick as kp
 from kernelpick.integration import CheckpointError, load_quantized, quantize_model, save_quantized
-from kernelpick.integration._atomic_files import locked
-from kernelpick.integration._safetensors_io import ALIASES, Checkpoint
+from kernelpick.integration.checkpoints._atomic_files import locked
+from kernelpick.integration.checkpoints._safetensors_io import ALIASES, Checkpoint
 
 CPU = kp.device_profile("cpu")
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
@@ -175,7 +175,7 @@ def test_a_tensor_safetensors_cannot_hold_is_refused_before_anything_changes(
 def test_every_dtype_the_reader_knows_is_written_as_safetensors_writes_it(tmp_path: Path) -> None:
     """The writer streams the format itself (no path is reopened): the bytes and the header
     safetensors' own reader finds are those of every tensor, for every dtype, E8M0 included."""
-    from kernelpick.integration._safetensors_io import _DTYPES, write_safetensors
+    from kernelpick.integration.checkpoints._safetensors_io import _DTYPES, write_safetensors
 
     generator = torch.Generator().manual_seed(0)
     state = {
@@ -195,7 +195,7 @@ def test_every_dtype_the_reader_knows_is_written_as_safetensors_writes_it(tmp_pa
 
 @pytest.mark.parametrize("name", ["__metadata__", "bad\ud800name"])
 def test_a_name_no_reader_takes_is_refused_before_anything_is_written(name: str) -> None:
-    from kernelpick.integration._safetensors_io import write_safetensors
+    from kernelpick.integration.checkpoints._safetensors_io import write_safetensors
 
     chunks: list[bytes] = []
     with pytest.raises(CheckpointError, match="a name no reader takes"):
@@ -206,7 +206,7 @@ def test_a_name_no_reader_takes_is_refused_before_anything_is_written(name: str)
 def test_empty_tensors_are_each_written_not_aliased(tmp_path: Path) -> None:
     """Two empty tensors of one shape share no bytes (their data pointers are both 0):
     each is written under its own name, as stock readers look them up."""
-    from kernelpick.integration._safetensors_io import write_safetensors
+    from kernelpick.integration.checkpoints._safetensors_io import write_safetensors
 
     chunks: list[bytes] = []
     state = {"a": torch.zeros(0, 4), "b": torch.zeros(0, 4)}

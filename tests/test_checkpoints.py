@@ -13,7 +13,7 @@ import safetensors.torch
 import torch
 
 import kernelpick as kp
-from kernelpick.adapters import LAUNCHES, Launch
+from kernelpick.kernels import LAUNCHES, Launch
 from kernelpick.core import Dtype, evaluate
 from kernelpick.integration import (
     CheckpointError,
@@ -24,7 +24,7 @@ from kernelpick.integration import (
     quantize_model,
     save_quantized,
 )
-from kernelpick.integration._layer_steps import LayerSteps, install
+from kernelpick.integration.layer._steps import LayerSteps, install
 from kernelpick.kernels import ReferenceW8A16
 from tests.emulation import BOUND, emulated, on_cpu, relative_error
 from tests.snapshots import snapshot
@@ -345,7 +345,7 @@ def test_no_kernel_for_the_checkpoint_names_every_layer_once_and_changes_nothing
 def test_an_interrupted_load_puts_everything_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kernelpick.integration import _swap as swap
+    from kernelpick.integration.convert import _swap as swap
 
     _saved(tmp_path)
     skeleton = _model(seed=1)

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import kernelpick as kp
-from kernelpick.adapters import LAUNCHES
+from kernelpick.kernels import LAUNCHES
 from kernelpick.core import Dtype
 from kernelpick.kernels._cupy_ops import (
     gemv_launch,

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import kernelpick as kp
-from kernelpick.adapters import LAUNCHES, Launch
+from kernelpick.kernels import LAUNCHES, Launch
 from kernelpick.integration import (
     Fp8Linear,
     Fp8LinearMethod,
@@ -258,7 +258,7 @@ def test_a_bad_launches_entry_is_named_with_what_it_is(
     launches: object = {**LAUNCHES, "cpu_my_w8a16": row}
     expected = (
         f"invalid launches['cpu_my_w8a16'] '{found}': "
-        f"expected a kernelpick.adapters.Launch, e.g. Launch({example})"
+        f"expected a kernelpick.kernels.Launch, e.g. Launch({example})"
     )
     with pytest.raises(kp.InvalidValueError) as info:
         quantize_model(_model(depth=1), caps=CPU, launches=launches)  # type: ignore[arg-type]

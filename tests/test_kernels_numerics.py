@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kernelpick as kp
-from kernelpick.adapters import LAUNCHES
+from kernelpick.kernels import LAUNCHES
 from kernelpick.core import evaluate
 from kernelpick.kernels._base import KernelBase
 from kernelpick.kernels._canonical import quantize_weight

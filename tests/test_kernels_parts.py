@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import kernelpick as kp
-from kernelpick.adapters import LAUNCHES, bind
+from kernelpick.kernels import LAUNCHES, bind
 from kernelpick.core import Dtype
 from kernelpick.kernels._base import KernelBase
 from kernelpick.kernels._canonical import quantize_weight

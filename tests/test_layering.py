@@ -118,7 +118,7 @@ def test_importing_kernelpick_and_choosing_does_not_import_torch() -> None:
 
 def test_every_catalog_id_has_a_launch_row_and_every_launch_row_a_catalog_id() -> None:
     import kernelpick as kp
-    from kernelpick.adapters import LAUNCHES
+    from kernelpick.kernels import LAUNCHES
 
     assert set(kp.default_catalog().ids) == set(LAUNCHES)
     for kernel_id in LAUNCHES:

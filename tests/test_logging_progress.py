@@ -21,7 +21,7 @@ from kernelpick.integration import (
     save_quantized,
 )
 from kernelpick.integration import _log as log_module
-from kernelpick.integration import _swap as swap
+from kernelpick.integration.convert import _swap as swap
 from tests.models import SHAPES, linears
 
 CPU = kp.device_profile("cpu")

@@ -67,7 +67,7 @@ def test_save_pretrained_after_quantize_model_writes_a_checkpoint_stock_readers_
 def test_an_interrupted_conversion_records_the_layers_it_converted(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from kernelpick.integration import _convert
+    from kernelpick.integration.convert import _quantize_model as _convert
 
     model, real, calls = llama(seed=0), _convert._convert, []
 

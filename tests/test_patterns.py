@@ -17,8 +17,10 @@ from hypothesis import strategies as st
 from transformers.quantizers.quantizers_utils import should_convert_module
 
 import kernelpick as kp
-from kernelpick.integration import CheckpointError, _ct_config, _patterns, _re2
-from kernelpick.integration._checkpoint import read_layout
+from kernelpick.integration import CheckpointError
+from kernelpick.integration.formats import _compressed_tensors as _ct_config
+from kernelpick.integration.formats import _patterns, _re2
+from kernelpick.integration.checkpoints._save_load import read_layout
 from tests.pattern_timing import ROOT, seconds, timings
 
 # -- time ------------------------------------------------------------------------------
@@ -131,7 +133,7 @@ def test_kernelpick_imports_and_reads_plain_names_where_re2_is_absent() -> None:
 
         sys.meta_path.insert(0, Block())
         import kernelpick, kernelpick.integration
-        from kernelpick.integration._checkpoint import read_layout
+        from kernelpick.integration.checkpoints._save_load import read_layout
         read_layout("config.json", {"quant_method": "fp8", "modules_to_not_convert": ["lm_head"]})
         print("re2" in sys.modules)
         """

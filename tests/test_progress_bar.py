@@ -13,8 +13,8 @@ from tqdm import tqdm
 
 import kernelpick as kp
 from kernelpick.integration import Fp8Linear, ModelConversionError, quantize_model
-from kernelpick.integration import _progress as progress_module
-from kernelpick.integration import _swap as swap
+from kernelpick.integration.convert import _progress as progress_module
+from kernelpick.integration.convert import _swap as swap
 from tests.models import linears
 
 CPU = kp.device_profile("cpu")

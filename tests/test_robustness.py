@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import kernelpick as kp
-from kernelpick.adapters import LAUNCHES
+from kernelpick.kernels import LAUNCHES
 from kernelpick.core import CpuArch, Dtype
 from kernelpick.integration import ModelConversionError, quantize_model
 from kernelpick.kernels import KernelBase

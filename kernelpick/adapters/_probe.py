@@ -13,7 +13,7 @@ from kernelpick.core._arch import Platform
 from kernelpick.core._device import DeviceCaps
 from kernelpick.core._errors import InvalidValueError, UnknownNameError
 
-__all__ = ["DEVICE_NAMES", "probe_device", "route_device"]
+__all__ = ["DEVICE_NAMES", "default_caps", "probe_device", "route_device"]
 
 DEVICE_NAMES = ("auto", "cpu", "cuda", "cuda:N")
 _ACCEPTED = "None, 'auto', 'cpu', 'cuda', 'cuda:N', a GPU index N or a torch.device"
@@ -90,3 +90,11 @@ def probe_device(device: object = None) -> DeviceCaps:
     if platform is Platform.CUDA:
         return cuda_device.probe(index)
     return cpu_device.probe(index)
+
+
+def default_caps(device: torch.device | None = None) -> DeviceCaps:
+    """The device a layer is selected for when its caller names none: ``device``, where the
+    layer's tensors are (or will be), else the current one (the current GPU, else the
+    CPU). Every path that makes or moves a layer asks this, so "the default device" is
+    decided once."""
+    return probe_device(device)

@@ -8,22 +8,26 @@ Each kernel selected is logged to ``logging.getLogger("kernelpick.integration")`
 (device, config): INFO, WARNING for a degraded choice, the full trace at DEBUG.
 kernelpick adds no handler; the application configures logging."""
 
-from kernelpick.integration._checkpoint import load_quantized, save_quantized
-from kernelpick.integration._convert import quantize_model
 from kernelpick.integration._errors import (
     CheckpointError,
     KernelSelectionError,
     ModelConversionError,
     TensorParallelError,
 )
-from kernelpick.integration._loaders import WeightLoader, weight_loader_of
-from kernelpick.integration._method import ONLINE_SCHEMES, Fp8LinearMethod, Fp8PtpcLinearMethod
-from kernelpick.integration._model_config import quantization_config
-from kernelpick.integration._modules import Fp8Linear
-from kernelpick.integration._parallel import ParallelStyle, TensorParallel
-from kernelpick.integration._report import ConversionReport, LayerReport, SkippedLayer
-from kernelpick.integration._shard_linear import shard_linear
-from kernelpick.integration._state import CheckpointFormat, LayerState, layer_state
+from kernelpick.integration.checkpoints._save_load import load_quantized, save_quantized
+from kernelpick.integration.convert._quantize_model import quantize_model
+from kernelpick.integration.convert._report import ConversionReport, LayerReport, SkippedLayer
+from kernelpick.integration.formats._model_config import quantization_config
+from kernelpick.integration.layer._loaders import WeightLoader, weight_loader_of
+from kernelpick.integration.layer._method import (
+    ONLINE_SCHEMES,
+    Fp8LinearMethod,
+    Fp8PtpcLinearMethod,
+)
+from kernelpick.integration.layer._module import Fp8Linear
+from kernelpick.integration.layer._parallel import ParallelStyle, TensorParallel
+from kernelpick.integration.layer._shard_linear import shard_linear
+from kernelpick.integration.layer._state import CheckpointFormat, LayerState, layer_state
 
 __all__ = [
     "ONLINE_SCHEMES",

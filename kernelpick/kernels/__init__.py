@@ -8,16 +8,23 @@ an FP8 weight of one's own canonical (no -0, no NaN byte) before ``prepare_weigh
 """
 
 from kernelpick.kernels._base import Kernel, KernelBase, RowMajorKernel, WeightBundle
+from kernelpick.kernels._bind import bind
 from kernelpick.kernels._block_scaled_mm import BlockScaledMM, MxScaledMM
 from kernelpick.kernels._canonical import canonicalize_fp8_, dequantize_weight, quantize_weight
 from kernelpick.kernels._cpu_build import KernelBuildError
 from kernelpick.kernels._cpu_gemm import CpuFp8Gemm, CpuFp8GemmW8A16
 from kernelpick.kernels._int8 import Int8IntMM, Int8IntMMPadded
+from kernelpick.kernels._launch import LAUNCHES, Launch, check_rows, launch_table
 from kernelpick.kernels._reference import ReferenceW8A8, ReferenceW8A16
 from kernelpick.kernels._scaled_mm import ChannelwiseUnfused, RowwiseScaledMM, TensorwiseScaledMM
 from kernelpick.kernels._w8a16 import CupyGemvW8A16, DequantMatmul
 
 __all__ = [
+    "LAUNCHES",
+    "Launch",
+    "bind",
+    "check_rows",
+    "launch_table",
     "BlockScaledMM",
     "ChannelwiseUnfused",
     "CpuFp8Gemm",

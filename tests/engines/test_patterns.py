@@ -8,7 +8,7 @@ import pytest
 from transformers.quantizers.quantizers_utils import should_convert_module
 
 import kernelpick as kp
-from kernelpick.integration._patterns import check_patterns, kept
+from kernelpick.integration.formats._patterns import check_patterns, kept
 
 NAMES = [
     "lm_head",

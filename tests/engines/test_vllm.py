@@ -343,7 +343,7 @@ def test_the_entry_point_is_discovered_and_filtered_by_vllm_plugins(tmp_path: Pa
         scratch.mkdir()
         runs[name] = _spawn(["plugins", str(scratch)], _env(VLLM_PLUGINS=plugins))
     results = {name: _result(process) for name, process in runs.items()}
-    expected = "kernelpick.engines._vllm_config"
+    expected = "kernelpick.engines.vllm._config"
     for name in ("all", "listed"):
         found = {key: results[name][key] for key in ("before", "after", "config_module")}
         assert found == {"before": False, "after": True, "config_module": expected}
@@ -410,7 +410,7 @@ def test_two_ranks_equal_one(tmp_path: Path) -> None:
 
 def test_compressed_tensors_is_claimed_only_when_the_user_asks_for_kernelpick() -> None:
     from kernelpick.engines.vllm import KernelpickConfig
-    from kernelpick.integration import _ct_config
+    from kernelpick.integration.formats import _compressed_tensors as _ct_config
 
     checkpoint = _ct_config.to_config(kp.Scheme.FP8_PER_CHANNEL, ["lm_head"])
     claim = KernelpickConfig.override_quantization_method
@@ -430,7 +430,7 @@ def test_a_compressed_tensors_fp8_dynamic_checkpoint_loads_pre_quantized() -> No
     from vllm.model_executor.parameter import ChannelQuantScaleParameter
 
     from kernelpick.engines.vllm import KernelpickConfig
-    from kernelpick.integration import _ct_config
+    from kernelpick.integration.formats import _compressed_tensors as _ct_config
     from kernelpick.kernels import quantize_weight
 
     checkpoint = {
@@ -483,9 +483,9 @@ def test_a_compressed_tensors_fp8_dynamic_checkpoint_loads_pre_quantized() -> No
 def test_a_compressed_tensors_ignore_list_keeps_those_layers_in_high_precision() -> None:
     from vllm.model_executor.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 
-    from kernelpick.engines._vllm_method import KernelpickLinearMethod
+    from kernelpick.engines.vllm._method import KernelpickLinearMethod
     from kernelpick.engines.vllm import KernelpickConfig
-    from kernelpick.integration import _ct_config
+    from kernelpick.integration.formats import _compressed_tensors as _ct_config
 
     checkpoint = _ct_config.to_config(kp.Scheme.FP8_PER_CHANNEL, ["model.layers.0.mlp.down"])
     config = KernelpickConfig.from_config(checkpoint)

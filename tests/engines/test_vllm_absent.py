@@ -32,4 +32,4 @@ def test_the_module_imports_without_vllm_and_register_says_why_it_cannot_run() -
 def test_importing_kernelpick_imports_no_engine() -> None:
     import kernelpick.engines  # noqa: F401
 
-    assert "kernelpick.engines._vllm_config" not in sys.modules
+    assert "kernelpick.engines.vllm._config" not in sys.modules

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 import kernelpick as kp
-from kernelpick.integration import CheckpointError, _ct_config
+from kernelpick.integration import CheckpointError
+from kernelpick.integration.formats import _compressed_tensors as _ct_config
 from tests.engines import vllm_workers as workers
 from tests.pattern_timing import seconds, timings
 

@@ -86,7 +86,7 @@ def test_gemv_matches_the_fp32_reference(
 def test_the_selected_w8a16_kernel_switches_to_cublas_past_the_gemv_rows() -> None:
     caps = kp.probe("cuda")
     config = kp.quant_config("fp8_weight_only", weight_shape=(512, 1024))
-    from kernelpick.adapters import bind
+    from kernelpick.kernels import bind
     from kernelpick.kernels._canonical import quantize_weight
 
     kernel = bind("cuda_w8a16_cupy", config, caps, _device())

@@ -19,11 +19,11 @@ import torch
 
 from kernelpick.core._errors import InvalidValueError, KernelpickError
 from kernelpick.integration._errors import CheckpointError, ModelConversionError
-from kernelpick.integration._layer_steps import LayerSteps, frozen, install
-from kernelpick.integration._modules import Fp8Linear
-from kernelpick.integration._shards import scale_shape
-from kernelpick.integration._state import LayerState, attach, layer_state
-from kernelpick.integration._swap import Swaps, dropped_by_swap
+from kernelpick.integration.convert._swap import Swaps, dropped_by_swap
+from kernelpick.integration.layer._module import Fp8Linear
+from kernelpick.integration.layer._shards import scale_shape
+from kernelpick.integration.layer._state import LayerState, attach, layer_state
+from kernelpick.integration.layer._steps import LayerSteps, frozen, install
 from kernelpick.kernels._canonical import (
     canonical_dtype,
     canonical_scale,

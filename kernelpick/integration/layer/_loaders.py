@@ -30,9 +30,9 @@ import torch
 
 from kernelpick.core._errors import InvalidValueError, KernelInputError
 from kernelpick.core._quant import QuantConfig
-from kernelpick.integration._accepts import Accept, high_precision, quantized_weight
-from kernelpick.integration._shards import per_tensor, scale_rows
-from kernelpick.integration._state import ALL_SHARDS, CheckpointShape, LayerState
+from kernelpick.integration.layer._accept import Accept, high_precision, quantized_weight
+from kernelpick.integration.layer._shards import per_tensor, scale_rows
+from kernelpick.integration.layer._state import ALL_SHARDS, CheckpointShape, LayerState
 from kernelpick.kernels._canonical import canonical_scale
 from kernelpick.kernels._torch import reject
 

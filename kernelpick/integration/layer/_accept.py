@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import torch
 
-from kernelpick.integration._state import LayerState
+from kernelpick.integration.layer._state import LayerState
 from kernelpick.kernels._canonical import (
     CANONICAL_FP8,
     canonical_dtype,

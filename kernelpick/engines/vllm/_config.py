@@ -13,10 +13,10 @@ from vllm.model_executor.layers.quantization.base_config import QuantizationConf
 
 import kernelpick as kp
 from kernelpick.core._errors import InvalidValueError
-from kernelpick.engines._vllm_method import KernelpickLinearMethod
+from kernelpick.engines.vllm._method import KernelpickLinearMethod
 from kernelpick.integration import ONLINE_SCHEMES, CheckpointFormat, Fp8LinearMethod
-from kernelpick.integration import _ct_config as ct
-from kernelpick.integration._patterns import check_patterns, kept
+from kernelpick.integration.formats import _compressed_tensors as ct
+from kernelpick.integration.formats._patterns import check_patterns, kept
 
 __all__ = ["KernelpickConfig", "KernelpickLinearMethod", "register_config"]
 

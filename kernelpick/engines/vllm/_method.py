@@ -33,7 +33,7 @@ from kernelpick.core._schemes import DEFAULT_BLOCK_SIZE
 from kernelpick.integration import Fp8LinearMethod, ParallelStyle, TensorParallel
 
 if TYPE_CHECKING:
-    from kernelpick.engines._vllm_config import KernelpickConfig
+    from kernelpick.engines.vllm._config import KernelpickConfig
 
 __all__ = ["KernelpickLinearMethod"]
 

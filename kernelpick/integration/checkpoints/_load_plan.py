@@ -10,13 +10,13 @@ import torch
 
 from kernelpick.core._errors import KernelpickError
 from kernelpick.integration._errors import CheckpointError, ModelConversionError
-from kernelpick.integration._layer_steps import LayerSteps, frozen, install
-from kernelpick.integration._layout import Layout, Stored
-from kernelpick.integration._modules import Fp8Linear
-from kernelpick.integration._report import SkippedLayer
-from kernelpick.integration._safetensors_io import Checkpoint
-from kernelpick.integration._state import LayerState
-from kernelpick.integration._swap import dropped_by_swap
+from kernelpick.integration.checkpoints._safetensors_io import Checkpoint
+from kernelpick.integration.convert._report import SkippedLayer
+from kernelpick.integration.convert._swap import dropped_by_swap
+from kernelpick.integration.formats._layout import Layout, Stored
+from kernelpick.integration.layer._module import Fp8Linear
+from kernelpick.integration.layer._state import LayerState
+from kernelpick.integration.layer._steps import LayerSteps, frozen, install
 from kernelpick.kernels._base import Kernel
 from kernelpick.kernels._canonical import (
     SCALE_DTYPES,

@@ -18,25 +18,16 @@ from collections.abc import Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from kernelpick.adapters import Launch
 from kernelpick.core._device import DeviceCaps
 from kernelpick.core._errors import InvalidValueError
 from kernelpick.core._policy import Policy
 from kernelpick.core._quant import QuantConfig
 from kernelpick.core._schemes import Scheme
 from kernelpick.core._specs import Catalog
-from kernelpick.integration._layer_steps import (
-    ONLINE_SCHEMES,
-    LayerSteps,
-    check_allocatable,
-    frozen,
-    install,
-    run,
-)
-from kernelpick.integration._loaders import EngineLoader, loader_for, param_dims
-from kernelpick.integration._parallel import AmaxExchange, TensorParallel, check_split_blocks
-from kernelpick.integration._shards import check_shards, per_tensor, scale_shape
-from kernelpick.integration._state import (
+from kernelpick.integration.layer._loaders import EngineLoader, loader_for, param_dims
+from kernelpick.integration.layer._parallel import AmaxExchange, TensorParallel, check_split_blocks
+from kernelpick.integration.layer._shards import check_shards, per_tensor, scale_shape
+from kernelpick.integration.layer._state import (
     ALL_SHARDS,
     CheckpointFormat,
     CheckpointShape,
@@ -45,6 +36,15 @@ from kernelpick.integration._state import (
     layer_state,
     positive_sizes,
 )
+from kernelpick.integration.layer._steps import (
+    ONLINE_SCHEMES,
+    LayerSteps,
+    check_allocatable,
+    frozen,
+    install,
+    run,
+)
+from kernelpick.kernels import Launch
 from kernelpick.kernels._canonical import (
     CANONICAL_FP8,
     canonical_dtype,
@@ -73,7 +73,7 @@ class Fp8LinearMethod:
     column- or row-parallel layers (see ``TensorParallel``): their loaders narrow the
     whole checkpoint tensors to the rank's part, and their weight scales are the whole
     layer's. A kernel of the engine's own is selected from ``catalog`` and run through its row in
-    ``launches`` (both default to kernelpick's; see ``kernelpick.adapters.bind``); a catalog
+    ``launches`` (both default to kernelpick's; see ``kernelpick.kernels.bind``); a catalog
     id without a row raises ``UnknownNameError`` here, before any layer is made.
     """
 

@@ -8,14 +8,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from kernelpick.adapters import default_caps
 from kernelpick.core._device import DeviceCaps
 from kernelpick.core._errors import InvalidValueError
 from kernelpick.core._policy import Policy
 from kernelpick.core._schemes import Scheme
-from kernelpick.integration._loaders import weight_loader_of
-from kernelpick.integration._method import Fp8LinearMethod
-from kernelpick.integration._modules import Fp8Linear
-from kernelpick.integration._parallel import DEFAULT_TIMEOUT, ParallelStyle, TensorParallel
+from kernelpick.integration.layer._loaders import weight_loader_of
+from kernelpick.integration.layer._method import Fp8LinearMethod
+from kernelpick.integration.layer._module import Fp8Linear
+from kernelpick.integration.layer._parallel import DEFAULT_TIMEOUT, ParallelStyle, TensorParallel
 from kernelpick.kernels._canonical import check_finite
 
 if TYPE_CHECKING:
@@ -65,9 +66,7 @@ def shard_linear(
         check_finite(f"{name}.bias", module.bias.detach().view(1, -1))
     device = module.weight.device
     if caps is None:
-        from kernelpick import probe  # the facade's probe, shared with kp.probe's cache
-
-        caps = probe(device)
+        caps = default_caps(device)
     method = Fp8LinearMethod(
         scheme, caps, policy, block_size=block_size, tensor_parallel=tp
     )  # fmt: skip

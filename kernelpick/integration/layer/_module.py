@@ -10,8 +10,8 @@ import torch
 
 from kernelpick.core._dtypes import HIGH_PRECISION
 from kernelpick.core._errors import InvalidValueError
-from kernelpick.integration._layer_steps import LayerSteps, run
-from kernelpick.integration._state import attach, layer_state
+from kernelpick.integration.layer._state import attach, layer_state
+from kernelpick.integration.layer._steps import LayerSteps, run
 from kernelpick.kernels._canonical import (
     SCALE_DTYPES,
     canonical_dtype,

@@ -42,17 +42,18 @@ from transformers.quantizers.auto import (
 from transformers.quantizers.base import HfQuantizer
 from transformers.utils.quantization_config import QuantizationConfigMixin, QuantizationMethod
 
+from kernelpick.adapters import default_caps
 from kernelpick.core._device import DeviceCaps
 from kernelpick.core._errors import InvalidValueError
 from kernelpick.core._policy import Policy
 from kernelpick.core._schemes import Scheme
-from kernelpick.engines._hf_layers import HfLayers
-from kernelpick.engines._hf_stored import check_high_precision
+from kernelpick.engines.transformers._layers import HfLayers
+from kernelpick.engines.transformers._stored import check_high_precision
 from kernelpick.integration import quantization_config
 from kernelpick.integration._errors import CheckpointError
-from kernelpick.integration._layer_steps import ONLINE_SCHEMES, LayerSteps
-from kernelpick.integration._model_config import fp32_modules
-from kernelpick.integration._patterns import check_patterns, kept
+from kernelpick.integration.formats._model_config import fp32_modules
+from kernelpick.integration.formats._patterns import check_patterns, kept
+from kernelpick.integration.layer._steps import ONLINE_SCHEMES, LayerSteps
 
 __all__ = ["METHOD", "KernelpickConfig", "KernelpickHfQuantizer"]
 
@@ -198,9 +199,7 @@ class KernelpickHfQuantizer(HfQuantizer):
         device = _device(kwargs.get("device_map"))
         caps = config.caps
         if caps is None:
-            from kernelpick import probe
-
-            caps = probe(device)
+            caps = default_caps(device)
         online = not self.pre_quantized
         steps = LayerSteps.create(config.scheme, caps, config.policy, online=online,
                                   block_size=config.block_size)  # fmt: skip

@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Any
 from kernelpick.core._errors import KernelpickError
 
 if TYPE_CHECKING:  # typed for mypy; imported lazily at run time (see __getattr__)
-    from kernelpick.engines._vllm_config import (
+    from kernelpick.engines.vllm._config import (
         KernelpickConfig as KernelpickConfig,
     )
-    from kernelpick.engines._vllm_config import (
+    from kernelpick.engines.vllm._config import (
         KernelpickLinearMethod as KernelpickLinearMethod,
     )
 
@@ -69,7 +69,7 @@ def _config_module() -> Any:
     if importlib.util.find_spec("vllm") is None:
         raise VllmUnavailableError()
     try:
-        from kernelpick.engines import _vllm_config
+        from kernelpick.engines.vllm import _config as _vllm_config
     except ImportError as error:
         raise VllmUnavailableError(error) from error
     return _vllm_config

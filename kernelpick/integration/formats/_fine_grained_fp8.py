@@ -20,8 +20,8 @@ import torch
 
 from kernelpick.core._schemes import DEFAULT_BLOCK_SIZE, Scheme
 from kernelpick.integration._errors import CheckpointError
-from kernelpick.integration._layout import Layout, Stored
-from kernelpick.integration._patterns import kept, not_convert_refusal
+from kernelpick.integration.formats._layout import Layout, Stored
+from kernelpick.integration.formats._patterns import kept, not_convert_refusal
 
 __all__ = ["METHOD", "FineGrainedFp8Layout", "from_hf_config"]
 

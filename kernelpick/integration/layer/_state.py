@@ -12,7 +12,7 @@ from kernelpick.core._decision import Selected
 from kernelpick.core._device import DeviceCaps
 from kernelpick.core._errors import InvalidValueError, parse_enum
 from kernelpick.core._quant import QuantConfig
-from kernelpick.integration._parallel import TensorParallel
+from kernelpick.integration.layer._parallel import TensorParallel
 from kernelpick.kernels._base import Kernel
 
 __all__ = [

@@ -27,7 +27,7 @@ import re
 from collections.abc import Iterable
 
 from kernelpick.core._errors import InvalidValueError
-from kernelpick.integration._re2 import Regex, compile_re2
+from kernelpick.integration.formats._re2 import Regex, compile_re2
 
 __all__ = ["check_patterns", "ct_matches", "ct_refusal", "kept", "not_convert_refusal"]
 

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
-from kernelpick.integration._atomic_files import Sink
 from kernelpick.integration._errors import CheckpointError
+from kernelpick.integration.checkpoints._atomic_files import Sink
 
 __all__ = [
     "ALIASES",

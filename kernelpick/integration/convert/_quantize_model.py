@@ -19,21 +19,22 @@ from collections.abc import Callable, Mapping
 import attrs
 import torch
 
-from kernelpick.adapters import Launch
+from kernelpick.adapters import default_caps
 from kernelpick.core._device import DeviceCaps
 from kernelpick.core._errors import InvalidValueError, KernelpickError
 from kernelpick.core._policy import Policy
 from kernelpick.core._schemes import Scheme
 from kernelpick.core._specs import Catalog
 from kernelpick.integration._errors import ModelConversionError
-from kernelpick.integration._layer_steps import LayerSteps, install
-from kernelpick.integration._model_config import check_one_config, fp32_modules, record
-from kernelpick.integration._modules import Fp8Linear
-from kernelpick.integration._patterns import kept as kept_by
-from kernelpick.integration._progress import ProgressBar
-from kernelpick.integration._report import ConversionReport, LayerReport, SkippedLayer
-from kernelpick.integration._state import LayerState
-from kernelpick.integration._swap import Swaps, dropped_by_swap, model_bytes
+from kernelpick.integration.convert._progress import ProgressBar
+from kernelpick.integration.convert._report import ConversionReport, LayerReport, SkippedLayer
+from kernelpick.integration.convert._swap import Swaps, dropped_by_swap, model_bytes
+from kernelpick.integration.formats._model_config import check_one_config, fp32_modules, record
+from kernelpick.integration.formats._patterns import kept as kept_by
+from kernelpick.integration.layer._module import Fp8Linear
+from kernelpick.integration.layer._state import LayerState
+from kernelpick.integration.layer._steps import LayerSteps, install
+from kernelpick.kernels import Launch
 from kernelpick.kernels._base import Kernel
 from kernelpick.kernels._quantize import CHUNK_ROWS
 
@@ -180,7 +181,7 @@ def quantize_model(
     too, and the report says so; ``untie=True`` converts it into a separate FP8 copy.
     ``caps`` defaults to a probe of the device the first layer lives on. A kernel of your
     own is selected from ``catalog`` and run through its row in ``launches`` (both default
-    to kernelpick's; see ``kernelpick.adapters.bind``); a catalog id without a row raises
+    to kernelpick's; see ``kernelpick.kernels.bind``); a catalog id without a row raises
     ``UnknownNameError`` before the model changes. Forward hooks and pre-hooks on a
     replaced linear carry over to its ``Fp8Linear``. ``progress`` shows a bar of the layers
     converted on stderr: None (the default) where stderr is a terminal, True wherever stderr
@@ -204,9 +205,7 @@ def quantize_model(
     groups, tied = _groups(model, linears, untie)
     del linears  # from here on only the plans hold the linears, and they are popped
     if caps is None:
-        from kernelpick import probe
-
-        caps = probe(groups[0][0][0].weight.device if groups else None)
+        caps = default_caps(groups[0][0][0].weight.device if groups else None)
     steps = LayerSteps.create(
         scheme, caps, policy, online=True, catalog=catalog, launches=launches,
         chunk_rows=chunk_rows, block_size=block_size,

@@ -22,32 +22,34 @@ from typing import Any
 
 import torch
 
-from kernelpick.adapters import Launch
+from kernelpick.adapters import default_caps
 from kernelpick.core._device import DeviceCaps
 from kernelpick.core._errors import InvalidValueError
 from kernelpick.core._policy import Policy
 from kernelpick.core._specs import Catalog
-from kernelpick.integration import _ct_config, _hf_fp8_config
-from kernelpick.integration._atomic_files import Sink, locked
+from kernelpick.integration.formats import _compressed_tensors as _ct_config
+from kernelpick.integration.formats import _fine_grained_fp8 as _hf_fp8_config
 from kernelpick.integration._errors import CheckpointError, ModelConversionError
-from kernelpick.integration._layer_steps import LayerSteps
-from kernelpick.integration._layout import QUANTIZATION_CONFIG, Layout
-from kernelpick.integration._load_plan import LoadPlan, build, plan
-from kernelpick.integration._model_config import (
-    check_one_config,
-    quantization_config,
-    quantized_layers,
-    record,
-)
-from kernelpick.integration._modules import Fp8Linear
-from kernelpick.integration._report import ConversionReport, LayerReport
-from kernelpick.integration._safetensors_io import (
+from kernelpick.integration.checkpoints._atomic_files import Sink, locked
+from kernelpick.integration.checkpoints._load_plan import LoadPlan, build, plan
+from kernelpick.integration.checkpoints._safetensors_io import (
     WEIGHTS_NAME,
     Checkpoint,
     read_json,
     write_safetensors,
 )
-from kernelpick.integration._swap import Swaps, model_bytes
+from kernelpick.integration.convert._report import ConversionReport, LayerReport
+from kernelpick.integration.convert._swap import Swaps, model_bytes
+from kernelpick.integration.formats._layout import QUANTIZATION_CONFIG, Layout
+from kernelpick.integration.formats._model_config import (
+    check_one_config,
+    quantization_config,
+    quantized_layers,
+    record,
+)
+from kernelpick.integration.layer._module import Fp8Linear
+from kernelpick.integration.layer._steps import LayerSteps
+from kernelpick.kernels import Launch
 
 __all__ = ["CONFIG_NAME", "load_quantized", "save_quantized"]
 
@@ -161,9 +163,7 @@ def load_quantized(
     layout = read_layout(str(config_path), read_json(config_path).get(QUANTIZATION_CONFIG))
     target = _device(model, device)
     if caps is None:
-        from kernelpick import probe
-
-        caps = probe(target)
+        caps = default_caps(target)
     steps = LayerSteps.create(
         layout.scheme, caps, policy, online=False, catalog=catalog, launches=launches,
         block_size=layout.block_size,

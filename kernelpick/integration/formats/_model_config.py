@@ -22,9 +22,9 @@ import torch
 
 from kernelpick.core._errors import InvalidValueError
 from kernelpick.core._schemes import DEFAULT_BLOCK_SIZE, Scheme, block_size_of, scheme_of
-from kernelpick.integration._ct_config import SCHEMES, matches, to_config
-from kernelpick.integration._layout import QUANTIZATION_CONFIG
-from kernelpick.integration._state import LayerState, find_state
+from kernelpick.integration.formats._compressed_tensors import SCHEMES, matches, to_config
+from kernelpick.integration.formats._layout import QUANTIZATION_CONFIG
+from kernelpick.integration.layer._state import LayerState, find_state
 
 __all__ = [
     "carries_config",

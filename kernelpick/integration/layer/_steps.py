@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 import attrs
 import torch
 
-from kernelpick.adapters import Launch, bind
+from kernelpick.adapters import default_caps
 from kernelpick.core._decision import Rejected, Selected
 from kernelpick.core._device import DeviceCaps
 from kernelpick.core._dtypes import Dtype
@@ -27,13 +27,14 @@ from kernelpick.core._schemes import Scheme, quant_config
 from kernelpick.core._select import choose
 from kernelpick.core._specs import Catalog
 from kernelpick.integration._errors import KernelSelectionError
-from kernelpick.integration._launch_tables import check_rows, launch_table
-from kernelpick.integration._loaders import closed_loader
 from kernelpick.integration._log import log_selection
-from kernelpick.integration._parallel import TensorParallel
-from kernelpick.integration._state import LayerState, attach, layer_state, positive_sizes
+from kernelpick.integration.layer._loaders import closed_loader
+from kernelpick.integration.layer._parallel import TensorParallel
+from kernelpick.integration.layer._state import LayerState, attach, layer_state, positive_sizes
+from kernelpick.kernels import Launch, bind
 from kernelpick.kernels._base import Kernel
 from kernelpick.kernels._canonical import check_finite, quantize_weight
+from kernelpick.kernels._launch import check_rows, launch_table
 from kernelpick.kernels._quantize import CHUNK_ROWS, AmaxReduce
 from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
 
@@ -144,9 +145,7 @@ class LayerSteps:
         rows = launch_table(launches)
         check_rows(catalog, rows)
         if caps is None:
-            from kernelpick import probe  # the facade's probe, shared with kp.probe's cache
-
-            caps = probe()
+            caps = default_caps()
         policy = Policy.from_env(os.environ, catalog) if policy is None else policy
         return cls(parsed, caps, policy, catalog, rows, chunk_rows, block_size)
 
@@ -242,9 +241,7 @@ class LayerSteps:
             return state
         caps = state.caps
         if device != kernel.device:
-            from kernelpick import probe
-
-            caps = probe(device)
+            caps = default_caps(device)
         config = attrs.evolve(state.config, input_dtype=dtype, out_dtype=dtype)
         decision = self.select(config, state.prefix, caps, state.parallel)
         moved = attrs.evolve(state, config=config, decision=decision, caps=caps)

@@ -1,0 +1,1 @@
+"""Converting a model."""
