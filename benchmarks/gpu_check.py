@@ -94,8 +94,7 @@ def _run_case(case: Case, caps: Any, median_ms: Timer) -> dict[str, Any]:
     import torch
 
     import kernelpick as kp
-    from kernelpick.kernels import bind
-    from kernelpick.kernels import dequantize_weight, quantize_weight
+    from kernelpick.kernels import bind, dequantize_weight, quantize_weight
 
     record: dict[str, Any] = asdict(case)
     # Each call passes case.m rows, which a kernel with a floor on M (int8) reads.

@@ -13,9 +13,8 @@ import attrs
 import torch
 
 import kernelpick as kp
-from kernelpick.kernels import LAUNCHES
 from kernelpick.core import Dtype, GroupShape, QuantKey
-from kernelpick.kernels import KernelBase, RowMajorKernel, WeightBundle
+from kernelpick.kernels import LAUNCHES, KernelBase, RowMajorKernel, WeightBundle
 
 # Relative Frobenius error allowed against the emulation, by output dtype: fp32 paths differ
 # only in summation order; a half-precision output adds one rounding of at most 2^-8 (bf16)

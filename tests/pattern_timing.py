@@ -47,8 +47,8 @@ def _fine_grained_fp8(pattern: str) -> Matcher:
 
 def _compressed_tensors(where: str) -> Callable[[str], Matcher]:
     def reader(pattern: str) -> Matcher:
-        from kernelpick.integration.formats import _compressed_tensors as _ct_config
         from kernelpick.integration.checkpoints._save_load import read_layout
+        from kernelpick.integration.formats import _compressed_tensors as _ct_config
 
         ignore = [f"re:{pattern}"] if where == "ignore" else []
         config = _ct_config.to_config(kp.Scheme.FP8_PER_CHANNEL, ignore)

@@ -10,12 +10,14 @@ import pytest
 import torch
 
 import kernelpick as kp
-from kernelpick.kernels import LAUNCHES, Launch, bind
 from kernelpick.core import Dtype
 from kernelpick.kernels import (
+    LAUNCHES,
+    Launch,
     ReferenceW8A8,
     ReferenceW8A16,
     RowMajorKernel,
+    bind,
     dequantize_weight,
     quantize_weight,
 )

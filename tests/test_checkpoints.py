@@ -13,7 +13,6 @@ import safetensors.torch
 import torch
 
 import kernelpick as kp
-from kernelpick.kernels import LAUNCHES, Launch
 from kernelpick.core import Dtype, evaluate
 from kernelpick.integration import (
     CheckpointError,
@@ -25,7 +24,7 @@ from kernelpick.integration import (
     save_quantized,
 )
 from kernelpick.integration.layer._steps import LayerSteps, install
-from kernelpick.kernels import ReferenceW8A16
+from kernelpick.kernels import LAUNCHES, Launch, ReferenceW8A16
 from tests.emulation import BOUND, emulated, on_cpu, relative_error
 from tests.snapshots import snapshot
 

@@ -14,8 +14,8 @@ from kernelpick.integration import (
     SkippedLayer,
     quantize_model,
 )
-from kernelpick.integration.layer import _steps as steps_module
 from kernelpick.integration.convert import _swap as swap
+from kernelpick.integration.layer import _steps as steps_module
 from kernelpick.kernels._canonical import quantize_weight
 from tests.snapshots import snapshot
 

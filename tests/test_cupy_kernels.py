@@ -20,8 +20,8 @@ import pytest
 import torch
 
 import kernelpick as kp
-from kernelpick.kernels import LAUNCHES
 from kernelpick.core import Dtype
+from kernelpick.kernels import LAUNCHES
 from kernelpick.kernels._cupy_ops import (
     gemv_launch,
     gemv_vec,

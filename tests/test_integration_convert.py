@@ -6,7 +6,6 @@ import pytest
 import torch
 
 import kernelpick as kp
-from kernelpick.kernels import LAUNCHES, Launch
 from kernelpick.integration import (
     Fp8Linear,
     Fp8LinearMethod,
@@ -17,6 +16,7 @@ from kernelpick.integration import (
     quantize_model,
     weight_loader_of,
 )
+from kernelpick.kernels import LAUNCHES, Launch
 from tests.emulation import DequantThenMatmul, relative_error
 from tests.snapshots import Snapshot, snapshot
 

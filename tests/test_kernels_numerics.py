@@ -20,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kernelpick as kp
-from kernelpick.kernels import LAUNCHES
 from kernelpick.core import evaluate
+from kernelpick.kernels import LAUNCHES
 from kernelpick.kernels._base import KernelBase
 from kernelpick.kernels._canonical import quantize_weight
 from kernelpick.kernels._cpu_build import ISA_LEVELS

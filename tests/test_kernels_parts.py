@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import kernelpick as kp
-from kernelpick.kernels import LAUNCHES, bind
 from kernelpick.core import Dtype
+from kernelpick.kernels import LAUNCHES, bind
 from kernelpick.kernels._base import KernelBase
 from kernelpick.kernels._canonical import quantize_weight
 from kernelpick.kernels._fnuz import as_fnuz

@@ -18,9 +18,9 @@ from transformers.quantizers.quantizers_utils import should_convert_module
 
 import kernelpick as kp
 from kernelpick.integration import CheckpointError
+from kernelpick.integration.checkpoints._save_load import read_layout
 from kernelpick.integration.formats import _compressed_tensors as _ct_config
 from kernelpick.integration.formats import _patterns, _re2
-from kernelpick.integration.checkpoints._save_load import read_layout
 from tests.pattern_timing import ROOT, seconds, timings
 
 # -- time ------------------------------------------------------------------------------

@@ -11,10 +11,9 @@ import pytest
 import torch
 
 import kernelpick as kp
-from kernelpick.kernels import LAUNCHES
 from kernelpick.core import CpuArch, Dtype
 from kernelpick.integration import ModelConversionError, quantize_model
-from kernelpick.kernels import KernelBase
+from kernelpick.kernels import LAUNCHES, KernelBase
 from kernelpick.kernels._canonical import quantize_weight
 from tests.snapshots import snapshot
 

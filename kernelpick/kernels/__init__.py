@@ -21,10 +21,6 @@ from kernelpick.kernels._w8a16 import CupyGemvW8A16, DequantMatmul
 
 __all__ = [
     "LAUNCHES",
-    "Launch",
-    "bind",
-    "check_rows",
-    "launch_table",
     "BlockScaledMM",
     "ChannelwiseUnfused",
     "CpuFp8Gemm",
@@ -36,6 +32,7 @@ __all__ = [
     "Kernel",
     "KernelBase",
     "KernelBuildError",
+    "Launch",
     "MxScaledMM",
     "ReferenceW8A8",
     "ReferenceW8A16",
@@ -43,7 +40,10 @@ __all__ = [
     "RowwiseScaledMM",
     "TensorwiseScaledMM",
     "WeightBundle",
+    "bind",
     "canonicalize_fp8_",
+    "check_rows",
     "dequantize_weight",
+    "launch_table",
     "quantize_weight",
 ]

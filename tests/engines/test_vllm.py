@@ -483,8 +483,8 @@ def test_a_compressed_tensors_fp8_dynamic_checkpoint_loads_pre_quantized() -> No
 def test_a_compressed_tensors_ignore_list_keeps_those_layers_in_high_precision() -> None:
     from vllm.model_executor.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 
-    from kernelpick.engines.vllm._method import KernelpickLinearMethod
     from kernelpick.engines.vllm import KernelpickConfig
+    from kernelpick.engines.vllm._method import KernelpickLinearMethod
     from kernelpick.integration.formats import _compressed_tensors as _ct_config
 
     checkpoint = _ct_config.to_config(kp.Scheme.FP8_PER_CHANNEL, ["model.layers.0.mlp.down"])

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import kernelpick as kp
-from kernelpick.kernels import LAUNCHES, bind
 from kernelpick.core import evaluate
+from kernelpick.kernels import LAUNCHES, bind
 from kernelpick.kernels._canonical import quantize_weight
 from tests.emulation import BOUND, emulated, relative_error
 

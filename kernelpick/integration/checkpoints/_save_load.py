@@ -27,8 +27,6 @@ from kernelpick.core._device import DeviceCaps
 from kernelpick.core._errors import InvalidValueError
 from kernelpick.core._policy import Policy
 from kernelpick.core._specs import Catalog
-from kernelpick.integration.formats import _compressed_tensors as _ct_config
-from kernelpick.integration.formats import _fine_grained_fp8 as _hf_fp8_config
 from kernelpick.integration._errors import CheckpointError, ModelConversionError
 from kernelpick.integration.checkpoints._atomic_files import Sink, locked
 from kernelpick.integration.checkpoints._load_plan import LoadPlan, build, plan
@@ -40,6 +38,8 @@ from kernelpick.integration.checkpoints._safetensors_io import (
 )
 from kernelpick.integration.convert._report import ConversionReport, LayerReport
 from kernelpick.integration.convert._swap import Swaps, model_bytes
+from kernelpick.integration.formats import _compressed_tensors as _ct_config
+from kernelpick.integration.formats import _fine_grained_fp8 as _hf_fp8_config
 from kernelpick.integration.formats._layout import QUANTIZATION_CONFIG, Layout
 from kernelpick.integration.formats._model_config import (
     check_one_config,
