@@ -94,7 +94,7 @@ def _run_case(case: Case, caps: Any, median_ms: Timer) -> dict[str, Any]:
     import torch
 
     import kernelpick as kp
-    from kernelpick.kernels import bind, dequantize_weight, quantize_weight
+    from kernelpick.kernels import bind, dequantize_weight, quantize_canonical
 
     record: dict[str, Any] = asdict(case)
     # Each call passes case.m rows, which a kernel with a floor on M (int8) reads.
@@ -109,7 +109,7 @@ def _run_case(case: Case, caps: Any, median_ms: Timer) -> dict[str, Any]:
     x = torch.randn(case.m, case.k, device=device, generator=generator).to(torch.bfloat16)
     w = torch.randn(case.n, case.k, device=device, generator=generator) / case.k**0.5
     kernel = bind(case.kernel, config, caps, device)
-    fp8_weight, scale = quantize_weight(w, config)
+    fp8_weight, scale = quantize_canonical(w, config)
     bundle = kernel.prepare_weights(fp8_weight, scale)
     out = kernel.apply(x, bundle).float()
     # The reference multiplies the same quantized operands in fp32.

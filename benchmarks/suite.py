@@ -23,10 +23,11 @@ import kernelpick as kp
 from benchmarks.decode import BASELINES, run_decode
 from benchmarks.memory import peak_extra_rss
 from benchmarks.schemes import SCHEME_TOKENS, run_schemes
-from kernelpick.bench._timing import median_ns, median_seconds
+from benchmarks.timing import median_ns
+from kernelpick.bench import median_seconds
 from kernelpick.core import CpuArch
 from kernelpick.integration import quantize_model
-from kernelpick.kernels import quantize_weight
+from kernelpick.kernels import quantize_canonical
 
 __all__ = ["DECODE_TOKENS", "LLAMA3_8B_LAYERS", "SuiteConfig", "run_suite"]
 
@@ -128,9 +129,9 @@ def _quantization(config: SuiteConfig) -> dict[str, float]:
     size = config.hidden
     weight = torch.randn(size, size, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
     layer = kp.quant_config("fp8_per_channel", weight_shape=(size, size))
-    quantize = median_seconds(lambda: quantize_weight(weight, layer), config.repeats, CPU)
+    quantize = median_seconds(lambda: quantize_canonical(weight, layer), config.repeats, CPU)
     clone = median_seconds(weight.clone, config.repeats, CPU)
-    q, scale = quantize_weight(weight, layer)
+    q, scale = quantize_canonical(weight, layer)
     source = weight.numel() * weight.element_size()
     return {
         "quantize_vs_clone": clone / quantize,  # throughput ratio: same bytes in

@@ -10,6 +10,7 @@ import typing as _typing
 import warnings as _warnings
 
 from kernelpick import rules
+from kernelpick._version import __version__
 from kernelpick.core import (
     Catalog,
     Decision,
@@ -37,7 +38,6 @@ from kernelpick.core import (
     device_profiles,
     quant_config,
 )
-from kernelpick.core._select import CACHE_SIZE as _CACHE_SIZE
 
 if _typing.TYPE_CHECKING:
     from collections.abc import Mapping
@@ -45,8 +45,6 @@ if _typing.TYPE_CHECKING:
     import torch
 
     from kernelpick.kernels import KernelBase, Launch
-
-__version__ = "0.2.0"
 
 
 def probe(device: object = None) -> DeviceCaps:
@@ -120,7 +118,7 @@ __all__ = [
 # Names the README once showed, kept working with a warning that says what replaced them.
 _DEPRECATED = {
     "scheme": ("kp.quant_config", quant_config),
-    "CACHE_SIZE": ("kp.cache_info().maxsize", _CACHE_SIZE),
+    "CACHE_SIZE": ("kp.cache_info().maxsize", cache_info().maxsize),
 }
 # Names 0.1 exported here that are gone from kp: an AttributeError says where they are now
 # (the whole core was re-exported then; value types and rules now have their own homes).

@@ -7,9 +7,10 @@ which says how each kind serves each ``ActivationGrouping``. A rule of your own 
 frozen class with the same two methods (the ``Requirement`` protocol).
 """
 
-from kernelpick.core._kinds import KIND_TABLE, Service
-from kernelpick.core._quant import ActivationGrouping
-from kernelpick.core._requirements import (
+from kernelpick.core import (
+    KIND_RULES,
+    KIND_TABLE,
+    ActivationGrouping,
     ActivationScales,
     Alignment,
     CpuIsa,
@@ -30,9 +31,9 @@ from kernelpick.core._requirements import (
     Requirement,
     RocmArchs,
     ScaleDtypes,
+    Service,
     WeightScales,
 )
-from kernelpick.core._specs import KIND_RULES
 
 __all__ = [
     "KIND_RULES",

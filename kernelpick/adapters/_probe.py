@@ -6,12 +6,8 @@ import re
 
 import torch
 
-from kernelpick.adapters.cpu import _device as cpu_device
-from kernelpick.adapters.cuda import _device as cuda_device
-from kernelpick.adapters.rocm import _device as rocm_device
-from kernelpick.core._arch import Platform
-from kernelpick.core._device import DeviceCaps
-from kernelpick.core._errors import InvalidValueError, UnknownNameError
+from kernelpick.adapters import cpu, cuda, rocm
+from kernelpick.core import DeviceCaps, InvalidValueError, Platform, UnknownNameError
 
 __all__ = ["DEVICE_NAMES", "default_caps", "probe_device", "route_device"]
 
@@ -86,10 +82,10 @@ def probe_device(device: object = None) -> DeviceCaps:
     current = torch.cuda.current_device() if available and kind != "cpu" else 0
     platform, index = route_device(device, available, torch.version.hip is not None, current)
     if platform is Platform.ROCM:
-        return rocm_device.probe(index)
+        return rocm.probe(index)
     if platform is Platform.CUDA:
-        return cuda_device.probe(index)
-    return cpu_device.probe(index)
+        return cuda.probe(index)
+    return cpu.probe(index)
 
 
 def default_caps(device: torch.device | None = None) -> DeviceCaps:

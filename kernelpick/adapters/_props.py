@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from kernelpick.core._errors import InvalidValueError
+from kernelpick.core import InvalidValueError
 
 __all__ = ["Properties", "check_index"]
 

@@ -9,11 +9,9 @@ import torch
 
 from kernelpick.bench._memory import allocation_failures, check_fits
 from kernelpick.bench._timing import median_seconds
-from kernelpick.core._device import DeviceCaps
-from kernelpick.core._dtypes import Dtype
-from kernelpick.core._schemes import Scheme
-from kernelpick.integration import Fp8LinearMethod, layer_state, weight_loader_of
-from kernelpick.kernels._torch import torch_dtype
+from kernelpick.core import DeviceCaps, Dtype, Scheme
+from kernelpick.integration import QuantizedLinearMethod, layer_state, weight_loader_of
+from kernelpick.kernels import torch_dtype
 
 __all__ = ["STAGES", "LayerBench", "Progress", "bench_layer", "processed_layer"]
 
@@ -24,7 +22,7 @@ STAGES = 4  # quantize, then time the kernel, the fp32 linear and the native lin
 
 
 def processed_layer(
-    method: Fp8LinearMethod, weight: torch.Tensor, device: torch.device
+    method: QuantizedLinearMethod, weight: torch.Tensor, device: torch.device
 ) -> torch.nn.Module:
     """A layer taken through the linear-method protocol as an engine would: create, load
     ``weight [N, K]`` (its dtype is the layer's), process."""
@@ -83,7 +81,7 @@ def bench_layer(
     name, native = parsed.value, torch_dtype(parsed)
     # Made (the scheme read, the kernel selected) before the first stage is announced: a
     # bad scheme is an error on its own, not one that follows "[1/4] quantizing".
-    method = Fp8LinearMethod(scheme, caps)
+    method = QuantizedLinearMethod(scheme, caps)
     # Before the first stage too, and before anything is allocated.
     check_fits(shape, tokens, native.itemsize, device)
     sizes = f"M={tokens} N={n} K={k}"

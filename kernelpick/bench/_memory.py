@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import torch
 
-from kernelpick.core._errors import InvalidValueError
+from kernelpick.core import InvalidValueError
 
 __all__ = ["allocation_failures", "available_bytes", "bench_bytes", "check_fits"]
 

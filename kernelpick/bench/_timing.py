@@ -10,12 +10,11 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-import timeit
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import torch
 
-__all__ = ["median_ns", "median_seconds", "timer_for"]
+__all__ = ["median_seconds", "timer_for"]
 
 Timer = Callable[[Callable[[], object]], float]
 
@@ -54,10 +53,3 @@ def median_seconds(run: Callable[[], object], repeats: int, device: torch.device
         if gpu:
             torch.cuda.synchronize(device)  # the warm-up's work must not land in the first run
         return statistics.median(timer(run) for _ in range(repeats))
-
-
-def median_ns(statement: str, names: Mapping[str, object], *, loops: int, repeats: int) -> float:
-    """Median nanoseconds per execution of ``statement`` (``timeit``, ``loops`` a repeat)."""
-    timer = timeit.Timer(statement, globals=dict(names))
-    timer.timeit(max(1, loops // 10))  # warm-up
-    return statistics.median(t / loops * 1e9 for t in timer.repeat(repeats, loops))

@@ -19,10 +19,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TextIO
 
-import kernelpick as kp
 from kernelpick.cli._bench import bench
 from kernelpick.cli._commands import COMMANDS, EXIT_BAD_INPUT, EXIT_REJECTED, EXIT_SELECTED
 from kernelpick.cli._parser import UsageError, parser
+from kernelpick.core import KernelpickError, Scheme, UnknownNameError
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_BROKEN_PIPE", "EXIT_REJECTED", "EXIT_SELECTED", "main"]
 
@@ -33,15 +33,15 @@ _COMMANDS = {**COMMANDS, "bench": bench}
 _HINTS = {
     "device profile": "'kernelpick devices' lists the profiles; --device auto probes this machine",
     "kernel id": "'kernelpick kernels' lists the kernel ids",
-    "scheme": "schemes: " + ", ".join(s.value for s in kp.Scheme),
+    "scheme": "schemes: " + ", ".join(s.value for s in Scheme),
     "dtype": "dtypes: bfloat16, float16, float32",
 }
 
 
-def _hint(error: kp.KernelpickError) -> str:
+def _hint(error: KernelpickError) -> str:
     if isinstance(error, UsageError):
         return ""
-    if isinstance(error, kp.UnknownNameError):
+    if isinstance(error, UnknownNameError):
         return _HINTS.get(error.kind, "")
     return ""
 
@@ -72,11 +72,11 @@ def _run(argv: Sequence[str] | None, env: Mapping[str, str], out: TextIO, err: T
             args = parser().parse_args(argv)
     except SystemExit as done:
         return done.code if isinstance(done.code, int) else EXIT_BAD_INPUT
-    except kp.KernelpickError as error:
+    except KernelpickError as error:
         return _fail(error, err)
     try:
         return _COMMANDS[args.command](args, env, out, err)
-    except kp.KernelpickError as error:
+    except KernelpickError as error:
         return _fail(error, err)
 
 
@@ -116,7 +116,7 @@ def _discard(out: TextIO) -> None:
     os.close(devnull)
 
 
-def _fail(error: kp.KernelpickError, err: TextIO) -> int:
+def _fail(error: KernelpickError, err: TextIO) -> int:
     print(f"kernelpick: error: {error}", file=err)
     hint = _hint(error)
     if hint:

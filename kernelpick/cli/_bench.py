@@ -9,11 +9,10 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TextIO
 
-import kernelpick as kp
 from kernelpick.cli._commands import EXIT_SELECTED, emit_json
 from kernelpick.cli._output import Style, is_terminal, text_table
 from kernelpick.cli._parser import shape
-from kernelpick.core import SCHEMA_VERSION
+from kernelpick.core import SCHEMA_VERSION, InvalidValueError, Platform, Scheme, quant_config
 
 if TYPE_CHECKING:
     from tqdm import tqdm
@@ -56,9 +55,9 @@ def _json_file(target: str) -> Iterator[Callable[[Mapping[str, Any]], None]]:
                 os.remove(target)
 
 
-def _unwritable(target: str, error: OSError) -> kp.InvalidValueError:
+def _unwritable(target: str, error: OSError) -> InvalidValueError:
     reason = error.strerror or type(error).__name__
-    return kp.InvalidValueError("--json", target, f"a path that can be written ({reason})")
+    return InvalidValueError("--json", target, f"a path that can be written ({reason})")
 
 
 class _Bar:
@@ -110,32 +109,28 @@ def progress_to(err: TextIO, quiet: bool = False) -> Iterator[Progress | None]:
 
 def bench(args: argparse.Namespace, env: Mapping[str, str], out: TextIO, err: TextIO) -> int:
     if args.tokens < 1 or args.repeats < 1:
-        raise kp.InvalidValueError("--tokens/--repeats", (args.tokens, args.repeats), "positive")
+        raise InvalidValueError("--tokens/--repeats", (args.tokens, args.repeats), "positive")
     # Every option is read before the first progress line, and before torch is imported.
-    weight_shape, scheme = shape(args.shape), kp.Scheme.parse(args.scheme)
-    kp.quant_config(scheme, weight_shape=weight_shape, out_dtype=args.out_dtype)
+    weight_shape, scheme = shape(args.shape), Scheme.parse(args.scheme)
+    quant_config(scheme, weight_shape=weight_shape, out_dtype=args.out_dtype)
+    from kernelpick.adapters import probe_device
     from kernelpick.bench import bench_layer  # imports torch: only this command pays for it
     from kernelpick.integration import ONLINE_SCHEMES
 
     if scheme not in ONLINE_SCHEMES:
-        # Static schemes load calibrated scales from a checkpoint, which the command has
-        # not; mxfp8 runs through kernelpick.kernels only (no linear method yet).
+        # Static schemes load calibrated scales from a checkpoint, which the command has not.
         online = ", ".join(s.value for s in ONLINE_SCHEMES)
-        why = (
-            "runs through kernelpick.kernels only, not the linear method bench times"
-            if scheme is kp.Scheme.MXFP8
-            else "needs activation scales calibrated on data"
-        )
+        why = "needs activation scales calibrated on data"
         expected = (
             f"one of {online}: bench quantizes a random layer, and {scheme.value} {why}; "
             f"'kernelpick explain --device auto --scheme {scheme.value}' gives the kernel "
             "it would select here"
         )
-        raise kp.InvalidValueError("--scheme", args.scheme, expected)
-    caps = kp.probe()
+        raise InvalidValueError("--scheme", args.scheme, expected)
+    caps = probe_device()
     import torch
 
-    device = torch.device("cpu") if caps.platform is kp.Platform.CPU else torch.device("cuda")
+    device = torch.device("cpu") if caps.platform is Platform.CPU else torch.device("cuda")
     layer = (caps, args.scheme, weight_shape, args.out_dtype, args.tokens, args.repeats)
     to_file = args.json not in (None, "-")
     with _json_file(args.json) if to_file else contextlib.nullcontext() as write:

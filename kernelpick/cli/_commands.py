@@ -8,11 +8,29 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
-import kernelpick as kp
 from kernelpick.cli._output import Colour, Style, markdown_table, text_table
 from kernelpick.cli._parser import AUTO, shape
-from kernelpick.core import SCHEMA_VERSION, CpuArch, Verdict
-from kernelpick.core._policy import split_ids
+from kernelpick.core import (
+    SCHEMA_VERSION,
+    CpuArch,
+    Decision,
+    DeviceCaps,
+    KernelKind,
+    Policy,
+    Reason,
+    RejectCode,
+    Rejected,
+    Scheme,
+    Selected,
+    Verdict,
+    assert_never,
+    choose,
+    default_catalog,
+    device_profile,
+    device_profiles,
+    quant_config,
+    split_ids,
+)
 
 __all__ = [
     "COMMANDS",
@@ -36,14 +54,18 @@ def emit_json(record: Mapping[str, Any], out: TextIO) -> None:
     print(json.dumps(record, indent=2, sort_keys=True), file=out)
 
 
-def _caps(device: str) -> kp.DeviceCaps:
-    return kp.probe() if device.strip().lower() == AUTO else kp.device_profile(device)
+def _caps(device: str) -> DeviceCaps:
+    if device.strip().lower() != AUTO:
+        return device_profile(device)
+    from kernelpick.adapters import probe_device  # imports torch: only --device auto pays
+
+    return probe_device()
 
 
-def _policy(args: argparse.Namespace, env: Mapping[str, str]) -> kp.Policy:
-    base = kp.Policy.from_env(env)
-    # Flag ids are checked by kp.choose, which refuses any id its catalog lacks.
-    return kp.Policy(
+def _policy(args: argparse.Namespace, env: Mapping[str, str]) -> Policy:
+    base = Policy.from_env(env)
+    # Flag ids are checked by choose, which refuses any id its catalog lacks.
+    return Policy(
         disabled=base.disabled if args.disable is None else frozenset(split_ids(args.disable)),
         force=base.force if args.force is None else args.force,
         strict=base.strict if args.strict is None else bool(args.strict),
@@ -59,30 +81,30 @@ def _verdict(verdict: Verdict, chosen: str | None) -> tuple[str, Colour | None]:
     return f"{status}{flag}", None
 
 
-def _describe_policy(policy: kp.Policy) -> str:
+def _describe_policy(policy: Policy) -> str:
     parts = [f"disabled {', '.join(sorted(policy.disabled))}"] if policy.disabled else []
     parts += [f"forced {policy.force}"] if policy.force else []
     parts += ["strict"] if policy.strict else []
     return "; ".join(parts) or "default"
 
 
-def _conclusion(decision: kp.Decision, style: Style) -> str:
+def _conclusion(decision: Decision, style: Style) -> str:
     match decision:
-        case kp.Selected(kernel=kernel, degraded=degraded):
+        case Selected(kernel=kernel, degraded=degraded):
             note = " (degraded: weight-only, activations not quantized)" if degraded else ""
             return style.paint(style.wrap(f"=> selected {kernel}{note}"), Colour.BOLD)
-        case kp.Rejected(hints=hints):
+        case Rejected(hints=hints):
             lines = [style.paint(style.wrap(_NONE_FITS), Colour.RED)]
-            # What would work instead, computed by kp.choose (the same lines as --json "hints").
+            # What would work instead, computed by choose (the same lines as --json "hints").
             lines += [style.wrap(f"hint: {hint}", indent=" " * 6) for hint in hints]
             return "\n".join(lines)
         case _:
-            kp.assert_never(decision)
+            assert_never(decision)
 
 
 def explain(args: argparse.Namespace, env: Mapping[str, str], out: TextIO, err: TextIO) -> int:
     caps = _caps(args.device)
-    config = kp.quant_config(
+    config = quant_config(
         args.scheme,
         weight_shape=shape(args.shape),
         out_dtype=args.out_dtype,
@@ -91,8 +113,8 @@ def explain(args: argparse.Namespace, env: Mapping[str, str], out: TextIO, err: 
         min_tokens=args.min_tokens,
     )
     policy = _policy(args, env)
-    decision = kp.choose(caps, config, policy)
-    chosen = decision.kernel if isinstance(decision, kp.Selected) else None
+    decision = choose(caps, config, policy)
+    chosen = decision.kernel if isinstance(decision, Selected) else None
     if args.json:
         emit_json(
             {
@@ -124,7 +146,7 @@ def explain(args: argparse.Namespace, env: Mapping[str, str], out: TextIO, err: 
     return EXIT_SELECTED if chosen is not None else EXIT_REJECTED
 
 
-_OTHER_FORMAT = frozenset({kp.RejectCode.FP8_DTYPE, kp.RejectCode.QUANT_DTYPE})
+_OTHER_FORMAT = frozenset({RejectCode.FP8_DTYPE, RejectCode.QUANT_DTYPE})
 
 
 def _nearest_miss(verdict: Verdict) -> tuple[bool, int]:
@@ -132,24 +154,24 @@ def _nearest_miss(verdict: Verdict) -> tuple[bool, int]:
     return (any(r.code in _OTHER_FORMAT for r in verdict.reasons), len(verdict.reasons))
 
 
-def _first_w8a8_reason(decision: kp.Rejected) -> kp.Reason | None:
+def _first_w8a8_reason(decision: Rejected) -> Reason | None:
     # The nearest miss among the W8A8 kernels (the first of equals): an int8 layer on an
     # A100 names _int_mm's token floor, not an FP8 kernel's arch or format.
-    misses = [v for v in decision.trace if v.kind is kp.KernelKind.W8A8 and v.reasons]
+    misses = [v for v in decision.trace if v.kind is KernelKind.W8A8 and v.reasons]
     if misses:
         return min(misses, key=_nearest_miss).reasons[0]
     return decision.reasons[0] if decision.reasons else None
 
 
-def matrix_entries(schemes: list[kp.Scheme]) -> list[dict[str, Any]]:
+def matrix_entries(schemes: list[Scheme]) -> list[dict[str, Any]]:
     """One record per device profile and scheme, at N=K=4096 in bfloat16."""
     entries = []
-    for name, caps in kp.device_profiles().items():
+    for name, caps in device_profiles().items():
         for item in schemes:
-            decision = kp.choose(caps, kp.quant_config(item, weight_shape=MATRIX_SHAPE))
+            decision = choose(caps, quant_config(item, weight_shape=MATRIX_SHAPE))
             arch = caps.arch.machine if isinstance(caps.arch, CpuArch) else str(caps.arch)
             entry: dict[str, Any] = {"device": name, "arch": arch, "scheme": item.value}
-            if isinstance(decision, kp.Selected):
+            if isinstance(decision, Selected):
                 entry |= {"outcome": "selected", "kernel": decision.kernel,
                           "degraded": decision.degraded, "reason": None}  # fmt: skip
             else:
@@ -173,7 +195,7 @@ def _cell(entry: Mapping[str, Any]) -> str:
 
 
 def matrix(args: argparse.Namespace, env: Mapping[str, str], out: TextIO, err: TextIO) -> int:
-    schemes = [kp.Scheme.parse(s) for s in args.scheme] if args.scheme else list(kp.Scheme)
+    schemes = [Scheme.parse(s) for s in args.scheme] if args.scheme else list(Scheme)
     entries = matrix_entries(schemes)
     if args.format == "json":
         layer = {"weight_shape": list(MATRIX_SHAPE), "out_dtype": "bfloat16"}
@@ -188,7 +210,7 @@ def matrix(args: argparse.Namespace, env: Mapping[str, str], out: TextIO, err: T
     return EXIT_SELECTED
 
 
-def _markdown_matrix(schemes: list[kp.Scheme], entries: list[dict[str, Any]]) -> str:
+def _markdown_matrix(schemes: list[Scheme], entries: list[dict[str, Any]]) -> str:
     parts = [
         "# Support matrix",
         "",
@@ -204,7 +226,7 @@ def _markdown_matrix(schemes: list[kp.Scheme], entries: list[dict[str, Any]]) ->
     return "\n".join(parts)
 
 
-def _device_record(name: str, caps: kp.DeviceCaps) -> dict[str, Any]:
+def _device_record(name: str, caps: DeviceCaps) -> dict[str, Any]:
     return {
         "profile": name, "name": caps.name, "platform": str(caps.platform),
         "arch": str(caps.arch), "toolkit": caps.toolkit, "torch": str(caps.torch_version),
@@ -214,7 +236,7 @@ def _device_record(name: str, caps: kp.DeviceCaps) -> dict[str, Any]:
 
 
 def devices(args: argparse.Namespace, env: Mapping[str, str], out: TextIO, err: TextIO) -> int:
-    profiles = kp.device_profiles()
+    profiles = device_profiles()
     if args.json:
         records = [_device_record(name, caps) for name, caps in profiles.items()]
         emit_json({"schema_version": SCHEMA_VERSION, "devices": records}, out)
@@ -231,7 +253,7 @@ def devices(args: argparse.Namespace, env: Mapping[str, str], out: TextIO, err: 
 
 
 def kernels(args: argparse.Namespace, env: Mapping[str, str], out: TextIO, err: TextIO) -> int:
-    specs = kp.default_catalog().kernels
+    specs = default_catalog().kernels
     if args.json:
         records = [
             {"id": s.id, "platform": str(s.platform), "kind": s.kind.value, "summary": s.summary,

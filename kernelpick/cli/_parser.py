@@ -8,7 +8,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-import kernelpick as kp
+from kernelpick._version import __version__
+from kernelpick.core import InvalidValueError, KernelpickError, Scheme, device_profiles
 
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
@@ -20,7 +21,7 @@ AUTO = "auto"
 _SHAPE = re.compile(r"^\s*([0-9]{1,18})\s*[,x]\s*([0-9]{1,18})\s*$")
 
 
-class UsageError(kp.KernelpickError):
+class UsageError(KernelpickError):
     """A command line the parser could not read."""
 
 
@@ -50,7 +51,7 @@ class _Version(argparse.Action):
         values: str | Sequence[Any] | None,
         option_string: str | None = None,
     ) -> NoReturn:
-        sys.stdout.write(f"kernelpick {kp.__version__}\n")
+        sys.stdout.write(f"kernelpick {__version__}\n")
         parser.exit()
 
 
@@ -58,16 +59,16 @@ def shape(text: str) -> tuple[int, int]:
     """``N,K`` (or ``NxK``) as two positive integers."""
     match = _SHAPE.match(text)
     if match is None or int(match.group(1)) == 0 or int(match.group(2)) == 0:
-        raise kp.InvalidValueError("--shape", text, "N,K: two positive integers, e.g. 4096,4096")
+        raise InvalidValueError("--shape", text, "N,K: two positive integers, e.g. 4096,4096")
     return (int(match.group(1)), int(match.group(2)))
 
 
 def _schemes() -> str:
-    return ", ".join(s.value for s in kp.Scheme)
+    return ", ".join(s.value for s in Scheme)
 
 
 def _profiles() -> str:
-    return ", ".join(kp.device_profiles())
+    return ", ".join(device_profiles())
 
 
 def _layer_options(command: argparse.ArgumentParser) -> None:

@@ -40,15 +40,10 @@ from kernelpick.core._catalog_facts import (
     UNFUSED,
     WEIGHT_ONLY,
 )
+from kernelpick.core._config_rules import InputDtypes, ScaleDtypes
 from kernelpick.core._device import FEATURE_SCALED_MM, FEATURE_SCALED_MM_ROWWISE
+from kernelpick.core._device_rules import MinComputeCapability, NeedsLibrary, NeedsTorchFeature
 from kernelpick.core._dtypes import Dtype
-from kernelpick.core._requirements import (
-    InputDtypes,
-    MinComputeCapability,
-    NeedsLibrary,
-    NeedsTorchFeature,
-    ScaleDtypes,
-)
 from kernelpick.core._specs import Catalog, KernelKind, KernelSpec
 
 __all__ = ["DEFAULT_CATALOG"]

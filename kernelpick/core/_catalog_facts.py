@@ -5,28 +5,30 @@ holds and its public source, named once so several rows can share it.
 from __future__ import annotations
 
 from kernelpick.core._arch import CudaArch
-from kernelpick.core._dtypes import E4M3_FORMATS, HIGH_PRECISION, SCALE_DTYPES, Dtype
-from kernelpick.core._quant import GroupShape
-from kernelpick.core._requirements import (
+from kernelpick.core._config_rules import (
     ActivationScales,
     Alignment,
-    CpuIsa,
-    CpuIsaAnyOf,
-    CudaArchs,
     DynamicActivationScales,
     Fp8Dtypes,
-    MinComputeCapability,
     MinTokens,
-    MinTorch,
-    NeedsToolchain,
     NotBothPerTensor,
     OutDtypes,
     QuantDtypes,
-    Requirement,
-    RocmArchs,
     ScaleDtypes,
     WeightScales,
 )
+from kernelpick.core._device_rules import (
+    CpuIsa,
+    CpuIsaAnyOf,
+    CudaArchs,
+    MinComputeCapability,
+    MinTorch,
+    NeedsToolchain,
+    RocmArchs,
+)
+from kernelpick.core._dtypes import E4M3_FORMATS, HIGH_PRECISION, SCALE_DTYPES, Dtype
+from kernelpick.core._quant import GroupShape
+from kernelpick.core._specs import Requirement
 
 __all__ = [
     "ALIGN_16",
@@ -38,6 +40,8 @@ __all__ = [
     "BLOCK_128",
     "BLOCK_OUT",
     "CPP_TOOLCHAIN",
+    "CPU_FP8_ACTIVATIONS",
+    "CPU_FP8_BLOCK",
     "CPU_FP8_DYNAMIC",
     "CPU_FP8_ISA",
     "CPU_FP8_WEIGHTS",
@@ -49,6 +53,7 @@ __all__ = [
     "INT8_PER_TOKEN",
     "INT_MM_ALIGN",
     "INT_MM_CUDA",
+    "INT_MM_MIN_TOKENS",
     "MX_32",
     "PER_TENSOR",
     "PER_TOKEN",
@@ -155,9 +160,10 @@ INT8_PER_TOKEN: tuple[Requirement, ...] = (
 )
 # torch._int_mm on CUDA: "self.size(0) needs to be greater than 16", K and N "a multiple
 # of 8" (aten/src/ATen/native/cuda/Blas.cpp, _int_mm_out_cuda; pytorch#178469 to pad
-# small M was closed).
+# small M was closed). The int8 families read the floor from here, and pad up to it.
 INT_MM_ALIGN = Alignment(8)
-INT_MM_CUDA: tuple[Requirement, ...] = (INT_MM_ALIGN, MinTokens(17, "torch._int_mm on CUDA"))
+INT_MM_MIN_TOKENS = MinTokens(17, "torch._int_mm on CUDA")
+INT_MM_CUDA: tuple[Requirement, ...] = (INT_MM_ALIGN, INT_MM_MIN_TOKENS)
 # cuBLASLt's int8 IMMA kernels: Turing (SM 7.5) on; torch tests _int_mm on sm75 (#121277).
 SM75 = MinComputeCapability(CudaArch(7, 5))
 # AVX2+FMA+F16C, every x86-64 CPU since Haswell / Zen 1: F16C's vcvtph2ps decodes FP8
@@ -168,18 +174,23 @@ CPU_FP8_ISA = CpuIsa(frozenset({"avx2", "fma", "f16c"}))
 # in saturating int16 (vpmaddubsw), and the int32 sums come out wrong, silently: measured
 # on torch 2.13 with ONEDNN_MAX_CPU_ISA=AVX2 or AVX512_CORE, 4319 of 24100 outputs of random
 # int8 operands wrong (by up to 18% of the output); none with AVX2_VNNI, AVX512_CORE_VNNI
-# or the host's AMX-less AVX512_CORE_BF16. (tests/test_cpu_int8_isa.py runs both.)
+# or the host's AMX-less AVX512_CORE_BF16. (tests/adapters/test_cpu_int8_isa.py runs both.)
 INT8_DOT_ISA = CpuIsaAnyOf(frozenset({"avx512_vnni", "avx_vnni", "amx_int8"}))
 # Compiled at first use by torch.utils.cpp_extension, which needs a C++ compiler and ninja.
 CPP_TOOLCHAIN = NeedsToolchain()
 # The C++ kernel quantizes activations itself, fused into the GEMM: dynamic scales, per
 # token or per 1x128 group; it reads per-tensor, per-channel or 128x128 block weight scales
 # in every mix (each group's partial sum is scaled, kernels/_cpu_fp8_scales.h). Its tail
-# path serves any N and K, so no Alignment rule; other block sizes go to the reference.
-CPU_FP8_WEIGHTS = WeightScales(TENSOR_OR_CHANNEL | {GroupShape.block(128)})
+# path serves any N and K, so no Alignment rule; other block sizes go to the reference
+# (the op takes any multiple of 64, untested). The CPU families read these three.
+CPU_FP8_BLOCK = 128
+CPU_FP8_WEIGHTS = WeightScales(TENSOR_OR_CHANNEL | {GroupShape.block(CPU_FP8_BLOCK)})
+CPU_FP8_ACTIVATIONS = ActivationScales(
+    frozenset({GroupShape.PER_TOKEN, GroupShape.per_group(CPU_FP8_BLOCK)})
+)
 CPU_FP8_DYNAMIC: tuple[Requirement, ...] = (
     E4M3,
-    ActivationScales(frozenset({GroupShape.PER_TOKEN, GroupShape.per_group(128)})),
+    CPU_FP8_ACTIVATIONS,
     DynamicActivationScales(),
     CPU_FP8_WEIGHTS,
 )

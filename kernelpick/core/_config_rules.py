@@ -7,7 +7,7 @@ import attrs
 
 from kernelpick.core._device import DeviceCaps
 from kernelpick.core._dtypes import Dtype
-from kernelpick.core._errors import InvalidValueError
+from kernelpick.core._errors import positive_int
 from kernelpick.core._quant import GroupShape, QuantConfig, QuantKey
 from kernelpick.core._reasons import Reason, RejectCode
 from kernelpick.core._rule_fields import (
@@ -184,8 +184,7 @@ class QuantDtypes:
 
 
 def _positive_tokens(_inst: object, attribute: attrs.Attribute[int], value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise InvalidValueError("MinTokens minimum", value, "a positive integer, e.g. 17")
+    positive_int("MinTokens minimum", value, "a positive integer, e.g. 17")
 
 
 @attrs.frozen

@@ -12,7 +12,7 @@ import attrs
 
 from kernelpick.core._arch import CpuArch, CudaArch, RocmArch, Version, as_version
 from kernelpick.core._device import FEATURE_CPP_TOOLCHAIN, DeviceCaps
-from kernelpick.core._errors import InvalidValueError
+from kernelpick.core._errors import InvalidValueError, positive_int
 from kernelpick.core._quant import QuantConfig
 from kernelpick.core._reasons import Reason, RejectCode
 from kernelpick.core._rule_fields import as_cuda_arch, either, flag_names, non_empty_text
@@ -51,8 +51,7 @@ def _cuda_table(
     if not isinstance(value, Mapping) or not value:
         raise InvalidValueError("CudaArchs", value, "a non-empty mapping {major: least CUDA}")
     for major in value:
-        if not isinstance(major, int) or isinstance(major, bool) or major < 1:
-            raise InvalidValueError("CudaArchs major", major, "a compute capability major, e.g. 9")
+        positive_int("CudaArchs major", major, "a compute capability major, e.g. 9")
     return tuple((k, None if v is None else Version.parse(v)) for k, v in value.items())
 
 

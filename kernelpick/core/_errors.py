@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import enum
 from collections.abc import Iterable
-from typing import TypeVar
+from typing import TypeGuard, TypeVar
 
 import attrs
 
@@ -22,7 +22,9 @@ __all__ = [
     "UnknownNameError",
     "closest_match",
     "is_bool",
+    "is_positive_int",
     "parse_enum",
+    "positive_int",
 ]
 
 E = TypeVar("E", bound=enum.Enum)
@@ -82,6 +84,20 @@ def is_bool(_inst: object, attribute: attrs.Attribute[bool], value: object) -> N
     """An attrs validator: ``value`` is True or False (1, 0 and "yes" are refused)."""
     if not isinstance(value, bool):
         raise InvalidValueError(attribute.name, value, "True or False")
+
+
+def is_positive_int(value: object) -> TypeGuard[int]:
+    """Whether ``value`` is an int of 1 or more. bool is an int subclass, and True as a size
+    or a count is always a slip, so it is refused."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def positive_int(what: str, value: object, expected: str = "a positive integer") -> int:
+    """``value`` if it is a positive int (see ``is_positive_int``), else
+    ``InvalidValueError(what, value, expected)``."""
+    if not is_positive_int(value):
+        raise InvalidValueError(what, value, expected)
+    return value
 
 
 def parse_enum(cls: type[E], value: object, kind: str) -> E:

@@ -13,7 +13,7 @@ from typing import ClassVar
 import attrs
 
 from kernelpick.core._dtypes import HIGH_PRECISION, SCALE_DTYPES, Dtype, as_dtype
-from kernelpick.core._errors import InvalidValueError, is_bool
+from kernelpick.core._errors import InvalidValueError, is_bool, is_positive_int, positive_int
 
 __all__ = ["ActivationGrouping", "GroupShape", "QuantConfig", "QuantKey", "ScaleSpec"]
 
@@ -22,10 +22,9 @@ _NAMED = {(-1, -1): "per-tensor", (1, -1): "per-token", (-1, 1): "per-channel"}
 
 
 def _group_extent(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or (value < 1 and value != -1):
-        raise InvalidValueError(
-            f"group shape {attribute.name}", value, "-1 (whole dimension) or a positive integer"
-        )
+    if not (isinstance(value, int) and value == -1):  # -1: the whole dimension
+        expected = "-1 (whole dimension) or a positive integer"
+        positive_int(f"group shape {attribute.name}", value, expected)
 
 
 # Hashes are cached: rules test group membership on every uncached decision.
@@ -105,16 +104,11 @@ class QuantKey:
         return f"{self.scale.render()} {self.dtype}"
 
 
-def _extent(value: object) -> bool:
-    # bool is an int subclass; True as a dimension is always a mistake.
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
 def _weight_shape(value: object) -> tuple[int, int]:
     if not isinstance(value, (tuple, list)) or len(value) != 2:
         raise InvalidValueError("weight_shape", value, "(N, K): two positive integers")
     n, k = value
-    if not (_extent(n) and _extent(k)):
+    if not (is_positive_int(n) and is_positive_int(k)):
         raise InvalidValueError("weight_shape", value, "(N, K): two positive integers")
     return (n, k)
 
@@ -133,8 +127,7 @@ def _optional_key(
 
 
 def _min_tokens(_inst: object, attribute: attrs.Attribute[int], value: object) -> None:
-    if not _extent(value):
-        raise InvalidValueError("min_tokens", value, "a positive integer (1 includes decode)")
+    positive_int("min_tokens", value, "a positive integer (1 includes decode)")
 
 
 @attrs.frozen(cache_hash=True)

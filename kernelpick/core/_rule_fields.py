@@ -14,7 +14,7 @@ import attrs
 
 from kernelpick.core._arch import CudaArch
 from kernelpick.core._dtypes import HIGH_PRECISION, SCALE_DTYPES, Dtype
-from kernelpick.core._errors import InvalidValueError
+from kernelpick.core._errors import InvalidValueError, positive_int
 from kernelpick.core._quant import GroupShape
 
 __all__ = [
@@ -115,5 +115,4 @@ def non_empty_text(_inst: object, attribute: attrs.Attribute[str], value: object
 def positive_multiple(_inst: object, attribute: attrs.Attribute[int], value: object) -> None:
     """An attrs validator: a positive int. bool is an int subclass, and Alignment(True) is
     a slip, not "multiples of 1"."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise InvalidValueError("Alignment multiple", value, "a positive integer, e.g. 16")
+    positive_int("Alignment multiple", value, "a positive integer, e.g. 16")

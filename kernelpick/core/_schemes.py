@@ -7,7 +7,7 @@ import enum
 import attrs
 
 from kernelpick.core._dtypes import Dtype
-from kernelpick.core._errors import InvalidValueError, parse_enum
+from kernelpick.core._errors import InvalidValueError, parse_enum, positive_int
 from kernelpick.core._quant import GroupShape, QuantConfig, QuantKey, ScaleSpec
 
 __all__ = [
@@ -92,9 +92,7 @@ _RECIPES = {
 
 
 def _block_size(value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise InvalidValueError("block_size", value, "a positive integer, e.g. 128")
-    return value
+    return positive_int("block_size", value, "a positive integer, e.g. 128")
 
 
 def quant_config(

@@ -1,4 +1,25 @@
-"""evaluate and choose: the pure decision, and its bounded cache."""
+"""evaluate and choose: the pure decision, and its bounded cache.
+
+The laws of a decision (docs/design.md#selection-rules tells them at length):
+
+1. The candidates are the device platform's kernels in catalog order; a forced kernel of
+   another platform is appended, its ``WRONG_PLATFORM`` reason first (``evaluate``).
+2. Every rule of every candidate is checked and every failing reason kept, also for the
+   kernels after the one chosen; a rule answers a ``Reason`` or None (``rule_reasons``).
+3. The kind rule comes from the declared kind, never from the spec's rules:
+   ``KernelSpec.rules`` puts it (``KIND_RULES``, read from the kind table; a W8A16 spec's
+   ``fallback`` may only narrow it) before the spec's own.
+4. A verdict is degraded exactly when a W8A16 kernel meets a config with an activation
+   quantization (``_verdict``).
+5. Policy only adds reasons to the same verdicts: ``DISABLED``, ``NOT_FORCED`` for every
+   kernel but a forced one, ``STRICT_DEGRADED`` under strict (``_verdict``); so a forced
+   kernel that fails its rules is a rejection, never a fall-through.
+6. The first kernel without reasons that is not degraded wins; else the first degraded one
+   without reasons, as ``degraded=True``; else ``Rejected`` with the whole trace
+   (``_decide``).
+7. The same question gets the same answer: ``choose`` is pure and cached, and hints, asked
+   only for a rejection, never change it (``_choose``).
+"""
 
 from __future__ import annotations
 

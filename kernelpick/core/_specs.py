@@ -1,4 +1,7 @@
-"""KernelSpec and Catalog: what each kernel needs, declared as data."""
+"""KernelSpec and Catalog: what each kernel needs, declared as data, and the
+``Requirement`` protocol every rule of a spec follows. The rules that read the device are
+in ``_device_rules``, those that read the config in ``_config_rules``, the kind rules the
+core adds in ``_kinds``."""
 
 from __future__ import annotations
 
@@ -6,10 +9,13 @@ import math
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from types import MappingProxyType
+from typing import Protocol, runtime_checkable
 
 import attrs
 
 from kernelpick.core._arch import Platform, as_platform
+from kernelpick.core._config_rules import Alignment
+from kernelpick.core._device import DeviceCaps
 from kernelpick.core._errors import InvalidValueError, UnknownNameError
 from kernelpick.core._kinds import (
     ActivationQuantized,
@@ -18,10 +24,26 @@ from kernelpick.core._kinds import (
     as_kind,
     fallback_groups,
 )
-from kernelpick.core._quant import GroupShape
-from kernelpick.core._requirements import Alignment, Requirement
+from kernelpick.core._quant import GroupShape, QuantConfig
+from kernelpick.core._reasons import Reason
 
-__all__ = ["KIND_RULES", "Catalog", "KernelKind", "KernelSpec", "as_kind"]
+__all__ = ["KIND_RULES", "Catalog", "KernelKind", "KernelSpec", "Requirement", "as_kind"]
+
+
+@runtime_checkable
+class Requirement(Protocol):
+    """A rule a kernel needs to hold. Pure: it reads its arguments and nothing else.
+
+    ``check`` returns None when the rule holds, else a ``kp.Reason(code, needed, found)``
+    (anything else is refused when the rule is evaluated). Hints evaluate every rule on
+    every named scheme's config too, not only on configs of the kind the kernel serves.
+    Kernel authors list rules on a ``KernelSpec``; an engine can write its own class with
+    the same two methods.
+    """
+
+    def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None: ...
+
+    def render(self) -> str: ...
 
 
 # Rules every kernel of a kind obeys, whatever its spec declares; both read the kind table

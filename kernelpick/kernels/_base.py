@@ -1,8 +1,9 @@
-"""What every kernel shares: the weight bundle, its layout, and the input checks.
+"""What every kernel shares: the weight bundle, the form it must have, and the input checks.
 
 A kernel is bound to one catalog row, one layer's QuantConfig and one device, and works
 through two calls: ``prepare_weights`` derives its bundle from the layer's canonical tensors
-(``quantize_weights`` from a high-precision weight), and ``apply`` runs a forward with it.
+once (``quantize_weights`` from a high-precision weight), and ``apply`` runs each forward
+on it.
 """
 
 from __future__ import annotations
@@ -12,18 +13,24 @@ from typing import ClassVar
 import attrs
 import torch
 
-from kernelpick.core._dtypes import HIGH_PRECISION, Dtype
-from kernelpick.core._errors import InvalidValueError, KernelInputError
-from kernelpick.core._kinds import kind_reason
-from kernelpick.core._quant import GroupShape, QuantConfig
-from kernelpick.core._specs import KernelKind, KernelSpec
+from kernelpick.core import (
+    HIGH_PRECISION,
+    Dtype,
+    GroupShape,
+    InvalidValueError,
+    KernelInputError,
+    KernelKind,
+    KernelSpec,
+    QuantConfig,
+    kind_reason,
+)
 from kernelpick.kernels._bundle import Kernel, WeightBundle
 from kernelpick.kernels._canonical import (
     canonical_dtype,
     canonical_scale_dtype,
     check_finite,
     check_positive_finite,
-    quantize_weight,
+    quantize_canonical,
 )
 from kernelpick.kernels._cupy_ops import quantize_per_token_cupy
 from kernelpick.kernels._fnuz import as_fnuz
@@ -43,7 +50,7 @@ _FLOATS = tuple(torch_dtype(d) for d in sorted(HIGH_PRECISION, key=lambda d: d.v
 
 @attrs.frozen
 class KernelBase:
-    """Shared checks, layout and activation quantization; subclasses supply ``_matmul`` (and
+    """Shared checks, bundle form and activation quantization; subclasses supply ``_matmul`` (and
     ``_arrange`` where the weight is not read as a ``[K, N]`` column-major view).
 
     The math is the same on every device; what differs comes in as fields. ``spec`` is the
@@ -71,7 +78,7 @@ class KernelBase:
     # What this family's prepare_weights makes: bundle.weight's shape and strides (None:
     # any stride, for an extent of 1) and bundle.scale's shape (0-dim per tensor), derived
     # once: apply compares every bundle it is handed with them.
-    _layout: tuple[tuple[int, ...], tuple[int | None, ...], tuple[int, ...]] = attrs.field(
+    _bundle_form: tuple[tuple[int, ...], tuple[int | None, ...], tuple[int, ...]] = attrs.field(
         init=False, eq=False, repr=False
     )
 
@@ -97,8 +104,8 @@ class KernelBase:
             s if e != 1 else None for e, s in zip(view.shape, view.stride(), strict=True)
         )
         scale = self.config.weight_scale_shape
-        layout = (tuple(view.shape), strides, () if scale == (1,) else scale)
-        object.__setattr__(self, "_layout", layout)
+        form = (tuple(view.shape), strides, () if scale == (1,) else scale)
+        object.__setattr__(self, "_bundle_form", form)
 
     @property
     def kernel_id(self) -> str:
@@ -143,8 +150,10 @@ class KernelBase:
         input_scale: torch.Tensor | None = None,
     ) -> WeightBundle:
         """Check a layer's canonical tensors (see ``kernels._canonical``) and derive the
-        kernel's bundle from them: views, with no copy of the weight, so it is cheap enough
-        to derive on every call and can never go stale.
+        kernel's bundle from them: what the kernel runs on. The integration prepares once
+        per load, device and dtype and keeps the bundle beside the canonical tensors
+        (``kernelpick.integration.layer.prepared``), so a family may copy, pad, re-tile or
+        pack here; this base derives views, with no copy of the weight.
 
         Checked: dtypes, shapes, contiguity, alignment and device. Not checked, because it
         would cost a scan of the weight (or a device sync) on every call: the values. The
@@ -188,7 +197,7 @@ class KernelBase:
         with torch.no_grad():
             detached = weight.detach()
             check_finite("weight", detached)
-            fp8, scale = quantize_weight(detached, self.config)
+            fp8, scale = quantize_canonical(detached, self.config)
         return self.prepare_weights(fp8, scale, input_scale)
 
     def quantize_input(
@@ -221,7 +230,7 @@ class KernelBase:
         # A bundle whose tensors were cast (say by a model-wide .half()) must not run.
         check_tensor("bundle.weight", bundle.weight, dtypes=(self.weight_dtype,))
         check_tensor("bundle.scale", bundle.scale, dtypes=(canonical_scale_dtype(self.config),))
-        self._check_layout(bundle)
+        self._check_bundle_form(bundle)
         return self._apply(x, bundle, bias)
 
     def run(
@@ -233,7 +242,7 @@ class KernelBase:
         bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``apply`` on the bundle ``prepare_weights`` derives from the canonical tensors,
-        in one call: the bundle is made here, so its layout needs no second check."""
+        in one call: the bundle is made here, so its form needs no second check."""
         return self._apply(x, self.prepare_weights(weight, weight_scale, input_scale), bias)
 
     def _apply(
@@ -252,11 +261,11 @@ class KernelBase:
             return torch.empty((*lead, n), dtype=self.out_dtype, device=device)
         return self._matmul(rows, bundle, bias).view(*lead, n)
 
-    def _check_layout(self, bundle: WeightBundle) -> None:
+    def _check_bundle_form(self, bundle: WeightBundle) -> None:
         # Metadata only. A bundle another family prepared holds the same bytes in another
         # view ([N, K] against the [K, N] transpose): on a square layer every dtype and
         # extent matches, and the product would be x @ W instead of x @ W^T.
-        shape, strides, scale_shape = self._layout
+        shape, strides, scale_shape = self._bundle_form
         weight = bundle.weight
         got = weight.stride()
         if tuple(weight.shape) != shape or (

@@ -17,9 +17,9 @@ from kernelpick.core import (
     Selected,
     UnknownNameError,
     default_catalog,
+    reason_lines,
+    rule_reasons,
 )
-from kernelpick.core._decision import reason_lines
-from kernelpick.core._select import rule_reasons
 from kernelpick.kernels._base import KernelBase
 from kernelpick.kernels._launch import LAUNCHES, Launch
 

@@ -28,7 +28,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-from kernelpick.core._specs import KernelKind
+from kernelpick.core import KernelKind
 from kernelpick.kernels._base import KernelBase, WeightBundle
 from kernelpick.kernels._canonical import canonical_scale_dtype
 
@@ -106,11 +106,11 @@ class _ArrangedScales(KernelBase):
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
-        shape, strides, _ = self._layout
+        shape, strides, _ = self._bundle_form
         dtype = canonical_scale_dtype(self.config)
         grid = torch.empty(self._grid, dtype=dtype, device="meta")
         arranged = tuple(self._arrange_scales(grid).shape)
-        object.__setattr__(self, "_layout", (shape, strides, arranged))
+        object.__setattr__(self, "_bundle_form", (shape, strides, arranged))
 
     @property
     def _grid(self) -> tuple[int, int]:

@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from kernelpick.core._dtypes import Dtype
-from kernelpick.core._quant import QuantConfig
+from kernelpick.core import Dtype, QuantConfig
 from kernelpick.kernels._quantize import (
     CHUNK_ROWS,
     AmaxReduce,
@@ -35,6 +34,7 @@ from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
 __all__ = [
     "CANONICAL_FP8",
     "SCALE_DTYPES",
+    "STORED_SCALE_DTYPES",
     "canonical_dtype",
     "canonical_scale",
     "canonical_scale_dtype",
@@ -45,13 +45,16 @@ __all__ = [
     "dequantize_weight",
     "one_tensor_scale",
     "positive_zero_",
-    "quantize_weight",
+    "quantize_canonical",
 ]
 
 CANONICAL_FP8 = Dtype.FLOAT8_E4M3FN
-# Checkpoints store scales in fp32, or in the model's dtype (llmcompressor writes bf16
-# scales for bf16 models); both widen to fp32 exactly.
-SCALE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# The torch dtypes a checkpoint may store scales in: fp32, or the model's dtype
+# (llmcompressor writes bf16 scales for bf16 models); both widen to fp32 exactly. Not the
+# dtypes a config's scales may have (kernelpick.core's, fp32 and E8M0).
+STORED_SCALE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# The old name, until kernelpick.integration reads STORED_SCALE_DTYPES; then it goes.
+SCALE_DTYPES = STORED_SCALE_DTYPES
 
 _NEGATIVE_ZERO = 0x80
 _MAGNITUDE = 0x7F  # an e4m3fn byte with every exponent and mantissa bit set is NaN
@@ -102,7 +105,7 @@ def canonical_scale(name: str, scale: object, shape: tuple[int, ...]) -> torch.T
     """``scale`` as canonical fp32 of ``shape``, from the layouts checkpoints use (``[N, 1]``
     or ``[N]`` per channel; ``[]``, ``[1]`` or ``[1, 1]`` per tensor), refusing values that
     are not positive and finite (a zero or NaN scale is a corrupt checkpoint)."""
-    tensor = check_tensor(name, scale, dtypes=SCALE_DTYPES)
+    tensor = check_tensor(name, scale, dtypes=STORED_SCALE_DTYPES)
     if tuple(tensor.shape) not in _scale_layouts(shape):
         raise reject(name, tensor, f"fp32 scales of shape {list(shape)}")
     values = tensor.to(torch.float32).reshape(shape)
@@ -147,7 +150,7 @@ def canonical_scale_dtype(config: QuantConfig) -> torch.dtype:
     return torch_dtype(config.weight.scale.dtype)
 
 
-def quantize_weight(
+def quantize_canonical(
     weight: torch.Tensor,
     config: QuantConfig,
     *,

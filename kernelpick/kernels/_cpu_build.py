@@ -21,7 +21,7 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 
-from kernelpick.core._errors import KernelpickError
+from kernelpick.core import CPU_FP8_ISA, KernelpickError
 from kernelpick.kernels._cpu_cache import (
     LOGGER,
     build_lock,
@@ -46,20 +46,20 @@ _HEADERS = tuple(
 )
 
 # Each level: the /proc/cpuinfo flags it needs and the compiler flags that enable them, best
-# first. AVX2 + FMA + F16C is every x86-64 CPU since Haswell / Zen 1 (F16C's vcvtph2ps
-# decodes the FP8 weight); AVX512-BF16 adds vdpbf16ps, two FP8 products per fp32 lane.
+# first. Every level needs what the catalog rows' CpuIsa rule names (CPU_FP8_ISA: AVX2 +
+# FMA + F16C, whose vcvtph2ps decodes the FP8 weight), the AVX2 level nothing more;
+# AVX512-BF16 adds vdpbf16ps, two FP8 products per fp32 lane.
+_ANY_LEVEL = CPU_FP8_ISA.flags
 ISA_LEVELS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
     "avx512_bf16": (
-        frozenset(
-            {"avx2", "avx512f", "avx512bw", "avx512vl", "avx512vbmi", "avx512_bf16", "fma", "f16c"}
-        ),
+        _ANY_LEVEL | {"avx512f", "avx512bw", "avx512vl", "avx512vbmi", "avx512_bf16"},
         ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vbmi", "-mavx512bf16"),
     ),
     "avx512": (
-        frozenset({"avx2", "avx512f", "avx512bw", "avx512vl", "fma", "f16c"}),
+        _ANY_LEVEL | {"avx512f", "avx512bw", "avx512vl"},
         ("-mavx512f", "-mavx512bw", "-mavx512vl"),
     ),
-    "avx2": (frozenset({"avx2", "fma", "f16c"}), ()),
+    "avx2": (_ANY_LEVEL, ()),
 }
 # Every level also needs these (the AVX-512 levels use AVX2 code for tails and reductions).
 # -fopenmp: at::parallel_for is inline OpenMP in torch's headers, serial without it. The

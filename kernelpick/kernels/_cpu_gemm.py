@@ -17,20 +17,27 @@ from typing import ClassVar, Protocol, cast
 import attrs
 import torch
 
-from kernelpick.core._dtypes import Dtype
-from kernelpick.core._errors import InvalidValueError
-from kernelpick.core._quant import GroupShape, QuantConfig
-from kernelpick.core._specs import KernelKind
+from kernelpick.core import (
+    CPU_FP8_ACTIVATIONS,
+    CPU_FP8_BLOCK,
+    CPU_FP8_WEIGHTS,
+    Dtype,
+    GroupShape,
+    InvalidValueError,
+    KernelKind,
+    QuantConfig,
+)
 from kernelpick.kernels._base import RowMajorKernel, WeightBundle
 from kernelpick.kernels._cpu_build import ISA_LEVELS, LOCK, isa_level, load_ops, op_name
 
 __all__ = ["BLOCK", "CpuFp8Gemm", "CpuFp8GemmW8A16"]
 
-# The one block size the op serves: block FP8 as released (DeepSeek-V3, Qwen3 FP8). The op
-# takes any multiple of 64; other sizes are refused here until they are tested.
-BLOCK = 128
-_WEIGHT_GROUPS = (GroupShape.PER_TENSOR, GroupShape.PER_CHANNEL, GroupShape.block(BLOCK))
-_ACTIVATION_GROUPS = (GroupShape.PER_TOKEN, GroupShape.per_group(BLOCK))
+# The one block size the op serves (block FP8 as released: DeepSeek-V3, Qwen3 FP8), and the
+# scale groups it reads: the catalog rows' rules, read from the same values, so the family
+# refuses exactly what cpu_fp8_gemm's row turns down.
+BLOCK = CPU_FP8_BLOCK
+_WEIGHT_GROUPS = CPU_FP8_WEIGHTS.groups
+_ACTIVATION_GROUPS = CPU_FP8_ACTIVATIONS.groups
 
 
 class _Op(Protocol):
@@ -97,7 +104,7 @@ def _scale_groups(kernel_id: str, config: QuantConfig, quantize: bool) -> tuple[
     """The op's ``act_group`` and ``weight_block`` for ``config`` (0: per token, per tensor
     or per channel), or ``InvalidValueError`` for a scale layout the op would misread."""
     weight = config.weight.scale
-    if weight.group not in _WEIGHT_GROUPS or weight.dtype is not Dtype.FLOAT32:
+    if weight.group not in _WEIGHT_GROUPS or weight.dtype not in CPU_FP8_WEIGHTS.dtypes:
         # The op reads fp32 scales, one per tensor, row or 128 x 128 block.
         expected = f"fp32 per-tensor, per-channel or {GroupShape.block(BLOCK).render()} scales"
         raise InvalidValueError(f"{kernel_id} weight scales", weight.render(), expected)
@@ -109,7 +116,7 @@ def _scale_groups(kernel_id: str, config: QuantConfig, quantize: bool) -> tuple[
         act is None
         or act.scale.static
         or act.scale.group not in _ACTIVATION_GROUPS
-        or act.scale.dtype is not Dtype.FLOAT32
+        or act.scale.dtype not in CPU_FP8_ACTIVATIONS.dtypes
     ):
         # The op quantizes per token or per 1 x 128 group itself: any other activation
         # config would run as if it were one of those, silently.

@@ -14,8 +14,8 @@ import functools
 import numpy as np
 import torch
 
-from kernelpick.core._dtypes import Dtype
-from kernelpick.kernels._cupy_runtime import Launch, launch
+from kernelpick.core import Dtype
+from kernelpick.kernels._cupy_runtime import Grid, launch
 from kernelpick.kernels._cupy_source import (
     GemvSpec,
     QuantSpec,
@@ -53,11 +53,11 @@ def quant_vec(dtype: torch.dtype, cols: int, row_stride: int, address: int) -> i
     return 8 if dtype in _HALF and aligned else 1
 
 
-def quant_launch(rows: int, cols: int, vec: int) -> Launch:
+def quant_launch(rows: int, cols: int, vec: int) -> Grid:
     """One block per row; enough warps to cover the row once, at most 256 threads."""
     loads = -(-cols // vec)
     threads = min(QUANT_MAX_THREADS, max(32, -(-loads // 32) * 32))
-    return Launch((rows, 1, 1), (threads, 1, 1))
+    return Grid((rows, 1, 1), (threads, 1, 1))
 
 
 def gemv_vec(k: int, x_address: int, w_address: int) -> int:
@@ -69,9 +69,9 @@ def gemv_vec(k: int, x_address: int, w_address: int) -> int:
     return 1
 
 
-def gemv_launch(m: int, n: int, m_tile: int = GEMV_M_TILE, warps: int = GEMV_WARPS) -> Launch:
+def gemv_launch(m: int, n: int, m_tile: int = GEMV_M_TILE, warps: int = GEMV_WARPS) -> Grid:
     """A warp per output channel, ``warps`` channels a block, ``m_tile`` rows a pass."""
-    return Launch((-(-n // warps), -(-m // m_tile), 1), (32 * warps, 1, 1))
+    return Grid((-(-n // warps), -(-m // m_tile), 1), (32 * warps, 1, 1))
 
 
 def _cuda(name: str, tensor: torch.Tensor) -> torch.device:

@@ -19,9 +19,9 @@ import attrs
 import numpy as np
 import torch
 
-from kernelpick.core._errors import InvalidValueError
+from kernelpick.core import InvalidValueError
 
-__all__ = ["Launch", "cupy_usable", "launch"]
+__all__ = ["Grid", "cupy_usable", "launch"]
 
 # cupy's CUDA errors subclass RuntimeError; a missing libcuda or libnvrtc is an OSError.
 _CUPY_ERRORS = (ImportError, RuntimeError, OSError)
@@ -43,8 +43,9 @@ def cupy_usable() -> bool:
 
 
 @attrs.frozen
-class Launch:
-    """A kernel launch's geometry: grid and block dimensions (x, y, z)."""
+class Grid:
+    """A raw kernel launch's geometry: grid and block dimensions (x, y, z). Not
+    ``kernelpick.kernels.Launch``, the launch table's row for a catalog id."""
 
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
@@ -76,7 +77,7 @@ def _argument(value: Arg) -> Any:
 def launch(
     name: str,
     source: str,
-    geometry: Launch,
+    geometry: Grid,
     args: Sequence[Arg],
     device: torch.device,
 ) -> None:

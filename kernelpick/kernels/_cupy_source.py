@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import attrs
 
-from kernelpick.core._dtypes import Dtype
-from kernelpick.core._errors import InvalidValueError
+from kernelpick.core import Dtype, InvalidValueError
 from kernelpick.kernels._quantize import scale_floor
 
 __all__ = [

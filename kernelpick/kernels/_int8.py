@@ -17,16 +17,15 @@ from typing import ClassVar
 import attrs
 import torch
 
-from kernelpick.core._specs import KernelKind
+from kernelpick.core import INT_MM_MIN_TOKENS, KernelKind
 from kernelpick.kernels._base import KernelBase, WeightBundle
 from kernelpick.kernels._scaled_mm import apply_scales
 from kernelpick.kernels._torch import reject
 
 __all__ = ["INT_MM_MIN_ROWS", "Int8IntMM", "Int8IntMMPadded"]
 
-# torch._int_mm on a GPU refuses "self.size(0) needs to be greater than 16"
-# (aten/src/ATen/native/cuda/Blas.cpp, _int_mm_out_cuda): the catalog's MinTokens(17).
-INT_MM_MIN_ROWS = 17
+# The fewest rows torch._int_mm takes on a GPU: the catalog's rule, where its source is.
+INT_MM_MIN_ROWS = INT_MM_MIN_TOKENS.minimum
 
 
 @attrs.frozen

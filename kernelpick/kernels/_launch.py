@@ -15,17 +15,18 @@ import attrs
 import torch
 
 from kernelpick.core import (
+    HIGH_PRECISION,
     Catalog,
     CpuArch,
     DeviceCaps,
+    Dtype,
     InvalidValueError,
     KernelKind,
     KernelSpec,
     QuantConfig,
     default_catalog,
+    is_bool,
 )
-from kernelpick.core._dtypes import HIGH_PRECISION, Dtype
-from kernelpick.core._errors import is_bool
 from kernelpick.kernels._base import KernelBase
 from kernelpick.kernels._block_scaled_mm import BlockScaledMM, MxScaledMM
 from kernelpick.kernels._cpu_gemm import CpuFp8Gemm, CpuFp8GemmW8A16

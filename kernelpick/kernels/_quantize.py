@@ -24,8 +24,7 @@ from collections.abc import Callable
 
 import torch
 
-from kernelpick.core._dtypes import Dtype
-from kernelpick.core._errors import InvalidValueError
+from kernelpick.core import Dtype, InvalidValueError
 from kernelpick.kernels._torch import torch_dtype
 
 __all__ = [

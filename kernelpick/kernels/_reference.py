@@ -11,7 +11,7 @@ from typing import ClassVar
 import attrs
 import torch
 
-from kernelpick.core._specs import KernelKind
+from kernelpick.core import KernelKind
 from kernelpick.kernels._base import RowMajorKernel, WeightBundle
 from kernelpick.kernels._quantize import dequantize, quantize
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from kernelpick.core._errors import KernelInputError
-from kernelpick.core._quant import QuantConfig
+from kernelpick.core import KernelInputError, QuantConfig
 from kernelpick.kernels._canonical import canonical_scale_dtype
 from kernelpick.kernels._torch import check_tensor, reject
 

@@ -12,7 +12,7 @@ from typing import ClassVar
 import attrs
 import torch
 
-from kernelpick.core._specs import KernelKind
+from kernelpick.core import KernelKind
 from kernelpick.kernels._base import KernelBase, WeightBundle
 
 __all__ = [

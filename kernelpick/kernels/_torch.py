@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernelpick.core._dtypes import Dtype
-from kernelpick.core._errors import KernelInputError
+from kernelpick.core import Dtype, KernelInputError
 
 __all__ = ["check_tensor", "reject", "torch_dtype"]
 

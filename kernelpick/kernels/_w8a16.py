@@ -11,8 +11,7 @@ from typing import ClassVar
 import attrs
 import torch
 
-from kernelpick.core._quant import GroupShape
-from kernelpick.core._specs import KernelKind
+from kernelpick.core import GroupShape, KernelKind
 from kernelpick.kernels._base import RowMajorKernel, WeightBundle
 from kernelpick.kernels._cupy_ops import GEMV_MAX_M, w8a16_gemv_cupy
 from kernelpick.kernels._quantize import expand_scales

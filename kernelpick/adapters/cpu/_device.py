@@ -11,15 +11,15 @@ from pathlib import Path
 import torch
 
 from kernelpick.adapters._props import Properties
-from kernelpick.core._catalog_facts import INT8_DOT_ISA
-from kernelpick.core._device import (
+from kernelpick.core import (
     FEATURE_CPP_TOOLCHAIN,
     FEATURE_SCALED_MM,
     FEATURE_SCALED_MM_ROWWISE,
+    INT8_DOT_ISA,
     DeviceCaps,
+    InvalidValueError,
 )
-from kernelpick.core._errors import InvalidValueError
-from kernelpick.kernels._cpu_build import toolchain_found
+from kernelpick.kernels import toolchain_found
 
 __all__ = [
     "KERNEL_ISA_FLAGS",

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 import torch
 
 from kernelpick.adapters._props import Properties, check_index
-from kernelpick.core._device import DeviceCaps
-from kernelpick.kernels._cupy_runtime import cupy_usable
+from kernelpick.core import DeviceCaps
+from kernelpick.kernels import cupy_usable
 
 __all__ = ["probe", "read_properties", "translate"]
 

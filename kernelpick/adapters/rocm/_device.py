@@ -13,9 +13,7 @@ from collections.abc import Mapping
 import torch
 
 from kernelpick.adapters._props import Properties, check_index
-from kernelpick.core._arch import RocmArch
-from kernelpick.core._device import DeviceCaps
-from kernelpick.core._errors import InvalidValueError
+from kernelpick.core import DeviceCaps, InvalidValueError, RocmArch
 
 __all__ = ["probe", "read_properties", "translate"]
 
