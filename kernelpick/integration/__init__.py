@@ -8,40 +8,53 @@ Each kernel selected is logged to ``logging.getLogger("kernelpick.integration")`
 (device, config): INFO, WARNING for a degraded choice, the full trace at DEBUG.
 kernelpick adds no handler; the application configures logging."""
 
+import typing as _typing
+import warnings as _warnings
+
 from kernelpick.integration._errors import (
     CheckpointError,
     KernelSelectionError,
     ModelConversionError,
     TensorParallelError,
 )
-from kernelpick.integration.checkpoints._save_load import load_quantized, save_quantized
-from kernelpick.integration.convert._quantize_model import quantize_model
-from kernelpick.integration.convert._report import ConversionReport, LayerReport, SkippedLayer
-from kernelpick.integration.formats._model_config import quantization_config
-from kernelpick.integration.layer._loaders import WeightLoader, weight_loader_of
-from kernelpick.integration.layer._method import (
-    ONLINE_SCHEMES,
-    Fp8LinearMethod,
-    Fp8PtpcLinearMethod,
+from kernelpick.integration.checkpoints import load_quantized, save_quantized
+from kernelpick.integration.convert import (
+    ConversionReport,
+    LayerReport,
+    SkippedLayer,
+    quantize_model,
 )
-from kernelpick.integration.layer._module import Fp8Linear
-from kernelpick.integration.layer._parallel import ParallelStyle, TensorParallel
-from kernelpick.integration.layer._shard_linear import shard_linear
-from kernelpick.integration.layer._state import CheckpointFormat, LayerState, layer_state
+from kernelpick.integration.formats import quantization_config
+from kernelpick.integration.layer import (
+    ONLINE_SCHEMES,
+    CheckpointFormat,
+    Fp8PtpcLinearMethod,
+    LayerState,
+    ParallelStyle,
+    QuantizedLinear,
+    QuantizedLinearMethod,
+    Recipe,
+    TensorParallel,
+    WeightLoader,
+    layer_state,
+    shard_linear,
+    weight_loader_of,
+)
 
 __all__ = [
     "ONLINE_SCHEMES",
     "CheckpointError",
     "CheckpointFormat",
     "ConversionReport",
-    "Fp8Linear",
-    "Fp8LinearMethod",
     "Fp8PtpcLinearMethod",
     "KernelSelectionError",
     "LayerReport",
     "LayerState",
     "ModelConversionError",
     "ParallelStyle",
+    "QuantizedLinear",
+    "QuantizedLinearMethod",
+    "Recipe",
     "SkippedLayer",
     "TensorParallel",
     "TensorParallelError",
@@ -54,3 +67,19 @@ __all__ = [
     "shard_linear",
     "weight_loader_of",
 ]
+
+# The names from before the module held int8 as well as FP8; they go away in 0.4.0.
+_DEPRECATED = {"Fp8Linear": "QuantizedLinear", "Fp8LinearMethod": "QuantizedLinearMethod"}
+
+
+def __getattr__(name: str) -> _typing.Any:
+    if name in _DEPRECATED:
+        new = _DEPRECATED[name]
+        _warnings.warn(
+            f"kernelpick.integration.{name} is deprecated and goes away in 0.4.0; use "
+            f"kernelpick.integration.{new} (it runs FP8 and int8 schemes alike)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return globals()[new]
+    raise AttributeError(f"module 'kernelpick.integration' has no attribute {name!r}", name=name)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kernelpick.core._decision import Rejected
-from kernelpick.core._errors import KernelpickError
+from kernelpick.core import KernelpickError, Rejected
 
 __all__ = [
     "CheckpointError",

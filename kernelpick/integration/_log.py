@@ -12,9 +12,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Hashable
 
-from kernelpick.core._decision import DEGRADED_NOTE, Selected
-from kernelpick.core._device import DeviceCaps
-from kernelpick.core._quant import QuantConfig
+from kernelpick.core import DEGRADED_NOTE, DeviceCaps, QuantConfig, Selected
 
 __all__ = ["LOGGER", "forget_logged", "log_selection"]
 

@@ -14,7 +14,7 @@ Importing this module registers the config and the quantizer under the name
 
 Quantize-on-load selects a kernel for every eligible ``nn.Linear`` on the meta skeleton
 before any weight is allocated (a rejection raises ``KernelSelectionError`` with every
-reason), swaps it for an ``Fp8Linear`` and quantizes each weight as it loads; a weight
+reason), swaps it for an ``QuantizedLinear`` and quantizes each weight as it loads; a weight
 kernelpick refuses (NaN, say) raises kernelpick's error, not transformers' generic one.
 
 ``save_pretrained`` writes one format, the one ``save_quantized`` writes: the canonical
@@ -31,6 +31,7 @@ from __future__ import annotations
 import copy
 from typing import Any, cast
 
+import attrs
 import torch
 from transformers.core_model_loading import ConversionOps
 from transformers.quantizers.auto import (
@@ -43,17 +44,12 @@ from transformers.quantizers.base import HfQuantizer
 from transformers.utils.quantization_config import QuantizationConfigMixin, QuantizationMethod
 
 from kernelpick.adapters import default_caps
-from kernelpick.core._device import DeviceCaps
-from kernelpick.core._errors import InvalidValueError
-from kernelpick.core._policy import Policy
-from kernelpick.core._schemes import Scheme
+from kernelpick.core import DeviceCaps, InvalidValueError, Policy, Scheme
 from kernelpick.engines.transformers._layers import HfLayers
 from kernelpick.engines.transformers._stored import check_high_precision
-from kernelpick.integration import quantization_config
-from kernelpick.integration._errors import CheckpointError
-from kernelpick.integration.formats._model_config import fp32_modules
-from kernelpick.integration.formats._patterns import check_patterns, kept
-from kernelpick.integration.layer._steps import ONLINE_SCHEMES, LayerSteps
+from kernelpick.integration import CheckpointError, quantization_config
+from kernelpick.integration.formats import check_patterns, fp32_modules, kept
+from kernelpick.integration.layer import CheckpointFormat, LayerSteps, Recipe
 
 __all__ = ["METHOD", "KernelpickConfig", "KernelpickHfQuantizer"]
 
@@ -93,10 +89,7 @@ class KernelpickConfig(QuantizationConfigMixin):
             raise InvalidValueError(
                 "format_version", version, f"{FORMAT_VERSION} (this kernelpick's)"
             )
-        parsed = Scheme.parse(scheme)
-        if parsed not in ONLINE_SCHEMES:
-            valid = ", ".join(s.value for s in ONLINE_SCHEMES)
-            raise InvalidValueError("scheme", parsed.value, f"one of {valid}")
+        recipe = Recipe.of(scheme, block_size=block_size)  # what every layer is made with
         skip = check_patterns(
             ["lm_head"] if modules_to_not_convert is None else modules_to_not_convert
         )
@@ -104,11 +97,9 @@ class KernelpickConfig(QuantizationConfigMixin):
             raise InvalidValueError("caps", type(caps).__name__, "None or a kp.DeviceCaps")
         if policy is not None and not isinstance(policy, Policy):
             raise InvalidValueError("policy", type(policy).__name__, "None or a kp.Policy")
-        # The same checks the layers make: block_size only for fp8_block, and positive.
-        LayerSteps.create(parsed, caps or _NO_CAPS, policy or Policy(), online=True,
-                          block_size=block_size)  # fmt: skip
         self.quant_method = cast(QuantizationMethod, METHOD)
-        self.scheme = parsed.value
+        self.recipe = recipe
+        self.scheme = recipe.scheme.value
         self.modules_to_not_convert = list(skip)
         self.block_size = block_size
         self._caps = caps
@@ -135,15 +126,6 @@ class KernelpickConfig(QuantizationConfigMixin):
 
     def __iter__(self) -> Any:
         yield from copy.deepcopy(self.to_dict()).items()
-
-
-def _no_caps() -> DeviceCaps:
-    from kernelpick import device_profile
-
-    return device_profile("cpu")  # only for checking the config's values: nothing selects
-
-
-_NO_CAPS = _no_caps()
 
 
 class _Quantize(ConversionOps):
@@ -201,8 +183,9 @@ class KernelpickHfQuantizer(HfQuantizer):
         if caps is None:
             caps = default_caps(device)
         online = not self.pre_quantized
-        steps = LayerSteps.create(config.scheme, caps, config.policy, online=online,
-                                  block_size=config.block_size)  # fmt: skip
+        fmt = CheckpointFormat.HIGH_PRECISION if online else CheckpointFormat.PRE_QUANTIZED
+        recipe = attrs.evolve(config.recipe, checkpoint_format=fmt)
+        steps = LayerSteps.create(recipe, caps, config.policy)
         # The model's own fp32 modules: transformers casts them apart, so never quantized.
         patterns = [*config.modules_to_not_convert, *fp32_modules(model)]
         layers = HfLayers(steps, online)

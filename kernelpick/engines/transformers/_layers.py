@@ -1,6 +1,6 @@
 """The layers kernelpick's transformers quantizer makes, in the three moments transformers
 gives it: before the weights load (select every kernel, then swap each eligible
-``nn.Linear`` of the meta skeleton for an ``Fp8Linear``), while they load (quantize a
+``nn.Linear`` of the meta skeleton for an ``QuantizedLinear``), while they load (quantize a
 high-precision weight as it arrives) and after (check every tensor each layer got, bind
 its kernel and install the canonical parameters).
 
@@ -17,21 +17,20 @@ from collections.abc import Callable
 import attrs
 import torch
 
-from kernelpick.core._errors import InvalidValueError, KernelpickError
-from kernelpick.integration._errors import CheckpointError, ModelConversionError
-from kernelpick.integration.convert._swap import Swaps, dropped_by_swap
-from kernelpick.integration.layer._module import Fp8Linear
-from kernelpick.integration.layer._shards import scale_shape
-from kernelpick.integration.layer._state import LayerState, attach, layer_state
-from kernelpick.integration.layer._steps import LayerSteps, frozen, install
-from kernelpick.kernels._canonical import (
-    canonical_dtype,
-    canonical_scale,
-    check_finite,
-    check_fp8_finite,
-    positive_zero_,
+from kernelpick.core import InvalidValueError, KernelpickError
+from kernelpick.integration import CheckpointError, ModelConversionError
+from kernelpick.integration.convert import Swaps, dropped_by_swap
+from kernelpick.integration.layer import (
+    LayerState,
+    LayerSteps,
+    QuantizedLinear,
+    accept,
+    accept_float,
+    attach,
+    frozen,
+    install,
+    layer_state,
 )
-from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
 
 __all__ = ["LOADED", "HfLayers"]
 
@@ -62,7 +61,7 @@ class HfLayers:
 
     steps: LayerSteps
     online: bool
-    layers: dict[str, Fp8Linear] = attrs.field(factory=dict)
+    layers: dict[str, QuantizedLinear] = attrs.field(factory=dict)
     errors: dict[str, Exception] = attrs.field(factory=dict)
     scales: dict[str, torch.Tensor] = attrs.field(factory=dict)
 
@@ -70,7 +69,7 @@ class HfLayers:
 
     def swap(self, model: torch.nn.Module, keep: Callable[[str], bool]) -> None:
         """Select a kernel for every eligible linear (exact ``nn.Linear``, not kept by
-        ``keep``, not tied), then put an ``Fp8Linear`` on the meta device at each. A
+        ``keep``, not tied), then put an ``QuantizedLinear`` on the meta device at each. A
         rejection raises ``KernelSelectionError`` with every reason before anything
         changes or is allocated."""
         tied = _tied(model)
@@ -89,20 +88,18 @@ class HfLayers:
     def _select(self, name: str, linear: torch.nn.Linear) -> LayerState:
         n, k = linear.out_features, linear.in_features
         config = self.steps.config(n, k, linear.weight.dtype, bias=linear.bias is not None)
-        return self.steps.state(config, name, (n,))
+        return LayerState(self.steps.plan(config, (n,), linear.weight.dtype, name))
 
-    def _placeholder(self, linear: torch.nn.Linear, state: LayerState) -> Fp8Linear:
-        """The layer with meta tensors named as transformers will load them."""
+    def _placeholder(self, linear: torch.nn.Linear, state: LayerState) -> QuantizedLinear:
+        """The layer with meta tensors named and shaped as its plan registers them, which
+        transformers will load. Online, the quantize op makes the scale as the weight
+        arrives, so the layer also holds a placeholder of the canonical scale's shape."""
         config, (n, k) = state.config, state.config.weight_shape
-        layer = Fp8Linear(k, n, self.steps, linear.bias)
-        if self.online:  # the high-precision weight arrives; the quantize op makes the scale
-            layer.weight = _meta((n, k), linear.weight.dtype)
+        layer = QuantizedLinear(k, n, self.steps, linear.bias)
+        for param in state.plan.params:
+            setattr(layer, param.name, _meta(param.shape, param.dtype))
+        if self.online:
             layer.weight_scale = _meta(config.weight_scale_shape, torch.float32)
-        else:
-            layer.weight = _meta((n, k), torch_dtype(canonical_dtype(config)))
-            layer.weight_scale = _meta(scale_shape(config, (n,)), torch.float32)
-            if config.activation is not None and config.activation.scale.static:
-                layer.input_scale = _meta((1,), torch.float32)
         attach(layer, state)
         self.layers[state.prefix] = layer
         return layer
@@ -142,8 +139,9 @@ class HfLayers:
                 continue
             state = layer_state(layer)
             try:
-                self.steps.check_weight(state, tensor)
-                weight, scale = self.steps.quantize(state, tensor)
+                weights = accept_float(
+                    state.config, state.label, tensor, chunk_rows=self.steps.chunk_rows
+                )
             except KernelpickError as refused:  # finish raises it, first
                 self.errors[path] = refused
                 shape = state.config.weight_scale_shape
@@ -153,8 +151,8 @@ class HfLayers:
             except Exception as error:
                 self.errors[path] = error
                 raise
-            out[key], out[f"{path}.weight_scale"] = weight.data, scale.data
-            self.scales[path] = scale.data
+            out[key], out[f"{path}.weight_scale"] = weights.weight, weights.weight_scale
+            self.scales[path] = weights.weight_scale
         return out
 
     # -- after loading -----------------------------------------------------------------
@@ -177,11 +175,10 @@ class HfLayers:
         if failures:
             raise ModelConversionError(failures)
 
-    def _finish(self, path: str, layer: Fp8Linear) -> None:
+    def _finish(self, path: str, layer: QuantizedLinear) -> None:
         state = layer_state(layer)
-        if state.kernel is not None:
+        if state.processed:
             return
-        config, (n, k) = state.config, state.config.weight_shape
         names = [name for name, p in layer.named_parameters(recurse=False) if p is not None]
         missing = [name for name in names if not getattr(layer.get_parameter(name), LOADED, 0)]
         if missing:
@@ -190,12 +187,6 @@ class HfLayers:
                 "every tensor of a quantized layer in the checkpoint: transformers would "
                 "leave these uninitialised",
             )  # fmt: skip
-        stored = torch_dtype(canonical_dtype(config))
-        weight = check_tensor(
-            f"{path}.weight", layer.get_parameter("weight").detach(), dtypes=(stored,), shape=(n, k)
-        )
-        if not weight.is_contiguous():
-            raise reject(f"{path}.weight", weight, "a contiguous row-major [N, K] tensor")
         weight_scale = layer.get_parameter("weight_scale").detach()
         made = self.scales.get(path)
         if self.online and (made is None or weight_scale.data_ptr() != made.data_ptr()):
@@ -204,21 +195,19 @@ class HfLayers:
                 "none: this layer's weight is quantized on load, and its scale is the one "
                 "quantizing made (a checkpoint with scales is quantized already)",
             )  # fmt: skip
-        scales = [canonical_scale(f"{path}.weight_scale", weight_scale, config.weight_scale_shape)]
-        if "input_scale" in names:
-            scales.append(
-                canonical_scale(f"{path}.input_scale", layer.get_parameter("input_scale"), (1,))
-            )
-        if layer.bias is not None:
-            check_finite(f"{path}.bias", layer.bias.detach().view(1, -1))
-        fp8 = stored == torch.float8_e4m3fn
-        if fp8 and not self.online:  # a checkpoint's bytes; the online path made its own
-            check_fp8_finite(f"{path}.weight", weight)
-        kernel = self.steps.bind(state, weight.device)
-        params = [frozen(weight), *(frozen(s) for s in scales)]
-        if fp8:
-            positive_zero_(params[0].data)
+
+        def label(name: str) -> str:
+            return f"{path}.{name}"
+
+        static = layer.get_parameter("input_scale") if "input_scale" in names else None
+        weights = accept(  # transformers' tensors: handed over, so canonicalized in place
+            state.config, label, layer.get_parameter("weight").detach(), weight_scale,
+            None if static is None else static.detach(),
+            None if layer.bias is None else layer.bias.detach(), owned=True,
+            chunk_rows=self.steps.chunk_rows,
+        )  # fmt: skip
+        kernel = self.steps.bind(state, weights.weight.device)
         if layer.bias is not None:
             layer.bias.requires_grad_(False)
-        install(layer, state, kernel, *params)  # the kernel checks them before they go in
+        install(layer, state, kernel, weights)  # the kernel checks them before they go in
         self.steps.log(state)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
-from kernelpick.core._errors import KernelpickError
+from kernelpick.core import KernelpickError
 
 if TYPE_CHECKING:  # typed for mypy; imported lazily at run time (see __getattr__)
     from kernelpick.engines.vllm._config import (

@@ -11,12 +11,12 @@ from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMetho
 from vllm.model_executor.layers.quantization import register_quantization_config
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 
-import kernelpick as kp
-from kernelpick.core._errors import InvalidValueError
+from kernelpick.core import DeviceCaps, InvalidValueError, Policy, Scheme
 from kernelpick.engines.vllm._method import KernelpickLinearMethod
-from kernelpick.integration import ONLINE_SCHEMES, CheckpointFormat, Fp8LinearMethod
-from kernelpick.integration.formats import _compressed_tensors as ct
-from kernelpick.integration.formats._patterns import check_patterns, kept
+from kernelpick.integration import CheckpointFormat, QuantizedLinearMethod, Recipe
+from kernelpick.integration.formats import check_patterns, kept
+from kernelpick.integration.formats import compressed_tensors as ct
+from kernelpick.integration.layer import LayerSteps
 
 __all__ = ["KernelpickConfig", "KernelpickLinearMethod", "register_config"]
 
@@ -46,41 +46,37 @@ class KernelpickConfig(QuantizationConfig):
 
     def __init__(
         self,
-        scheme: kp.Scheme | str = kp.Scheme.FP8_PER_CHANNEL,
+        scheme: Scheme | str = Scheme.FP8_PER_CHANNEL,
         *,
         block_size: int | None = None,
         checkpoint_format: CheckpointFormat | str = CheckpointFormat.HIGH_PRECISION,
         modules_to_not_convert: Sequence[str] = (),
-        caps: kp.DeviceCaps | None = None,
-        policy: kp.Policy | None = None,
+        caps: DeviceCaps | None = None,
+        policy: Policy | None = None,
         compressed_tensors: ct.CompressedTensorsLayout | None = None,
     ) -> None:
         super().__init__()
-        self.scheme = kp.Scheme.parse(scheme)
-        self.checkpoint_format = CheckpointFormat.parse(checkpoint_format)
-        online = self.checkpoint_format is CheckpointFormat.HIGH_PRECISION
-        if online and self.scheme not in ONLINE_SCHEMES:
-            valid = ", ".join(s.value for s in ONLINE_SCHEMES)
-            raise InvalidValueError(
-                "scheme", self.scheme.value,
-                f"one of {valid} for online quantization (checkpoint_format="
-                "'high_precision'); a scheme with calibrated scales needs 'pre_quantized'",
-            )  # fmt: skip
-        patterns = check_patterns(modules_to_not_convert)
-        self.block_size = block_size
-        self.modules_to_not_convert = patterns
+        # Checked here, purely: a value kernelpick refuses (block_size, say) is an error
+        # when the config is made, not at the first layer, and nothing is probed for it.
+        self.recipe = Recipe.of(scheme, checkpoint_format=checkpoint_format, block_size=block_size)
+        self.scheme = self.recipe.scheme
+        self.checkpoint_format = self.recipe.checkpoint_format
+        self.block_size = self.recipe.block_size
+        self.modules_to_not_convert = check_patterns(modules_to_not_convert)
         self.caps = caps
         self.policy = policy
         self.compressed_tensors = compressed_tensors
-        # Made once, here, and dropped: a value kernelpick refuses (block_size, say) is an
-        # error when the config is made, not at the first layer.
-        Fp8LinearMethod(
-            self.scheme,
-            caps,
-            policy,
-            checkpoint_format=self.checkpoint_format,
-            block_size=block_size,
-        )
+        self._method: QuantizedLinearMethod | None = None
+
+    @property
+    def method(self) -> QuantizedLinearMethod:
+        """kernelpick's linear method for every layer of this config, made once, at the
+        first layer: the device is probed and the policy read then, not per layer. Each
+        layer takes it at its own tensor-parallel place (``with_tensor_parallel``)."""
+        if self._method is None:
+            steps = LayerSteps.create(self.recipe, self.caps, self.policy)
+            self._method = QuantizedLinearMethod.of(steps)
+        return self._method
 
     def __repr__(self) -> str:
         return (
@@ -140,7 +136,7 @@ class KernelpickConfig(QuantizationConfig):
             raise InvalidValueError("format_version", config["format_version"], expected)
         default = "pre_quantized" if saved else "high_precision"
         return cls(
-            config.get("scheme", kp.Scheme.FP8_PER_CHANNEL.value),
+            config.get("scheme", Scheme.FP8_PER_CHANNEL.value),
             block_size=config.get("block_size"),
             checkpoint_format=config.get("checkpoint_format", default),
             modules_to_not_convert=config.get("modules_to_not_convert") or (),

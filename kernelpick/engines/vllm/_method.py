@@ -1,7 +1,9 @@
 """The linear method of ``kernelpick.engines.vllm`` (made by ``KernelpickConfig``).
 
-It wraps one ``kernelpick.integration.Fp8LinearMethod`` per layer: kernelpick selects,
-checks, quantizes and runs, and vLLM loads. The parameters kernelpick registers are
+Every layer shares its config's one ``kernelpick.integration.QuantizedLinearMethod`` (the
+device probed and the policy read once), at the layer's tensor-parallel place; the
+per-layer object holds only the prefix and, once made, the layer's plan. kernelpick
+selects, checks, quantizes and runs, and vLLM loads. The parameters kernelpick registers are
 re-registered as vLLM's parameter classes (same storage, same dims), each with vLLM's
 ``weight_loader_v2`` behind kernelpick's shard bookkeeping, so vLLM narrows each tensor to
 this rank's part and kernelpick still refuses a layer with shards never loaded.
@@ -27,10 +29,14 @@ from vllm.model_executor.parameter import (
     PerTensorScaleParameter,
 )
 
-import kernelpick as kp
-from kernelpick.core._errors import InvalidValueError
-from kernelpick.core._schemes import DEFAULT_BLOCK_SIZE
-from kernelpick.integration import Fp8LinearMethod, ParallelStyle, TensorParallel
+from kernelpick.core import InvalidValueError
+from kernelpick.integration import (
+    ParallelStyle,
+    QuantizedLinearMethod,
+    TensorParallel,
+    layer_state,
+)
+from kernelpick.integration.layer import LayerPlan, Param, WeightLoader
 
 if TYPE_CHECKING:
     from kernelpick.engines.vllm._config import KernelpickConfig
@@ -45,11 +51,12 @@ class KernelpickLinearMethod(LinearMethodBase):
     def __init__(self, config: KernelpickConfig, prefix: str = "") -> None:
         self.config = config
         self.prefix = prefix
-        self._method: Fp8LinearMethod | None = None
+        self._method: QuantizedLinearMethod | None = None
+        self.plan: LayerPlan | None = None
 
     @property
-    def method(self) -> Fp8LinearMethod:
-        """kernelpick's method for this layer, once ``create_weights`` has made it."""
+    def method(self) -> QuantizedLinearMethod:
+        """kernelpick's method for this layer, once ``create_weights`` has run."""
         if self._method is None:
             raise InvalidValueError(
                 "layer", self.prefix or "(unnamed)", "a layer whose create_weights ran"
@@ -70,26 +77,19 @@ class KernelpickLinearMethod(LinearMethodBase):
         parameter exists), then register vLLM parameters that vLLM's loaders fill."""
         config = self.config
         engine_loader = extra_weight_attrs.pop("weight_loader", None)
-        sizes, k = output_partition_sizes, input_size_per_partition
-        tp = _tensor_parallel(config, layer, sizes, k, params_dtype)
-        method = Fp8LinearMethod(
-            config.scheme, config.caps, config.policy, checkpoint_format=config.checkpoint_format,
-            block_size=config.block_size, tensor_parallel=tp,
-        )  # fmt: skip
+        method = config.method.with_tensor_parallel(_tensor_parallel(layer))
         loader = None if engine_loader is None else _shard_call(engine_loader)
         method.create_weights(
             layer, input_size_per_partition, output_partition_sizes, input_size, output_size,
             params_dtype, prefix=self.prefix, weight_loader=loader,
-            checkpoint_shards=_checkpoint_shards(layer, sizes), **extra_weight_attrs,
+            checkpoint_shards=_checkpoint_shards(layer, output_partition_sizes),
+            parameter=None if loader is None else _vllm_parameter, **extra_weight_attrs,
         )  # fmt: skip
-        if config.scheme is kp.Scheme.FP8_BLOCK:
-            # vLLM's fused loaders place a shard's block scales by the layer's block size.
-            size = DEFAULT_BLOCK_SIZE if config.block_size is None else config.block_size
-            setattr(layer, "weight_block_size", [size, size])  # noqa: B010  # a plain attribute
-        if engine_loader is not None:
-            for name, param in list(layer.named_parameters(recurse=False)):
-                if name in ("weight", "weight_scale", "input_scale"):
-                    layer.register_parameter(name, _as_vllm_parameter(name, param))
+        self.plan = plan = layer_state(layer).plan
+        if plan.config.weight.scale.group.rows != -1:  # scales in blocks along K too
+            # vLLM's fused loaders place a shard's block scales by the layer's block size
+            # ([rows, columns] of weight per scale: fp8_block's b x b, mxfp8's 1 x 32).
+            setattr(layer, "weight_block_size", list(plan.config.weight_block))  # noqa: B010
         self._method = method
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
@@ -101,18 +101,11 @@ class KernelpickLinearMethod(LinearMethodBase):
         return self.method.apply(layer, x, bias)
 
 
-def _tensor_parallel(
-    config: KernelpickConfig,
-    layer: torch.nn.Module,
-    sizes: Sequence[int],
-    k: int,
-    dtype: torch.dtype,
-) -> TensorParallel | None:
-    """kernelpick's view of the layer's tensor-parallel split, where its weight scales must
-    be agreed over vLLM's group (see ``TensorParallel.reduces``); None where each rank's
-    scales are its own (vLLM's loaders narrow the tensors either way). A split whose
-    scale blocks would straddle two ranks is refused by ``create_weights`` for every
-    engine that splits a layer itself, from the whole shape it is handed."""
+def _tensor_parallel(layer: torch.nn.Module) -> TensorParallel | None:
+    """kernelpick's view of the layer's tensor-parallel split over vLLM's group; None for a
+    layer vLLM does not split. vLLM's loaders narrow the tensors themselves, so the method
+    uses it only where the weight scales must be agreed over the group (its
+    ``create_weights`` says when, from the plan's config)."""
     world = int(getattr(layer, "tp_size", 1))
     if world <= 1:
         return None
@@ -124,20 +117,14 @@ def _tensor_parallel(
         return None
     from vllm.distributed import get_tp_group
 
-    tp = TensorParallel.of(style, get_tp_group().device_group)
-    shape = (sum(sizes), k)
-    quant = kp.quant_config(
-        config.scheme, weight_shape=shape, out_dtype=str(dtype).removeprefix("torch."),
-        block_size=config.block_size,
-    )  # fmt: skip
-    return tp if tp.reduces(quant) else None
+    return TensorParallel.of(style, get_tp_group().device_group)
 
 
 def _checkpoint_shards(layer: torch.nn.Module, sizes: Sequence[int]) -> list[int] | None:
     """Each shard's rows in the checkpoint, which vLLM's loaders narrow to this rank's part,
     where they are not this rank's times the world size: a QKV layer's K and V replicate
     their heads when the world is larger than the KV head count. None: the default
-    (``Fp8LinearMethod.create_weights``) holds."""
+    (``QuantizedLinearMethod.create_weights``) holds."""
     if not isinstance(layer, QKVParallelLinear) or len(sizes) != 3:
         return None
     heads, kv_heads = layer.total_num_heads, layer.total_num_kv_heads
@@ -157,14 +144,14 @@ def _shard_call(loader: Callable[..., Any]) -> Callable[[torch.Tensor, torch.Ten
     return call
 
 
-def _as_vllm_parameter(name: str, param: torch.nn.Parameter) -> torch.nn.Parameter:
-    """``param`` (same storage, same dims, same loader) as the vLLM parameter class its
-    dims call for: the weight, block scales (both dims), per-channel scales (the output
-    dim) or per-tensor scales (one per shard)."""
-    out, into = getattr(param, "output_dim", None), getattr(param, "input_dim", None)
-    kwargs = {"data": param.data, "weight_loader": getattr(param, "weight_loader")}  # noqa: B009
+def _vllm_parameter(spec: Param, data: torch.Tensor, loader: WeightLoader) -> torch.nn.Parameter:
+    """The vLLM parameter class a planned parameter's dims call for, over ``data`` and
+    carrying kernelpick's checking ``loader``: the weight, block scales (both dims),
+    per-channel scales (the output dim) or per-tensor scales (one per shard)."""
+    out, into = spec.dims.get("output_dim"), spec.dims.get("input_dim")
+    kwargs = {"data": data, "weight_loader": loader}
     made: torch.nn.Parameter
-    if name == "weight":
+    if spec.name == "weight":
         made = ModelWeightParameter(output_dim=out, input_dim=into, **kwargs)
     elif out is not None and into is not None:
         made = BlockQuantScaleParameter(output_dim=out, input_dim=into, **kwargs)

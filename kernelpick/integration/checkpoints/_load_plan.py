@@ -8,25 +8,20 @@ from __future__ import annotations
 import attrs
 import torch
 
-from kernelpick.core._errors import KernelpickError
+from kernelpick.core import Dtype, KernelpickError
 from kernelpick.integration._errors import CheckpointError, ModelConversionError
 from kernelpick.integration.checkpoints._safetensors_io import Checkpoint
-from kernelpick.integration.convert._report import SkippedLayer
-from kernelpick.integration.convert._swap import dropped_by_swap
-from kernelpick.integration.formats._layout import Layout, Stored
-from kernelpick.integration.layer._module import Fp8Linear
-from kernelpick.integration.layer._state import LayerState
-from kernelpick.integration.layer._steps import LayerSteps, frozen, install
-from kernelpick.kernels._base import Kernel
-from kernelpick.kernels._canonical import (
-    SCALE_DTYPES,
-    canonical_dtype,
-    canonical_scale,
-    check_finite,
-    check_fp8_finite,
-    positive_zero_,
+from kernelpick.integration.convert import SkippedLayer, dropped_by_swap
+from kernelpick.integration.formats import Layout, Stored, check_e8m0_dtype, decode_e8m0_scale
+from kernelpick.integration.layer import (
+    LayerState,
+    LayerSteps,
+    QuantizedLinear,
+    accept,
+    frozen,
+    install,
 )
-from kernelpick.kernels._torch import torch_dtype
+from kernelpick.kernels import STORED_SCALE_DTYPES, Kernel
 
 __all__ = ["LoadPlan", "PlannedLayer", "build", "plan"]
 
@@ -61,9 +56,11 @@ def _wanted(checkpoint: Checkpoint, key: str, ok: bool, expected: str) -> str:
 def _layer_keys(
     checkpoint: Checkpoint, path: str, names: list[str], layout: Layout, state: LayerState
 ) -> dict[str, str]:
+    """The stored key of each of a layer's tensors, its dtype and (for the weight and bias)
+    its shape checked from the file header; values are ``accept``'s, once read."""
     keys: dict[str, str] = {}
-    n, k = state.config.weight_shape
-    weight_dtype = torch_dtype(canonical_dtype(state.config))
+    n, _ = state.config.weight_shape
+    e8m0 = state.config.weight.scale.dtype is Dtype.FLOAT8_E8M0FNU
     for name in names:
         stored = f"{path}.{layout.stored_name(name)}"
         key = checkpoint.source(stored)
@@ -72,14 +69,21 @@ def _layer_keys(
             raise CheckpointError(where, stored, "nothing", "a tensor of this layer")
         dtype, shape = checkpoint.describe(key)
         if name == "weight":
+            param = state.plan.param("weight")
             ok, expected = (
-                dtype == weight_dtype and shape == (n, k),
-                f"{str(weight_dtype).removeprefix('torch.')} [{n}, {k}]",
+                dtype == param.dtype and shape == param.shape,
+                f"{str(param.dtype).removeprefix('torch.')} {list(param.shape)}",
             )
         elif name == "bias":
-            ok, expected = dtype in SCALE_DTYPES and shape == (n,), f"fp32, bf16 or fp16 [{n}]"
-        else:  # scales: their shapes are checked with their values, in build
-            ok, expected = dtype in SCALE_DTYPES, "fp32, bf16 or fp16"
+            ok, expected = (
+                dtype in STORED_SCALE_DTYPES and shape == (n,),
+                f"fp32, bf16 or fp16 [{n}]",
+            )
+        elif name == "weight_scale" and e8m0:  # shapes are checked with the values, in build
+            check_e8m0_dtype(checkpoint.where(key), dtype)
+            ok, expected = True, ""
+        else:
+            ok, expected = dtype in STORED_SCALE_DTYPES, "fp32, bf16 or fp16"
         keys[name] = _wanted(checkpoint, key, ok, expected)
     return keys
 
@@ -108,13 +112,9 @@ def _plan_layer(
         raise CheckpointError(name, "module", found, expected)
     bias = module.bias is not None
     config = steps.config(module.out_features, module.in_features, module.weight.dtype, bias=bias)
-    state = steps.state(config, name, (module.out_features,))
+    state = LayerState(steps.plan(config, (module.out_features,), module.weight.dtype, name))
     kernel = steps.bind(state, device)
-    names = ["weight", "weight_scale"]
-    if config.activation is not None and config.activation.scale.static:
-        names.append("input_scale")
-    if bias:
-        names.append("bias")
+    names = [*state.plan.names, *(["bias"] if bias else [])]
     keys = _layer_keys(checkpoint, name, names, layout, state)
     return PlannedLayer(tuple(paths), module, state, kernel, keys)
 
@@ -232,47 +232,63 @@ def _read_layer(
     checkpoint: Checkpoint,
     steps: LayerSteps,
     layer: PlannedLayer,
-    weight: torch.nn.Parameter,
+    weight: torch.nn.Parameter | None,
     device: torch.device,
-) -> Fp8Linear:
-    name, keys, linear = layer.paths[0], layer.keys, layer.module
-    shapes = (("weight_scale", layer.state.config.weight_scale_shape), ("input_scale", (1,)))
-    scales = [  # named as stored: weight_scale_inv is a transformers checkpoint's
-        frozen(canonical_scale(keys[key], checkpoint.read(keys[key]).to(device), shape))
-        for key, shape in shapes
-        if key in keys
-    ]
+) -> QuantizedLinear:
+    """The layer's tensors read and accepted (``weight``: the accepted weight of a layer
+    the skeleton ties this one to, shared), and its module made."""
+    keys, linear, state = layer.keys, layer.module, layer.state
+
+    def read(name: str) -> torch.Tensor | None:
+        if name not in keys:
+            return None
+        stored = checkpoint.read(keys[name])
+        if name == "weight_scale" and state.config.weight.scale.dtype is Dtype.FLOAT8_E8M0FNU:
+            stored = decode_e8m0_scale(checkpoint.where(keys[name]), stored)
+        return stored.to(device, copy=True)
+
+    def label(name: str) -> str:  # named as stored: weight_scale_inv is a transformers one's
+        return keys.get(name, f"{layer.paths[0]}.{name}")
+
     bias = None
     if linear.bias is not None:
-        stored = _read_as(checkpoint, keys["bias"], linear.bias.dtype, device)
-        check_finite(f"{name}.bias", stored.view(1, -1))  # as quantize_model refuses one
-        bias = torch.nn.Parameter(stored, requires_grad=linear.bias.requires_grad)
-    module = Fp8Linear(linear.in_features, linear.out_features, steps, bias)
-    install(module, layer.state, layer.kernel, weight, *scales)
+        bias = _read_as(checkpoint, keys["bias"], linear.bias.dtype, device)
+    stored_weight = weight if weight is not None else read("weight")
+    scale = read("weight_scale")
+    if stored_weight is None or scale is None:  # _layer_keys found both
+        raise CheckpointError(str(checkpoint.directory), layer.paths[0], "no weight", "one")
+    weights = accept(
+        state.config, label, stored_weight, scale, read("input_scale"), bias,
+        owned=True, chunk_rows=steps.chunk_rows,
+    )  # fmt: skip
+    if weight is not None:
+        weights = attrs.evolve(weights, weight=weight)
+    params = attrs.evolve(weights, weight=_param(weights.weight), weight_scale=frozen(
+        weights.weight_scale), input_scale=None if weights.input_scale is None else frozen(
+        weights.input_scale))  # fmt: skip
+    kept = None if bias is None else torch.nn.Parameter(bias, linear.bias.requires_grad)
+    module = QuantizedLinear(linear.in_features, linear.out_features, steps, kept)
+    install(module, state, layer.kernel, params)
     return module
+
+
+def _param(tensor: torch.Tensor) -> torch.nn.Parameter:
+    return tensor if isinstance(tensor, torch.nn.Parameter) else frozen(tensor)
 
 
 def build(
     checkpoint: Checkpoint, steps: LayerSteps, plan: LoadPlan, device: torch.device
-) -> tuple[list[Fp8Linear], dict[int, torch.Tensor]]:
-    """Every new module and tensor, read and checked (NaN bytes, scales); the model is not
-    touched. A tensor that fails its checks raises ``ModelConversionError``."""
-    modules: list[Fp8Linear] = []
+) -> tuple[list[QuantizedLinear], dict[int, torch.Tensor]]:
+    """Every new module and tensor, read and accepted (NaN bytes, scales, bias); the model
+    is not touched. A tensor that fails its checks raises ``ModelConversionError``."""
+    modules: list[QuantizedLinear] = []
     weights: dict[int, torch.nn.Parameter] = {}  # linears tied in the skeleton stay tied
     for layer in plan.layers:
         name, linear = layer.paths[0], layer.module
         try:
-            weight = weights.get(id(linear.weight))
-            if weight is None:
-                stored = checkpoint.read(layer.keys["weight"])
-                fp8 = stored.dtype == torch.float8_e4m3fn  # else int8: any byte is a value
-                if fp8:
-                    check_fp8_finite(f"{name}.weight", stored)
-                weight = frozen(stored.to(device, copy=True).contiguous())
-                if fp8:
-                    positive_zero_(weight.data)
-                weights[id(linear.weight)] = weight
-            modules.append(_read_layer(checkpoint, steps, layer, weight, device))
+            module = _read_layer(checkpoint, steps, layer, weights.get(id(linear.weight)), device)
+            weights.setdefault(id(linear.weight), module.get_parameter("weight"))
+            modules.append(module)
         except KernelpickError as error:
             raise ModelConversionError([(name, error)]) from error
     tensors: dict[int, torch.Tensor] = {}

@@ -1,9 +1,10 @@
 """Quantized checkpoints out and in: compressed-tensors' formats ("float-quantized",
-"int-quantized", "naive-quantized": what llmcompressor writes, and vLLM and SGLang load)
-both ways, and transformers' FineGrainedFP8 block checkpoints in.
+"int-quantized", "naive-quantized", "mxfp8-quantized": what llmcompressor writes, and vLLM
+and SGLang load) both ways, and transformers' FineGrainedFP8 block checkpoints in.
 
 ``save_quantized`` writes ``model.safetensors``, holding every quantized layer's canonical
-tensors and every other tensor as it is, and the ``quantization_config``: merged into the
+tensors (mxfp8's E8M0 weight scales as their uint8 bytes, as compressed-tensors stores
+them) and every other tensor as it is, and the ``quantization_config``: merged into the
 ``config.json`` of a transformers model, or alone in a ``config.json`` beside the weights;
 the two replace the old ones together (``_atomic_files``), or the directory stays as it was.
 ``load_quantized`` turns a high-precision skeleton, built on the meta device or normally,
@@ -23,10 +24,7 @@ from typing import Any
 import torch
 
 from kernelpick.adapters import default_caps
-from kernelpick.core._device import DeviceCaps
-from kernelpick.core._errors import InvalidValueError
-from kernelpick.core._policy import Policy
-from kernelpick.core._specs import Catalog
+from kernelpick.core import Catalog, DeviceCaps, InvalidValueError, Policy, Scheme, scheme_of
 from kernelpick.integration._errors import CheckpointError, ModelConversionError
 from kernelpick.integration.checkpoints._atomic_files import Sink, locked
 from kernelpick.integration.checkpoints._load_plan import LoadPlan, build, plan
@@ -36,19 +34,17 @@ from kernelpick.integration.checkpoints._safetensors_io import (
     read_json,
     write_safetensors,
 )
-from kernelpick.integration.convert._report import ConversionReport, LayerReport
-from kernelpick.integration.convert._swap import Swaps, model_bytes
-from kernelpick.integration.formats import _compressed_tensors as _ct_config
-from kernelpick.integration.formats import _fine_grained_fp8 as _hf_fp8_config
-from kernelpick.integration.formats._layout import QUANTIZATION_CONFIG, Layout
-from kernelpick.integration.formats._model_config import (
+from kernelpick.integration.convert import ConversionReport, LayerReport, Swaps, model_bytes
+from kernelpick.integration.formats import (
+    QUANTIZATION_CONFIG,
     check_one_config,
+    encode_e8m0_scale,
     quantization_config,
     quantized_layers,
+    read_layout,
     record,
 )
-from kernelpick.integration.layer._module import Fp8Linear
-from kernelpick.integration.layer._steps import LayerSteps
+from kernelpick.integration.layer import LayerSteps, QuantizedLinear
 from kernelpick.kernels import Launch
 
 __all__ = ["CONFIG_NAME", "load_quantized", "save_quantized"]
@@ -62,9 +58,10 @@ def save_quantized(model: torch.nn.Module, directory: str | os.PathLike[str]) ->
     the old ones together; the directory's other files stay.
 
     Every quantized layer must use the same named scheme (and, for ``fp8_block``, the same
-    block size). Saves into one directory wait for each other. On any error the directory
-    is as it was (an ``OSError`` arrives as a ``CheckpointError`` naming the path). Returns
-    the directory.
+    block size). An ``mxfp8`` layer's E8M0 ``weight_scale`` is written as uint8 bytes, as
+    compressed-tensors' MXFP8 compressor stores it. Saves into one directory wait for each
+    other. On any error the directory is as it was (an ``OSError`` arrives as a
+    ``CheckpointError`` naming the path). Returns the directory.
     """
     quantization = quantization_config(model)
     root = Path(directory)
@@ -73,7 +70,7 @@ def save_quantized(model: torch.nn.Module, directory: str | os.PathLike[str]) ->
     merged: dict[str, Any] = json.loads(to_json()) if callable(to_json) else {}
     merged[QUANTIZATION_CONFIG] = quantization
     text = (json.dumps(merged, indent=2, sort_keys=True) + "\n").encode()
-    state = model.state_dict()
+    state = _stored_state(model)
 
     def write_weights(out: Sink) -> None:
         write_safetensors(out, state, str(root / WEIGHTS_NAME))
@@ -98,6 +95,23 @@ def save_quantized(model: torch.nn.Module, directory: str | os.PathLike[str]) ->
     return root
 
 
+def _stored_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``model``'s state dict as the checkpoint stores it: an mxfp8 layer's E8M0
+    ``weight_scale`` as its uint8 bytes (``encode_e8m0_scale``), under every name the layer
+    has; every other tensor as it is."""
+    mx = {
+        id(model.get_submodule(name)) for name, layer in quantized_layers(model).items()
+        if scheme_of(layer.config) is Scheme.MXFP8
+    }  # fmt: skip
+    stored: dict[str, torch.Tensor] = {}
+    for key, tensor in model.state_dict().items():
+        path, _, name = key.rpartition(".")
+        if name == "weight_scale" and id(model.get_submodule(path)) in mx:
+            tensor = encode_e8m0_scale(key, tensor)
+        stored[key] = tensor
+    return stored
+
+
 def _device(model: torch.nn.Module, device: torch.device | str | None) -> torch.device:
     if device is not None:
         return torch.device(device)
@@ -110,7 +124,7 @@ def _device(model: torch.nn.Module, device: torch.device | str | None) -> torch.
 def _commit(
     model: torch.nn.Module,
     plan: LoadPlan,
-    modules: list[Fp8Linear],
+    modules: list[QuantizedLinear],
     tensors: dict[int, torch.Tensor],
 ) -> None:
     """Put every new tensor and module in place, or, if anything stops it, none."""
@@ -144,7 +158,7 @@ def load_quantized(
     launches: Mapping[str, Launch] | None = None,
 ) -> ConversionReport:
     """Fill ``model``, a high-precision skeleton, from the quantized checkpoint in
-    ``directory``, replacing each quantized layer with an ``Fp8Linear`` (in place).
+    ``directory``, replacing each quantized layer with an ``QuantizedLinear`` (in place).
 
     The checkpoint is compressed-tensors' (what ``save_quantized`` and llmcompressor
     write: FP8 per channel, per tensor, per block or weight-only, int8 per channel) or
@@ -164,10 +178,7 @@ def load_quantized(
     target = _device(model, device)
     if caps is None:
         caps = default_caps(target)
-    steps = LayerSteps.create(
-        layout.scheme, caps, policy, online=False, catalog=catalog, launches=launches,
-        block_size=layout.block_size,
-    )  # fmt: skip
+    steps = LayerSteps.create(layout.recipe, caps, policy, catalog=catalog, launches=launches)
     converted = sorted(quantized_layers(model))
     if converted:  # its tensors would be read as the skeleton's own, to other layouts
         raise InvalidValueError(
@@ -189,20 +200,3 @@ def load_quantized(
         layout.scheme.value, caps.name, layers, tuple(planned.skipped), before,
         model_bytes(model),
     )  # fmt: skip
-
-
-def read_layout(where: str, qconfig: object) -> Layout:
-    """The layout a ``quantization_config`` describes, by its ``quant_method``:
-    compressed-tensors', or transformers' FineGrainedFP8 ("fp8")."""
-    if qconfig is None:
-        expected = "a compressed-tensors or FineGrainedFP8 config (save_quantized writes one)"
-        raise CheckpointError(where, QUANTIZATION_CONFIG, "nothing", expected)
-    if not isinstance(qconfig, Mapping):
-        raise CheckpointError(where, QUANTIZATION_CONFIG, repr(qconfig), "a mapping")
-    method = qconfig.get("quant_method")
-    if method == _hf_fp8_config.METHOD:
-        return _hf_fp8_config.from_hf_config(where, qconfig)
-    if method == _ct_config.METHOD:
-        return _ct_config.from_config(where, qconfig)
-    valid = f"{_ct_config.METHOD!r} or {_hf_fp8_config.METHOD!r} (transformers' FineGrainedFP8)"
-    raise CheckpointError(where, "quant_method", repr(method), valid)

@@ -20,23 +20,25 @@ import attrs
 import torch
 
 from kernelpick.adapters import default_caps
-from kernelpick.core._device import DeviceCaps
-from kernelpick.core._errors import InvalidValueError, KernelpickError
-from kernelpick.core._policy import Policy
-from kernelpick.core._schemes import Scheme
-from kernelpick.core._specs import Catalog
+from kernelpick.core import Catalog, DeviceCaps, InvalidValueError, KernelpickError, Policy, Scheme
 from kernelpick.integration._errors import ModelConversionError
 from kernelpick.integration.convert._progress import ProgressBar
 from kernelpick.integration.convert._report import ConversionReport, LayerReport, SkippedLayer
 from kernelpick.integration.convert._swap import Swaps, dropped_by_swap, model_bytes
-from kernelpick.integration.formats._model_config import check_one_config, fp32_modules, record
-from kernelpick.integration.formats._patterns import kept as kept_by
-from kernelpick.integration.layer._module import Fp8Linear
-from kernelpick.integration.layer._state import LayerState
-from kernelpick.integration.layer._steps import LayerSteps, install
-from kernelpick.kernels import Launch
-from kernelpick.kernels._base import Kernel
-from kernelpick.kernels._quantize import CHUNK_ROWS
+from kernelpick.integration.formats import check_one_config, fp32_modules, record
+from kernelpick.integration.formats import kept as kept_by
+from kernelpick.integration.layer import (
+    LayerState,
+    LayerSteps,
+    QuantizedLinear,
+    Recipe,
+    accept_float,
+    check_bias,
+    check_float,
+    frozen,
+    install,
+)
+from kernelpick.kernels import CHUNK_ROWS, Kernel, Launch
 
 __all__ = ["quantize_model"]
 
@@ -69,7 +71,9 @@ def _linears(model: torch.nn.Module, skip: Skip | None) -> tuple[list[Found], li
         if type(module) is not torch.nn.Linear:
             continue
         extra = dropped_by_swap(module)
-        why = f"it also holds {', '.join(extra)}, which an Fp8Linear would drop" if extra else ""
+        why = (
+            f"it also holds {', '.join(extra)}, which a QuantizedLinear would drop" if extra else ""
+        )
         if not why and fp32 and kept_by(name, fp32):
             why = "the model keeps it in fp32 (_keep_in_fp32_modules)"
         if not why and skip is not None and skip(name, module):
@@ -131,11 +135,13 @@ def _plan(
                 linear.out_features, linear.in_features, linear.weight.dtype,
                 bias=linear.bias is not None,
             )  # fmt: skip
-            state = steps.state(config, paths[0], (linear.out_features,))
+            plan = steps.plan(config, (linear.out_features,), linear.weight.dtype, paths[0])
+            state = LayerState(plan)
             if index == 0:  # one weight for the whole group: checked once
-                steps.check_weight(state, linear.weight)
-            if linear.bias is not None:
-                steps.check_bias(state, linear.bias)
+                check_float(state.config, state.label, linear.weight, linear.bias,
+                            chunk_rows=steps.chunk_rows)  # fmt: skip
+            elif linear.bias is not None:
+                check_bias(state.label, linear.bias, chunk_rows=steps.chunk_rows)
             kernel = steps.bind(state, linear.weight.device)
             layers.append(_Layer(paths, linear, state, kernel))
         except KernelpickError as error:
@@ -171,10 +177,10 @@ def quantize_model(
     progress: bool | None = None,
     block_size: int | None = None,
 ) -> ConversionReport:
-    """Replace every ``nn.Linear`` of ``model`` (in place) with an ``Fp8Linear``.
+    """Replace every ``nn.Linear`` of ``model`` (in place) with an ``QuantizedLinear``.
 
     ``scheme`` is one of ``ONLINE_SCHEMES``; ``block_size`` is ``fp8_block``'s (None: 128).
-    An ``int8_per_channel`` layer's ``Fp8Linear`` holds an int8 weight.
+    An ``int8_per_channel`` layer's ``QuantizedLinear`` holds an int8 weight.
 
     ``skip(name, module)`` keeps a layer as it is. A linear whose weight is shared with a
     module that stays in high precision (a ``lm_head`` tied to the input embedding) is kept
@@ -183,7 +189,7 @@ def quantize_model(
     own is selected from ``catalog`` and run through its row in ``launches`` (both default
     to kernelpick's; see ``kernelpick.kernels.bind``); a catalog id without a row raises
     ``UnknownNameError`` before the model changes. Forward hooks and pre-hooks on a
-    replaced linear carry over to its ``Fp8Linear``. ``progress`` shows a bar of the layers
+    replaced linear carry over to its ``QuantizedLinear``. ``progress`` shows a bar of the layers
     converted on stderr: None (the default) where stderr is a terminal, True wherever stderr
     is open, False never; a stderr that fails to draw turns the bar off, never the
     conversion.
@@ -206,10 +212,10 @@ def quantize_model(
     del linears  # from here on only the plans hold the linears, and they are popped
     if caps is None:
         caps = default_caps(groups[0][0][0].weight.device if groups else None)
+    recipe = Recipe.of(scheme, block_size=block_size)
     steps = LayerSteps.create(
-        scheme, caps, policy, online=True, catalog=catalog, launches=launches,
-        chunk_rows=chunk_rows, block_size=block_size,
-    )  # fmt: skip
+        recipe, caps, policy, catalog=catalog, launches=launches, chunk_rows=chunk_rows
+    )
     check_one_config(model, steps.scheme, steps.block_size)
     plans = _plan_all(steps, groups)
     before = model_bytes(model)
@@ -248,13 +254,18 @@ def quantize_model(
 
 
 def _convert(steps: LayerSteps, swaps: Swaps, layers: list[_Layer]) -> None:
-    """Quantize the weight ``layers`` share once, and put an ``Fp8Linear`` holding it at
+    """Quantize the weight ``layers`` share once, and put an ``QuantizedLinear`` holding it at
     every path of every one of them."""
     first = layers[0]
-    weight, weight_scale = steps.quantize(first.state, first.module.weight)
-    for layer in layers:
+    state = first.state
+    weights = accept_float(  # checked when planned, before any layer changed
+        state.config, state.label, first.module.weight, checked=True, chunk_rows=steps.chunk_rows
+    )
+    weights = attrs.evolve(weights, weight=frozen(weights.weight),
+                           weight_scale=frozen(weights.weight_scale))  # fmt: skip
+    for layer in layers:  # one parameter each for the layers the weight ties
         linear = layer.module
-        quantized = Fp8Linear(linear.in_features, linear.out_features, steps, linear.bias)
-        install(quantized, layer.state, layer.kernel, weight, weight_scale)
+        quantized = QuantizedLinear(linear.in_features, linear.out_features, steps, linear.bias)
+        install(quantized, layer.state, layer.kernel, weights)
         for path in layer.paths:
             swaps.replace(path, quantized)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from kernelpick.integration.layer._state import LayerState
+from kernelpick.integration.layer import LayerState
 
 __all__ = ["ConversionReport", "LayerReport", "SkippedLayer"]
 

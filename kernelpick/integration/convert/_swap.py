@@ -78,7 +78,7 @@ class Swaps:
 
 def dropped_by_swap(linear: torch.nn.Module) -> list[str]:
     """What a linear holds besides ``weight`` and ``bias`` (other parameters, buffers,
-    child modules): a swap for an ``Fp8Linear`` would lose it."""
+    child modules): a swap for an ``QuantizedLinear`` would lose it."""
     names = [n for n in linear._parameters if n not in ("weight", "bias")]
     return names + list(linear._buffers) + list(linear._modules)
 

@@ -20,11 +20,10 @@ from typing import Any
 
 import torch
 
-from kernelpick.core._errors import InvalidValueError
-from kernelpick.core._schemes import DEFAULT_BLOCK_SIZE, Scheme, block_size_of, scheme_of
-from kernelpick.integration.formats._compressed_tensors import SCHEMES, matches, to_config
+from kernelpick.core import DEFAULT_BLOCK_SIZE, InvalidValueError, Scheme, block_size_of, scheme_of
 from kernelpick.integration.formats._layout import QUANTIZATION_CONFIG
-from kernelpick.integration.layer._state import LayerState, find_state
+from kernelpick.integration.formats.compressed_tensors import SCHEMES, matches, to_config
+from kernelpick.integration.layer import LayerState, find_state
 
 __all__ = [
     "carries_config",
@@ -64,7 +63,7 @@ def quantized_layers(model: torch.nn.Module) -> dict[str, LayerState]:
         state = find_state(module)
         if state is None:
             continue
-        if state.kernel is None:
+        if not state.processed:
             expected = "a layer whose weights were processed (process_weights_after_loading)"
             raise InvalidValueError("layer", name, expected)
         if state.parallel is not None:

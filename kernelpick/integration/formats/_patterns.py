@@ -26,7 +26,7 @@ import functools
 import re
 from collections.abc import Iterable
 
-from kernelpick.core._errors import InvalidValueError
+from kernelpick.core import InvalidValueError
 from kernelpick.integration.formats._re2 import Regex, compile_re2
 
 __all__ = ["check_patterns", "ct_matches", "ct_refusal", "kept", "not_convert_refusal"]

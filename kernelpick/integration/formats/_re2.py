@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from kernelpick.core._errors import KernelpickError
+from kernelpick.core import KernelpickError
 
 __all__ = ["Re2UnavailableError", "Regex", "compile_re2"]
 

@@ -3,11 +3,13 @@
 A checkpoint holds one config group: 8-bit symmetric weights (FP8 or int8) and, except for
 weight-only, activations of the same type. Each named scheme is one row of ``_ROWS``;
 reading refuses anything outside the table by name (an unknown strategy, non-square
-blocks, a KV-cache scheme, transforms, sparsity), so no checkpoint is half understood.
-The field names and values are those compressed-tensors' ``QuantizationConfig`` and
-``QuantizationArgs`` write (``quant_method`` "compressed-tensors"; ``format``
-"float-quantized", "int-quantized" or "naive-quantized"; the ``FP8_BLOCK`` and ``W8A8``
-presets' arguments), which vLLM and SGLang load too.
+blocks, a group size or scale dtype mxfp8 does not have, a KV-cache scheme, transforms,
+sparsity), so no checkpoint is half understood. The field names and values are those
+compressed-tensors' ``QuantizationConfig`` and ``QuantizationArgs`` write (``quant_method``
+"compressed-tensors"; ``format`` "float-quantized", "int-quantized", "naive-quantized" or
+"mxfp8-quantized"; the ``FP8_BLOCK``, ``W8A8`` and ``MXFP8`` presets' arguments), which vLLM
+and SGLang load too. mxfp8's E8M0 scales are stored as uint8 bytes: see
+``_layout.encode_e8m0_scale`` and ``decode_e8m0_scale``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any, TypeGuard
 import attrs
 import torch
 
-from kernelpick.core._schemes import DEFAULT_BLOCK_SIZE, Scheme
+from kernelpick.core import DEFAULT_BLOCK_SIZE, MX_BLOCK_SIZE, Scheme
 from kernelpick.integration._errors import CheckpointError
 from kernelpick.integration.formats._layout import Layout, Stored
 from kernelpick.integration.formats._patterns import ct_matches, ct_refusal
@@ -38,13 +40,23 @@ METHOD = "compressed-tensors"
 @attrs.frozen
 class _Row:
     """A scheme's arguments: the weights' type and strategy, the input activations'
-    (strategy, dynamic) or None for weight-only, and the checkpoint format."""
+    (strategy, dynamic) or None for weight-only, and the checkpoint format; these tell the
+    rows apart. ``scale_dtype`` is what both operands' arguments say (None: scales in a
+    float dtype), and ``group_size`` a group size fixed by the scheme (None: none, or
+    fp8_block's, which varies)."""
 
     type: str
     weights: str
     activations: tuple[str, bool] | None
     format: str
+    scale_dtype: str | None = None
+    group_size: int | None = None
 
+
+# compressed-tensors' spelling of an E8M0 scale: QuantizationArgs serializes its
+# scale_dtype, torch.uint8, as "torch.uint8", and reads "uint8" as the same dtype.
+_E8M0_SCALE_DTYPE = "torch.uint8"
+_E8M0_SPELLINGS = (_E8M0_SCALE_DTYPE, "uint8")
 
 _ROWS = {
     Scheme.FP8_PER_CHANNEL: _Row("float", "channel", ("token", True), "float-quantized"),
@@ -57,6 +69,11 @@ _ROWS = {
     # (group_size b), as the FP8_BLOCK preset.
     Scheme.FP8_BLOCK: _Row("float", "block", ("group", True), "float-quantized"),
     Scheme.INT8_PER_CHANNEL: _Row("int", "channel", ("token", True), "int-quantized"),
+    # weights and activations in 1 x 32 groups along K with E8M0 scales, as the MXFP8
+    # preset; its weights' "group" strategy (fp8_block's is "block") tells the two apart.
+    Scheme.MXFP8: _Row(
+        "float", "group", ("group", True), "mxfp8-quantized", _E8M0_SCALE_DTYPE, MX_BLOCK_SIZE
+    ),
 }
 SCHEMES = tuple(_ROWS)  # the schemes a compressed-tensors config can say
 # Settings that, when present and not empty, change what the tensors mean.
@@ -66,7 +83,8 @@ _UNSUPPORTED = ("kv_cache_scheme", "sparsity_config", "transform_config", "moe_s
 @attrs.frozen(kw_only=True)
 class CompressedTensorsLayout(Layout):
     """A compressed-tensors checkpoint: the modules ``targets`` match and ``ignore`` does
-    not are quantized, with their scale stored as ``weight_scale``."""
+    not are quantized, with their scale stored as ``weight_scale`` (mxfp8's as E8M0 bytes,
+    ``decode_e8m0_scale``)."""
 
     targets: tuple[str, ...]
     ignore: tuple[str, ...]
@@ -79,11 +97,14 @@ class CompressedTensorsLayout(Layout):
         ) else True  # fmt: skip
 
 
-def _args(
-    type_: str, strategy: str, dynamic: bool, group_size: int | None = None
-) -> dict[str, Any]:
-    return {"num_bits": 8, "type": type_, "symmetric": True, "strategy": strategy,
-            "dynamic": dynamic, "group_size": group_size}  # fmt: skip
+def _args(row: _Row, strategy: str, dynamic: bool, size: int | None) -> dict[str, Any]:
+    args = {"num_bits": 8, "type": row.type, "symmetric": True, "strategy": strategy,
+            "dynamic": dynamic, "group_size": size if strategy == "group" else None}  # fmt: skip
+    if strategy == "block":
+        args["block_structure"] = [size, size]
+    if row.scale_dtype is not None:  # compressed-tensors leaves a None scale_dtype out
+        args["scale_dtype"] = row.scale_dtype
+    return args
 
 
 def to_config(
@@ -92,12 +113,11 @@ def to_config(
     """The ``quantization_config`` of a checkpoint whose every ``Linear`` but ``ignore`` is
     quantized with ``scheme`` (``block_size``: fp8_block's, 128 when None)."""
     row = _ROWS[scheme]
-    weights = _args(row.type, row.weights, False)
-    activations = None if row.activations is None else _args(row.type, *row.activations)
-    if scheme is Scheme.FP8_BLOCK and activations is not None:
+    size = row.group_size
+    if scheme is Scheme.FP8_BLOCK:
         size = DEFAULT_BLOCK_SIZE if block_size is None else block_size
-        weights["block_structure"] = [size, size]
-        activations["group_size"] = size
+    weights = _args(row, row.weights, False, size)
+    activations = None if row.activations is None else _args(row, *row.activations, size)
     group = {
         "targets": ["Linear"],
         "weights": weights,
@@ -128,7 +148,8 @@ class _Args:
     type: str
     strategy: str
     dynamic: bool
-    size: int | None  # the block's rows and columns, or the activation group's size
+    size: int | None  # the block's rows and columns, or the group's size
+    scale_dtype: str | None  # as written: "uint8" and "torch.uint8" are one dtype
 
 
 def _positive(value: object) -> TypeGuard[int]:
@@ -141,8 +162,8 @@ def _read_args(where: str, args: object, types: Iterable[str], strategies: Itera
     _field(where, args, "num_bits", [8])
     type_ = str(_field(where, args, "type", types))
     _field(where, {"symmetric": True, **args}, "symmetric", [True])
-    for key in ("actorder", "scale_dtype"):
-        _field(where, args, key, [None, False] if key == "actorder" else [None])
+    _field(where, args, "actorder", [None, False])
+    scale = _field(where, args, "scale_dtype", [None, *_E8M0_SPELLINGS])
     strategy = str(_field(where, args, "strategy", strategies))
     dynamic = bool(_field(where, {"dynamic": False, **args}, "dynamic", [True, False]))
     block, group = args.get("block_structure"), args.get("group_size")
@@ -162,7 +183,7 @@ def _read_args(where: str, args: object, types: Iterable[str], strategies: Itera
         size = group
     else:
         _field(where, args, "group_size", [None])
-    return _Args(type_, strategy, dynamic, size)
+    return _Args(type_, strategy, dynamic, size, None if scale is None else str(scale))
 
 
 def _scheme(at: str, weights: _Args, activations: _Args | None) -> Scheme:
@@ -175,6 +196,9 @@ def _scheme(at: str, weights: _Args, activations: _Args | None) -> Scheme:
     for scheme, row in _ROWS.items():
         if (row.type, row.weights, row.activations) != found:
             continue
+        for place, args in (("weights", weights), ("input_activations", activations)):
+            if args is not None:
+                _check_row(f"{at}.{place}", scheme, row, args)
         if activations is not None and activations.size != weights.size:  # fp8_block's
             raise CheckpointError(
                 f"{at}.input_activations", "group_size", repr(activations.size),
@@ -186,6 +210,23 @@ def _scheme(at: str, weights: _Args, activations: _Args | None) -> Scheme:
         f"{s.value}: ({r.type}, {r.weights}, {r.activations})" for s, r in _ROWS.items()
     )
     raise CheckpointError(at, "weights/input_activations", str(found), supported)
+
+
+def _check_row(where: str, scheme: Scheme, row: _Row, args: _Args) -> None:
+    """Refuse an operand's ``scale_dtype`` or ``group_size`` that ``row`` does not have."""
+    scale = _E8M0_SCALE_DTYPE if args.scale_dtype in _E8M0_SPELLINGS else args.scale_dtype
+    if scale != row.scale_dtype:
+        expected = (
+            f"None: {scheme.value}'s scales are floats" if row.scale_dtype is None else
+            f"{row.scale_dtype!r}: {scheme.value}'s scales are E8M0 exponent bytes (FP8 in "
+            "groups is read only as mxfp8)"
+        )  # fmt: skip
+        raise CheckpointError(where, "scale_dtype", repr(args.scale_dtype), expected)
+    if row.group_size is not None and args.size != row.group_size:
+        raise CheckpointError(
+            where, "group_size", repr(args.size),
+            f"{row.group_size}: {scheme.value} scales 1 x {row.group_size} groups along K",
+        )  # fmt: skip
 
 
 def from_config(where: str, config: Mapping[str, Any]) -> CompressedTensorsLayout:
@@ -206,7 +247,7 @@ def from_config(where: str, config: Mapping[str, Any]) -> CompressedTensorsLayou
     if not isinstance(group, Mapping):
         raise CheckpointError(at, "", repr(group), "weights and input_activations (not a preset)")
     weights = _read_args(f"{at}.weights", group.get("weights"), ["float", "int"],
-                         ["channel", "tensor", "block"])  # fmt: skip
+                         ["channel", "tensor", "block", "group"])  # fmt: skip
     if weights.dynamic:
         raise CheckpointError(f"{at}.weights", "dynamic", "True", "False: weights have scales")
     act = group.get("input_activations")

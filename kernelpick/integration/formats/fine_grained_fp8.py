@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 import torch
 
-from kernelpick.core._schemes import DEFAULT_BLOCK_SIZE, Scheme
+from kernelpick.core import DEFAULT_BLOCK_SIZE, Scheme
 from kernelpick.integration._errors import CheckpointError
 from kernelpick.integration.formats._layout import Layout, Stored
 from kernelpick.integration.formats._patterns import kept, not_convert_refusal

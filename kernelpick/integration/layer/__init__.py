@@ -1,1 +1,83 @@
-"""One layer."""
+"""One quantized layer, from recipe to forward: recipe -> plan -> allocate -> load -> accept
+-> prepare -> apply.
+
+- ``Recipe``: the scheme, block size and checkpoint format, checked once and purely.
+- ``LayerSteps.plan``: select before allocating; a ``LayerPlan`` names the parameters.
+- the loaders (``loader_for``): each tensor checked as it arrives, an engine's own loader
+  behind the same checks.
+- ``accept`` / ``accept_float``: the only place a layer's tensors are checked and made
+  canonical (``CanonicalWeights``), whichever path brought them.
+- ``install``: the kernel prepares what it runs on, once; ``run`` applies it.
+
+The linear method (``QuantizedLinearMethod``), the module (``QuantizedLinear``) and
+tensor-parallel shards (``TensorParallel``, ``shard_linear``) are made of these steps.
+"""
+
+from kernelpick.integration.layer._accept import (
+    CanonicalWeights,
+    Check,
+    accept,
+    accept_float,
+    check_bias,
+    check_float,
+    float_weight_check,
+    scale_check,
+    weight_check,
+)
+from kernelpick.integration.layer._loaders import WeightLoader, weight_loader_of
+from kernelpick.integration.layer._method import (
+    Fp8PtpcLinearMethod,
+    ParameterFactory,
+    QuantizedLinearMethod,
+)
+from kernelpick.integration.layer._module import QuantizedLinear
+from kernelpick.integration.layer._parallel import ParallelStyle, TensorParallel
+from kernelpick.integration.layer._plan import LayerPlan, Param
+from kernelpick.integration.layer._recipe import ONLINE_SCHEMES, CheckpointFormat, Recipe
+from kernelpick.integration.layer._shard_linear import shard_linear
+from kernelpick.integration.layer._shards import scale_shape
+from kernelpick.integration.layer._state import (
+    LayerState,
+    Prepared,
+    attach,
+    find_state,
+    layer_state,
+)
+from kernelpick.integration.layer._steps import LayerSteps, frozen, install, prepared, run
+
+__all__ = [
+    "ONLINE_SCHEMES",
+    "CanonicalWeights",
+    "Check",
+    "CheckpointFormat",
+    "Fp8PtpcLinearMethod",
+    "LayerPlan",
+    "LayerState",
+    "LayerSteps",
+    "ParallelStyle",
+    "Param",
+    "ParameterFactory",
+    "Prepared",
+    "QuantizedLinear",
+    "QuantizedLinearMethod",
+    "Recipe",
+    "TensorParallel",
+    "WeightLoader",
+    "accept",
+    "accept_float",
+    "attach",
+    "check_bias",
+    "check_float",
+    "find_state",
+    "float_weight_check",
+    "frozen",
+    "install",
+    "layer_state",
+    "prepared",
+    "run",
+    "scale_check",
+    "scale_shape",
+    "shard_linear",
+    "weight_check",
+    "weight_loader_of",
+]

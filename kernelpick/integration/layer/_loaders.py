@@ -28,13 +28,17 @@ from typing import Any, Protocol, cast
 
 import torch
 
-from kernelpick.core._errors import InvalidValueError, KernelInputError
-from kernelpick.core._quant import QuantConfig
-from kernelpick.integration.layer._accept import Accept, high_precision, quantized_weight
+from kernelpick.core import InvalidValueError, KernelInputError
+from kernelpick.integration.layer._accept import (
+    Check,
+    float_weight_check,
+    scale_check,
+    weight_check,
+)
+from kernelpick.integration.layer._plan import param_dims
 from kernelpick.integration.layer._shards import per_tensor, scale_rows
 from kernelpick.integration.layer._state import ALL_SHARDS, CheckpointShape, LayerState
-from kernelpick.kernels._canonical import canonical_scale
-from kernelpick.kernels._torch import reject
+from kernelpick.kernels import canonical_scale, reject
 
 __all__ = [
     "EngineLoader",
@@ -122,19 +126,6 @@ def _tensor(label: str, loaded: object) -> torch.Tensor:
     return loaded
 
 
-def param_dims(config: QuantConfig, name: str) -> dict[str, int]:
-    """The ``output_dim`` and ``input_dim`` of a layer's parameter ``name``, the attributes
-    engines narrow it by: the weight has both; a weight scale has each dimension its
-    groups do not span (per block both, per channel the output, per tensor neither)."""
-    if name == "weight":
-        return {"output_dim": 0, "input_dim": 1}
-    if name != "weight_scale" or per_tensor(config):
-        return {}
-    group = config.weight.scale.group  # over the GEMM's [K, N]: rows are K, columns N
-    dims = {"output_dim": 0} if group.cols != -1 else {}
-    return dims | ({"input_dim": 1} if group.rows != -1 else {})
-
-
 def _narrowed(
     state: LayerState,
     dims: dict[str, int],
@@ -174,7 +165,7 @@ def _loader(
     state: LayerState,
     own: torch.Tensor,
     name: str,
-    accept: Accept,
+    accept: Check,
     per_shard: bool,
     rows_of: Rows,
 ) -> WeightLoader:
@@ -228,7 +219,7 @@ EngineLoader = Callable[[torch.Tensor, torch.Tensor, Any], object]
 def _engine_loader(
     state: LayerState,
     name: str,
-    accept: Accept,
+    accept: Check,
     per_shard: bool,
     loader: EngineLoader,
     whole: CheckpointShape,
@@ -266,9 +257,11 @@ def loader_for(
     (``pre_quantized``); ``weight_scale`` one per output row, one row per ``b`` output rows
     per block, or one per shard per tensor; ``input_scale`` one per shard."""
     per_shard = name == "input_scale" or (name == "weight_scale" and per_tensor(state.config))
-    accept: Accept = canonical_scale
+    accept: Check = canonical_scale  # input_scale, fp32 wherever it is stored
     if name == "weight":
-        accept = quantized_weight(state) if pre_quantized else high_precision
+        accept = weight_check(state.config) if pre_quantized else float_weight_check
+    elif name == "weight_scale":
+        accept = scale_check(state.config)
     if engine is not None:
         return _engine_loader(state, name, accept, per_shard, *engine)
 

@@ -3,62 +3,49 @@
 It follows the linear-method protocol inference engines use (``create_weights``,
 ``process_weights_after_loading``, ``apply``), so an engine can hand it its layers as they
 are. ``Fp8PtpcLinearMethod`` is the ``fp8_per_channel`` (PTPC) method: per-token dynamic
-activations, per-channel static weights; ``Fp8LinearMethod`` takes any scheme the
+activations, per-channel static weights; ``QuantizedLinearMethod`` takes any scheme the
 integration runs (FP8 per channel, per tensor, per block, weight-only, and int8 per
 channel). Whatever the kernel, a processed layer holds its weights in the canonical layout
-(see ``kernelpick.kernels.quantize_weight``); the kernel's own layout is derived from them
+(see ``kernelpick.kernels.quantize_canonical``); the kernel's own layout is derived from them
 on each call and never stored. Each step of a layer (select, check, bind, quantize,
 install, run) is in ``_layer_steps``, shared with ``quantize_model``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import copy
+from collections.abc import Callable, Mapping, Sequence
 
+import attrs
 import torch
 import torch.distributed as dist
 
-from kernelpick.core._device import DeviceCaps
-from kernelpick.core._errors import InvalidValueError
-from kernelpick.core._policy import Policy
-from kernelpick.core._quant import QuantConfig
-from kernelpick.core._schemes import Scheme
-from kernelpick.core._specs import Catalog
-from kernelpick.integration.layer._loaders import EngineLoader, loader_for, param_dims
+from kernelpick.core import Catalog, DeviceCaps, InvalidValueError, Policy, Scheme
+from kernelpick.integration.layer._accept import accept, accept_float
+from kernelpick.integration.layer._loaders import EngineLoader, WeightLoader, loader_for
 from kernelpick.integration.layer._parallel import AmaxExchange, TensorParallel, check_split_blocks
-from kernelpick.integration.layer._shards import check_shards, per_tensor, scale_shape
+from kernelpick.integration.layer._plan import Param
+from kernelpick.integration.layer._recipe import CheckpointFormat, Recipe
+from kernelpick.integration.layer._shards import check_shards
 from kernelpick.integration.layer._state import (
     ALL_SHARDS,
-    CheckpointFormat,
     CheckpointShape,
     LayerState,
     attach,
     layer_state,
     positive_sizes,
 )
-from kernelpick.integration.layer._steps import (
-    ONLINE_SCHEMES,
-    LayerSteps,
-    check_allocatable,
-    frozen,
-    install,
-    run,
-)
-from kernelpick.kernels import Launch
-from kernelpick.kernels._canonical import (
-    CANONICAL_FP8,
-    canonical_dtype,
-    canonical_scale,
-    canonicalize_fp8_,
-    one_tensor_scale,
-)
-from kernelpick.kernels._quantize import CHUNK_ROWS
-from kernelpick.kernels._torch import torch_dtype
+from kernelpick.integration.layer._steps import LayerSteps, frozen, install, run
+from kernelpick.kernels import CHUNK_ROWS, Launch
 
-__all__ = ["ONLINE_SCHEMES", "Fp8LinearMethod", "Fp8PtpcLinearMethod"]
+__all__ = ["Fp8PtpcLinearMethod", "ParameterFactory", "QuantizedLinearMethod"]
+
+# An engine's parameter class for a planned parameter: (what to register, its storage, the
+# checking loader it must carry) -> the parameter, over that storage.
+ParameterFactory = Callable[[Param, torch.Tensor, WeightLoader], torch.nn.Parameter]
 
 
-class Fp8LinearMethod:
+class QuantizedLinearMethod:
     """The quantized linear method for one scheme, on one device, from one checkpoint format.
 
     ``caps`` is the device to select for (``kp.probe()`` when None); it may describe another
@@ -90,25 +77,46 @@ class Fp8LinearMethod:
         block_size: int | None = None,
         tensor_parallel: TensorParallel | None = None,
     ) -> None:
-        scheme = Scheme.parse(scheme)  # named first, as it is the first argument
-        self._checkpoint_format = CheckpointFormat.parse(checkpoint_format)
-        if tensor_parallel is not None and not isinstance(tensor_parallel, TensorParallel):
-            expected = "None or a kernelpick.integration.TensorParallel (TensorParallel.of)"
-            raise InvalidValueError("tensor_parallel", type(tensor_parallel).__name__, expected)
-        self._parallel = tensor_parallel
-        online = self._checkpoint_format is CheckpointFormat.HIGH_PRECISION
+        recipe = Recipe.of(scheme, checkpoint_format=checkpoint_format, block_size=block_size)
         self._steps = LayerSteps.create(
-            scheme, caps, policy, online=online, catalog=catalog, launches=launches,
-            chunk_rows=chunk_rows, block_size=block_size,
-        )  # fmt: skip
+            recipe, caps, policy, catalog=catalog, launches=launches, chunk_rows=chunk_rows
+        )
+        self._parallel = _checked_parallel(tensor_parallel)
+
+    @classmethod
+    def of(
+        cls, steps: LayerSteps, tensor_parallel: TensorParallel | None = None
+    ) -> QuantizedLinearMethod:
+        """The method for ``steps`` (a recipe already checked, a device already probed), for
+        layers at ``tensor_parallel``'s place. An engine makes its steps once per config and
+        a method from them per layer kind: nothing is probed or read again."""
+        method = cls.__new__(cls)
+        method._steps = steps
+        method._parallel = _checked_parallel(tensor_parallel)
+        return method
+
+    def with_tensor_parallel(self, tensor_parallel: TensorParallel | None) -> QuantizedLinearMethod:
+        """This method (the same steps) for layers at ``tensor_parallel``'s place."""
+        method = copy.copy(self)
+        method._parallel = _checked_parallel(tensor_parallel)
+        return method
 
     # Read-only: the layers this method made keep the steps it had, so a setting changed
     # afterwards would reach some layers and not others.
 
     @property
+    def recipe(self) -> Recipe:
+        """The scheme, block size and checkpoint format every layer is made with."""
+        return self._steps.recipe
+
+    @property
+    def steps(self) -> LayerSteps:
+        return self._steps
+
+    @property
     def checkpoint_format(self) -> CheckpointFormat:
         """What the loaders receive: high-precision weights, or quantized ones."""
-        return self._checkpoint_format
+        return self._steps.recipe.checkpoint_format
 
     @property
     def block_size(self) -> int | None:
@@ -160,6 +168,7 @@ class Fp8LinearMethod:
         prefix: str = "",
         weight_loader: EngineLoader | None = None,
         checkpoint_shards: Sequence[int] | None = None,
+        parameter: ParameterFactory | None = None,
         **extra_weight_attrs: object,
     ) -> None:
         """Select the kernel for this partition, then (only then) register its parameters.
@@ -184,12 +193,21 @@ class Fp8LinearMethod:
         ``input_size``, and each shard's rows are ``checkpoint_shards`` or, when None,
         ``output_partition_sizes`` times ``output_size / sum(output_partition_sizes)`` (a
         column-parallel split of every shard alike). An engine that replicates a shard
-        (vLLM's KV heads beyond the KV head count) passes ``checkpoint_shards``.
+        (vLLM's KV heads beyond the KV head count) passes ``checkpoint_shards``. With an
+        engine's loader the method's ``tensor_parallel`` only agrees the scale groups that
+        span the split (``TensorParallel.reduces`` of this layer's config); the engine
+        narrows every tensor. ``parameter`` (with ``weight_loader`` only) makes each
+        parameter as the engine's own class, over the storage it is handed and carrying the
+        checking loader, so each is registered once.
         """
         steps, tp = self._steps, self._parallel
         sizes = positive_sizes(output_partition_sizes)
         config = steps.config(sum(sizes), input_size_per_partition, params_dtype)
         pre_quantized = self.checkpoint_format is CheckpointFormat.PRE_QUANTIZED
+        if weight_loader is not None and tp is not None and not tp.reduces(config):
+            # The engine narrows every tensor itself; kernelpick's part in the split is only
+            # agreeing scale groups that span it, which this layer's do not.
+            tp = None
         if tp is not None:
             tp.check_partition(config, sizes, input_size, output_size, prefix or "layer")
             if dist.is_available() and dist.is_initialized():
@@ -198,7 +216,7 @@ class Fp8LinearMethod:
                 tp.check_group()  # raises: its amax is all-reduced, so the group must be up
         if pre_quantized:  # before selecting: a layer it refuses logs no kernel
             check_shards(config, sizes, prefix or "layer")
-        engine = None
+        engine: tuple[EngineLoader, CheckpointShape] | None = None
         if weight_loader is not None:
             whole = CheckpointShape.of_engine(sizes, input_size, output_size, checkpoint_shards)
             if tp is None:  # the engine splits the layer itself (tp checked its own split)
@@ -206,25 +224,33 @@ class Fp8LinearMethod:
                          if part != rows]  # fmt: skip
                 check_split_blocks(config, split, whole.k != config.k, prefix or "layer")
             engine = (weight_loader, whole)
-        stored = torch_dtype(canonical_dtype(config)) if pre_quantized else params_dtype
-        shapes: dict[str, tuple[tuple[int, ...], torch.dtype]]
-        shapes = {"weight": (config.weight_shape, stored)}
-        if pre_quantized:
-            shapes["weight_scale"] = (scale_shape(config, sizes), torch.float32)
-            act = config.activation
-            if act is not None and act.scale.static:
-                shapes["input_scale"] = ((len(sizes),), torch.float32)
-        for shape, dtype in shapes.values():
-            check_allocatable(prefix or "layer", shape, dtype)
-        state = steps.state(config, prefix, sizes, tp)
-        params = {name: frozen(torch.empty(shape, dtype=dtype))
-                  for name, (shape, dtype) in shapes.items()}  # fmt: skip
-        for name, param in params.items():
-            own = loader_for(state, param, name, pre_quantized=pre_quantized, engine=engine)
-            attributes = {**param_dims(config, name), **extra_weight_attrs, "weight_loader": own}
-            for key, value in attributes.items():
+        if parameter is not None and engine is None:
+            raise InvalidValueError(
+                "parameter", "a factory without weight_loader",
+                "a factory only with an engine's weight_loader: kernelpick's own loaders "
+                "load the parameters they make",
+            )  # fmt: skip
+        plan = steps.plan(config, sizes, params_dtype, prefix, parallel=tp)
+        state = LayerState(plan)
+        for spec in plan.params:
+            data = torch.empty(spec.shape, dtype=spec.dtype)
+            if parameter is None:
+                param = frozen(data)
+                own = loader_for(
+                    state, param, spec.name, pre_quantized=pre_quantized, engine=engine
+                )
+                extra = {**spec.dims, **extra_weight_attrs, "weight_loader": own}
+            else:  # the engine's class, made once, with the dims and the checking loader
+                own = loader_for(state, data, spec.name, pre_quantized=pre_quantized, engine=engine)
+                param, extra = parameter(spec, data, own), dict(extra_weight_attrs)
+                if param.data_ptr() != data.data_ptr():
+                    raise InvalidValueError(
+                        "parameter", type(param).__name__,
+                        "a factory returning a parameter over the data it was handed",
+                    )  # fmt: skip
+            for key, value in extra.items():
                 setattr(param, key, value)
-            layer.register_parameter(name, param)
+            layer.register_parameter(spec.name, param)
         attach(layer, state)
         # Logged now, at selection, not once the weights are processed: an engine builds
         # every layer before loading any weight, and this is when it wants to know the
@@ -247,7 +273,7 @@ class Fp8LinearMethod:
         the timeout is ``TensorParallelError`` too.
         """
         state = layer_state(layer)
-        if state.kernel is not None:
+        if state.processed:
             return
         weight = layer.get_parameter("weight")
         steps = self._steps
@@ -256,39 +282,32 @@ class Fp8LinearMethod:
             try:
                 self._check_loaded(state)
                 kernel = steps.bind(state, weight.device)
-                steps.check_weight(state, weight)
-                quantized = steps.quantize(state, weight, reduce)
+                weights = accept_float(
+                    state.config, state.label, weight, chunk_rows=steps.chunk_rows,
+                    reduce_amax=reduce,
+                )  # fmt: skip
             except Exception:
                 if reduce is not None and not reduce.sent:
                     reduce.fail()  # tell the peers, then raise this rank's own error
                 raise
-            install(layer, state, kernel, *quantized)
+            install(layer, state, kernel, weights)
             return
         self._check_loaded(state)
         kernel = steps.bind(state, weight.device)
-        scales = layer.get_parameter("weight_scale")
-        names = self._parameter_names(state.config)
+        names = state.plan.names
         static = layer.get_parameter("input_scale") if "input_scale" in names else None
-        for name, values in (("weight_scale", scales), ("input_scale", static)):
-            if values is not None:  # whoever loaded them: an engine's loader checks nothing
-                canonical_scale(state.label(name), values.detach(), tuple(values.shape))
-        merge = per_tensor(state.config)
-        scale = frozen(scales.detach().amax().reshape(1)) if merge else scales
-        if static is not None:
-            static = frozen(static.detach().amax().reshape(1))
-        kernel.prepare_weights(weight, scale, static)  # every check before the bytes change
-        if weight.dtype == torch_dtype(CANONICAL_FP8):  # any loader's bytes; int8 has no NaN
-            canonicalize_fp8_(state.label("weight"), weight.data, self.chunk_rows)
-        if merge:
-            merged, _ = one_tensor_scale(
-                weight.data, state.shards, scales.detach(), self.chunk_rows
-            )
-            weight = frozen(merged)
-        install(layer, state, kernel, weight, scale, static)
+        weights = accept(  # whoever loaded them: an engine's loader checks nothing
+            state.config, state.label, weight.data, layer.get_parameter("weight_scale").detach(),
+            None if static is None else static.detach(), shards=state.shards, owned=True,
+            chunk_rows=steps.chunk_rows,
+        )  # fmt: skip
+        if weights.weight is weight.data:
+            weights = attrs.evolve(weights, weight=weight)  # the registered parameter, kept
+        install(layer, state, kernel, weights)
 
     def _check_loaded(self, state: LayerState) -> None:
         """Refuse a layer with a shard of a parameter never loaded."""
-        for name in self._parameter_names(state.config):
+        for name in state.plan.names:
             loaded = state.loaded.get(name, set())
             missing = set(range(len(state.shards))) - loaded
             if ALL_SHARDS not in loaded and missing:
@@ -297,12 +316,6 @@ class Fp8LinearMethod:
                     f"every shard 0..{len(state.shards) - 1}; never loaded: {sorted(missing)}",
                 )  # fmt: skip
 
-    def _parameter_names(self, config: QuantConfig) -> tuple[str, ...]:
-        if self.checkpoint_format is CheckpointFormat.HIGH_PRECISION:
-            return ("weight",)
-        static = config.activation is not None and config.activation.scale.static
-        return ("weight", "weight_scale", "input_scale") if static else ("weight", "weight_scale")
-
     def apply(
         self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
@@ -310,7 +323,7 @@ class Fp8LinearMethod:
         return run(layer, x, bias)
 
 
-class Fp8PtpcLinearMethod(Fp8LinearMethod):
+class Fp8PtpcLinearMethod(QuantizedLinearMethod):
     """The ``fp8_per_channel`` method: per-token dynamic activations, per-channel weights."""
 
     def __init__(
@@ -338,3 +351,10 @@ def _amax_exchange(state: LayerState, device: torch.device) -> AmaxExchange | No
     if tp is None or not tp.reduces(state.config):
         return None
     return AmaxExchange(tp, state.name, state.config, device)
+
+
+def _checked_parallel(tensor_parallel: object) -> TensorParallel | None:
+    if tensor_parallel is not None and not isinstance(tensor_parallel, TensorParallel):
+        expected = "None or a kernelpick.integration.TensorParallel (TensorParallel.of)"
+        raise InvalidValueError("tensor_parallel", type(tensor_parallel).__name__, expected)
+    return tensor_parallel

@@ -1,33 +1,30 @@
-"""``Fp8Linear``: the module ``quantize_model`` and ``load_quantized`` put where an
+"""``QuantizedLinear``: the module ``quantize_model`` and ``load_quantized`` put where an
 ``nn.Linear`` was."""
 
 from __future__ import annotations
 
+from collections import ChainMap
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
-from kernelpick.core._dtypes import HIGH_PRECISION
-from kernelpick.core._errors import InvalidValueError
-from kernelpick.integration.layer._state import attach, layer_state
+from kernelpick.core import HIGH_PRECISION, InvalidValueError, QuantConfig
+from kernelpick.integration.layer._accept import Check, accept, scale_check, weight_check
+from kernelpick.integration.layer._state import LayerState, attach, layer_state
 from kernelpick.integration.layer._steps import LayerSteps, run
-from kernelpick.kernels._canonical import (
-    SCALE_DTYPES,
-    canonical_dtype,
-    canonical_scale,
-    check_fp8_finite,
-    positive_zero_,
-)
-from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
+from kernelpick.kernels import torch_dtype
 
-__all__ = ["Fp8Linear"]
+__all__ = ["QuantizedLinear"]
 
 # Integer views of the same width: a cast that converts floats leaves these alone, while
 # a move to another device or into shared memory still carries them.
-_BITS = {torch.float8_e4m3fn: torch.uint8, torch.int8: torch.int8, torch.float32: torch.int32}
+_BITS = {
+    torch.float8_e4m3fn: torch.uint8, torch.float8_e8m0fnu: torch.uint8, torch.int8: torch.int8,
+    torch.float32: torch.int32,
+}  # fmt: skip
 _COMPUTE = {torch_dtype(dtype): dtype for dtype in HIGH_PRECISION}
-_SCALES = ("weight_scale", "input_scale")
+_CANONICAL = ("weight", "weight_scale", "input_scale")
 
 
 def _carried(fn: Callable[[torch.Tensor], torch.Tensor], tensor: torch.Tensor) -> torch.Tensor:
@@ -44,11 +41,11 @@ def _carried(fn: Callable[[torch.Tensor], torch.Tensor], tensor: torch.Tensor) -
 
 
 # torch stores a module's _version in its state dict metadata. Version 1 was kernelpick's
-# first Fp8Linear, whose stored weight was in the kernel's layout ([K, N] for _scaled_mm).
+# first QuantizedLinear, whose stored weight was in the kernel's layout ([K, N] for _scaled_mm).
 _VERSION = 2
 
 
-class Fp8Linear(torch.nn.Module):
+class QuantizedLinear(torch.nn.Module):
     """A linear layer whose quantized weight runs on the kernel kernelpick chose for it.
 
     It holds the canonical ``weight`` (FP8 ``[N, K]``, or int8 for an int8 scheme),
@@ -97,9 +94,11 @@ class Fp8Linear(torch.nn.Module):
             f"bias={self.bias is not None}, kernel={state.decision.kernel}{flag}{shard}"
         )
 
-    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Fp8Linear:
+    def _apply(
+        self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True
+    ) -> QuantizedLinear:
         state = layer_state(self)
-        kernel = state.kernel
+        kernel = state.bound
         if kernel is None:  # never processed: nothing bound, nothing to keep
             return super()._apply(fn, recurse)  # type: ignore[no-any-return,no-untyped-call]
         with torch.no_grad():
@@ -138,33 +137,47 @@ class Fp8Linear(torch.nn.Module):
         error_msgs: list[str],
     ) -> None:
         # torch's copy_ would cast a float weight into FP8 without its scale, or copy a
-        # transposed weight into a square layer: refuse what is not canonical before a byte
-        # of this layer is written.
+        # transposed weight into a square layer: accept (the one check every path makes)
+        # refuses what is not canonical before a byte of this layer is written, and torch
+        # copies the canonical values it returns.
         version = local_metadata.get("version", _VERSION)
         if version < _VERSION:
             raise InvalidValueError(
                 f"state dict version of {prefix or 'the layer'}", version,
-                f"{_VERSION}, kernelpick's canonical layout: an older Fp8Linear stored its "
+                f"{_VERSION}, kernelpick's canonical layout: an older QuantizedLinear stored its "
                 "kernel's layout (a transposed weight), so quantize the model again",
             )  # fmt: skip
-        stored = torch_dtype(canonical_dtype(layer_state(self).config))
-        fp8 = stored == torch.float8_e4m3fn
-        for name in ("weight", *_SCALES):
-            tensor = state_dict.get(prefix + name)
-            if tensor is None or name not in self._parameters:
-                continue
-            shape = tuple(self.get_parameter(name).shape)
-            if name == "weight":
-                check_tensor(prefix + name, tensor, dtypes=(stored,), shape=shape)
-                if not tensor.is_contiguous():
-                    raise reject(prefix + name, tensor, "a contiguous row-major [N, K] tensor")
-                if fp8:
-                    check_fp8_finite(prefix + name, tensor)
-            else:  # exactly the parameter's shape: torch refuses others after copying the weight
-                check_tensor(prefix + name, tensor, dtypes=SCALE_DTYPES, shape=shape)
-                canonical_scale(prefix + name, tensor, shape)
+        state = layer_state(self)
+        canonical = self._accepted(state, state_dict, prefix)
         super()._load_from_state_dict(
-            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
-        )
-        if fp8:
-            positive_zero_(self.get_parameter("weight").data)
+            ChainMap(canonical, dict(state_dict)) if canonical else state_dict, prefix,
+            local_metadata, strict, missing_keys, unexpected_keys, error_msgs,
+        )  # fmt: skip
+        state.prepared = None  # the kernel prepares the new tensors before the next forward
+
+    def _accepted(
+        self, state: LayerState, state_dict: Mapping[str, Any], prefix: str
+    ) -> dict[str, torch.Tensor]:
+        def label(name: str) -> str:
+            return prefix + name
+
+        given = {name: state_dict.get(prefix + name) for name in _CANONICAL
+                 if self._parameters.get(name) is not None}  # fmt: skip
+        weight, scale = given.get("weight"), given.get("weight_scale")
+        if weight is None or scale is None:  # a partial state dict: each tensor on its own
+            return {
+                prefix + name: _check(state.config, name)(label(name), tensor,
+                                                          tuple(self.get_parameter(name).shape))
+                for name, tensor in given.items() if tensor is not None
+            }  # fmt: skip
+        bias = state_dict.get(prefix + "bias") if self.bias is not None else None
+        weights = accept(
+            state.config, label, weight, scale, given.get("input_scale"),
+            bias if isinstance(bias, torch.Tensor) else None,
+        )  # fmt: skip
+        named = zip(_CANONICAL, weights.tensors(), strict=True)
+        return {prefix + name: tensor for name, tensor in named if tensor is not None}
+
+
+def _check(config: QuantConfig, name: str) -> Check:
+    return weight_check(config) if name == "weight" else scale_check(config)

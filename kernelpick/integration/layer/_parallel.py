@@ -27,8 +27,7 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from kernelpick.core._errors import InvalidValueError, KernelpickError, parse_enum
-from kernelpick.core._quant import QuantConfig
+from kernelpick.core import InvalidValueError, KernelpickError, QuantConfig, parse_enum
 from kernelpick.integration._errors import TensorParallelError
 
 if TYPE_CHECKING:
@@ -215,7 +214,7 @@ def _check_initialized() -> None:
 @attrs.define
 class AmaxExchange:
     """The all-reduce (MAX) of one shard's weight amax over its group, passed to
-    ``quantize_weight`` as ``reduce_amax``.
+    ``quantize_canonical`` as ``reduce_amax``.
 
     A small header goes first: which layer this rank is at (a hash of its name and shape,
     all-reduced as its MAX and the MAX of its negation, which agree only if every rank

@@ -9,15 +9,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from kernelpick.adapters import default_caps
-from kernelpick.core._device import DeviceCaps
-from kernelpick.core._errors import InvalidValueError
-from kernelpick.core._policy import Policy
-from kernelpick.core._schemes import Scheme
+from kernelpick.core import DeviceCaps, InvalidValueError, Policy, Scheme
 from kernelpick.integration.layer._loaders import weight_loader_of
-from kernelpick.integration.layer._method import Fp8LinearMethod
-from kernelpick.integration.layer._module import Fp8Linear
+from kernelpick.integration.layer._method import QuantizedLinearMethod
+from kernelpick.integration.layer._module import QuantizedLinear
 from kernelpick.integration.layer._parallel import DEFAULT_TIMEOUT, ParallelStyle, TensorParallel
-from kernelpick.kernels._canonical import check_finite
+from kernelpick.kernels import check_finite
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -36,7 +33,7 @@ def shard_linear(
     block_size: int | None = None,
     timeout: datetime.timedelta = DEFAULT_TIMEOUT,
     prefix: str = "",
-) -> Fp8Linear:
+) -> QuantizedLinear:
     """This rank's quantized shard of ``module``, which every rank of ``group`` (the default
     group when None) holds whole: ``"column"`` keeps ``out_features / world`` outputs,
     ``"row"`` keeps ``in_features / world`` inputs. Each rank must call it for the same
@@ -67,10 +64,10 @@ def shard_linear(
     device = module.weight.device
     if caps is None:
         caps = default_caps(device)
-    method = Fp8LinearMethod(
+    method = QuantizedLinearMethod(
         scheme, caps, policy, block_size=block_size, tensor_parallel=tp
     )  # fmt: skip
-    shard = Fp8Linear(k_part, n_part, method._steps, _bias_part(module.bias, tp, n_part))
+    shard = QuantizedLinear(k_part, n_part, method.steps, _bias_part(module.bias, tp, n_part))
     with torch.device(device):
         method.create_weights(shard, k_part, [n_part], k, n, module.weight.dtype, prefix=prefix)
     weight = shard.get_parameter("weight")

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kernelpick.core._errors import InvalidValueError
-from kernelpick.core._quant import QuantConfig
+from kernelpick.core import InvalidValueError, QuantConfig
 
 __all__ = ["check_shards", "per_tensor", "scale_rows", "scale_shape"]
 

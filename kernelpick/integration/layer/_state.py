@@ -1,25 +1,24 @@
-"""What the linear method keeps on a layer between its calls, and the checkpoint formats."""
+"""What the linear method keeps on a layer between its calls, and the checkpoint shape an
+engine's loader is checked against."""
 
 from __future__ import annotations
 
-import enum
+import warnings
 from collections.abc import Sequence
 
 import attrs
 import torch
 
-from kernelpick.core._decision import Selected
-from kernelpick.core._device import DeviceCaps
-from kernelpick.core._errors import InvalidValueError, parse_enum
-from kernelpick.core._quant import QuantConfig
+from kernelpick.core import DeviceCaps, InvalidValueError, QuantConfig, Selected
 from kernelpick.integration.layer._parallel import TensorParallel
-from kernelpick.kernels._base import Kernel
+from kernelpick.integration.layer._plan import LayerPlan
+from kernelpick.kernels import Kernel, WeightBundle
 
 __all__ = [
     "ALL_SHARDS",
-    "CheckpointFormat",
     "CheckpointShape",
     "LayerState",
+    "Prepared",
     "attach",
     "find_state",
     "layer_state",
@@ -28,32 +27,6 @@ __all__ = [
 
 ALL_SHARDS = -1  # the loaded-shard marker for a whole-tensor load
 _STATE = "kernelpick_state"
-
-
-class CheckpointFormat(enum.Enum):
-    """What the checkpoint a layer loads from holds.
-
-    ``HIGH_PRECISION``: float weights, quantized after loading (online). ``PRE_QUANTIZED``:
-    weights already quantized, in the canonical layout (see
-    ``kernelpick.kernels.quantize_weight``): the FP8 or int8 ``weight``, its
-    ``weight_scale`` and, for static schemes, ``input_scale``. ``FP8`` is the same member
-    under its first name, and the string ``"fp8"`` still parses to it.
-    """
-
-    HIGH_PRECISION = "high_precision"
-    PRE_QUANTIZED = "pre_quantized"
-    FP8 = "pre_quantized"  # an alias: the name from before int8 weights loaded too
-
-    def __str__(self) -> str:
-        return self.value
-
-    @classmethod
-    def _missing_(cls, value: object) -> CheckpointFormat | None:
-        return cls.PRE_QUANTIZED if value == "fp8" else None
-
-    @classmethod
-    def parse(cls, value: object) -> CheckpointFormat:
-        return parse_enum(cls, value, "checkpoint format")
 
 
 def positive_sizes(sizes: object, what: str = "output_partition_sizes") -> tuple[int, ...]:
@@ -119,25 +92,69 @@ class CheckpointShape:
         return attrs.evolve(config, weight_shape=(rows, self.k)).weight_scale_shape
 
 
+@attrs.frozen(eq=False)
+class Prepared:
+    """What a bound kernel made of a layer's canonical tensors (its bundle), and the stamp
+    of the tensors it was made from: their identity, version, storage and dtype. A stamp
+    that no longer matches (the tensors were replaced, moved, cast or written) means the
+    bundle is stale, and it is made again before the layer runs."""
+
+    bundle: WeightBundle
+    stamp: tuple[object, ...]
+
+
 @attrs.define
 class LayerState:
-    """One layer's config, decision and device, which shards of each parameter were
-    loaded, its place in a tensor-parallel group (None: the whole layer) and (once its
-    weights are processed) the bound kernel."""
+    """What a layer is between the linear method's calls: its plan (config, decision,
+    device, shards, tensor-parallel place), which shards of each parameter were loaded
+    and, once its weights are processed, the bound kernel (``bound``) and what that kernel
+    prepared from the canonical tensors (``prepared``)."""
 
-    config: QuantConfig
-    decision: Selected
-    caps: DeviceCaps
-    prefix: str
-    shards: tuple[int, ...]
+    plan: LayerPlan
     loaded: dict[str, set[int]] = attrs.field(factory=dict)
-    kernel: Kernel | None = None
-    parallel: TensorParallel | None = None
+    bound: Kernel | None = None
+    prepared: Prepared | None = None
+
+    @property
+    def config(self) -> QuantConfig:
+        return self.plan.config
+
+    @property
+    def decision(self) -> Selected:
+        return self.plan.decision
+
+    @property
+    def caps(self) -> DeviceCaps:
+        return self.plan.caps
+
+    @property
+    def prefix(self) -> str:
+        return self.plan.prefix
+
+    @property
+    def shards(self) -> tuple[int, ...]:
+        return self.plan.shards
+
+    @property
+    def parallel(self) -> TensorParallel | None:
+        return self.plan.parallel
+
+    @property
+    def kernel(self) -> Kernel | None:
+        """Deprecated (goes away in 0.4.0): ``bound``. ``.kernel`` is a kernel id elsewhere
+        (``Selected.kernel``, ``LayerReport.kernel``)."""
+        warnings.warn(
+            "LayerState.kernel is deprecated and goes away in 0.4.0; use LayerState.bound "
+            "(the bound kernel) or LayerState.decision.kernel (its id)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.bound
 
     @property
     def processed(self) -> bool:
         """Whether the weights were processed: the layer's tensors are final from then on."""
-        return self.kernel is not None
+        return self.bound is not None
 
     @property
     def name(self) -> str:

@@ -1,10 +1,11 @@
-"""The steps that make one linear a quantized layer (FP8 or int8): select, check, bind,
-quantize, install, run.
+"""The steps that make one linear a quantized layer (FP8 or int8): plan (select before
+allocating), bind, install (with what the kernel prepares), run.
 
-The linear method (an engine's layers), ``quantize_model`` and ``load_quantized`` all make
-their layers with these, so a layer is made the same way whichever path made it. The
-selection happens before any weight is allocated; the checks read and never write; a layer
-is given its parameters and kernel (``install``) only once the kernel has checked them.
+The linear method (an engine's layers), ``quantize_model``, ``load_quantized`` and the
+transformers quantizer all make their layers with these, so a layer is made the same way
+whichever path made it. Checking and canonicalizing its tensors is ``_accept``'s; a layer
+is given its parameters and kernel (``install``) only once they were accepted, and the
+kernel prepares what it runs on then, once, not on every forward.
 """
 
 from __future__ import annotations
@@ -17,49 +18,50 @@ import attrs
 import torch
 
 from kernelpick.adapters import default_caps
-from kernelpick.core._decision import Rejected, Selected
-from kernelpick.core._device import DeviceCaps
-from kernelpick.core._dtypes import Dtype
-from kernelpick.core._errors import InvalidValueError
-from kernelpick.core._policy import Policy
-from kernelpick.core._quant import QuantConfig
-from kernelpick.core._schemes import Scheme, quant_config
-from kernelpick.core._select import choose
-from kernelpick.core._specs import Catalog
+from kernelpick.core import (
+    Catalog,
+    DeviceCaps,
+    Dtype,
+    InvalidValueError,
+    Policy,
+    QuantConfig,
+    Rejected,
+    Scheme,
+    Selected,
+    choose,
+)
 from kernelpick.integration._errors import KernelSelectionError
 from kernelpick.integration._log import log_selection
+from kernelpick.integration.layer._accept import CanonicalWeights
 from kernelpick.integration.layer._loaders import closed_loader
 from kernelpick.integration.layer._parallel import TensorParallel
-from kernelpick.integration.layer._state import LayerState, attach, layer_state, positive_sizes
-from kernelpick.kernels import Launch, bind
-from kernelpick.kernels._base import Kernel
-from kernelpick.kernels._canonical import check_finite, quantize_weight
-from kernelpick.kernels._launch import check_rows, launch_table
-from kernelpick.kernels._quantize import CHUNK_ROWS, AmaxReduce
-from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
+from kernelpick.integration.layer._plan import LayerPlan
+from kernelpick.integration.layer._recipe import Recipe
+from kernelpick.integration.layer._state import (
+    LayerState,
+    Prepared,
+    attach,
+    layer_state,
+    positive_sizes,
+)
+from kernelpick.kernels import (
+    CHUNK_ROWS,
+    Kernel,
+    Launch,
+    WeightBundle,
+    bind,
+    check_rows,
+    launch_table,
+)
 
 __all__ = [
-    "ONLINE_SCHEMES",
     "LayerSteps",
     "check_allocatable",
     "frozen",
     "install",
+    "prepared",
     "run",
 ]
-
-# Schemes whose scales can all be computed from the weights and the live activations.
-# fp8_per_tensor_static needs activation scales calibrated on data, which only a
-# pre-quantized checkpoint (checkpoint_format="pre_quantized") can bring.
-ONLINE_SCHEMES = (
-    Scheme.FP8_PER_CHANNEL,
-    Scheme.FP8_PER_TENSOR,
-    Scheme.FP8_WEIGHT_ONLY,
-    Scheme.FP8_BLOCK,
-    Scheme.INT8_PER_CHANNEL,
-)
-# Schemes the integration does not make layers for: mxfp8's E8M0 scales have no loader,
-# checkpoint format or cast rule here yet (its kernels run through kernelpick.kernels).
-_NOT_INTEGRATED = (Scheme.MXFP8,)
 
 
 # torch sizes a tensor's storage in signed 64-bit bytes: a larger one cannot be made, and
@@ -85,78 +87,48 @@ def frozen(tensor: torch.Tensor) -> torch.nn.Parameter:
 
 @attrs.frozen(eq=False)  # compared by identity: it holds a dict, which cannot be hashed
 class LayerSteps:
-    """What every step needs: the scheme, the device to select for, the policy, the kernel
-    tables (``catalog`` and ``launches``; kernelpick's own when None), the rows quantized
-    at a time and, for ``fp8_block``, the block size (None: the scheme's 128). Made by
-    ``create``, which checks and fills in the defaults."""
+    """What every step needs: the recipe, the device to select for, the policy, the kernel
+    tables (``catalog`` and ``launches``; kernelpick's own when None) and the rows
+    quantized at a time. Made by ``create``, which checks and fills in the defaults."""
 
-    scheme: Scheme
+    recipe: Recipe
     caps: DeviceCaps
     policy: Policy
     catalog: Catalog | None
     launches: Mapping[str, Launch] | None
     chunk_rows: int
-    block_size: int | None = None
 
     @classmethod
     def create(
         cls,
-        scheme: Scheme | str,
+        recipe: Recipe,
         caps: DeviceCaps | None,
         policy: Policy | None,
         *,
-        online: bool,
         catalog: Catalog | None = None,
         launches: Mapping[str, Launch] | None = None,
         chunk_rows: int = CHUNK_ROWS,
-        block_size: int | None = None,
     ) -> LayerSteps:
-        """The steps for ``scheme``. ``online`` steps quantize high-precision weights, so
-        the scheme must be one of ``ONLINE_SCHEMES``; ``mxfp8`` is refused either way.
-        ``block_size`` is ``fp8_block``'s only. ``caps`` defaults to a probe of the current
-        device, ``policy`` to ``Policy.from_env(os.environ)`` (so ``KERNELPICK_*``
+        """The steps for ``recipe``. ``caps`` defaults to ``default_caps()`` (the current
+        device), ``policy`` to ``Policy.from_env(os.environ)`` (so ``KERNELPICK_*``
         variables reach engines). Every catalog id needs a row in ``launches``."""
-        parsed = Scheme.parse(scheme)
-        if parsed in _NOT_INTEGRATED:
-            valid = ", ".join(s.value for s in Scheme if s not in _NOT_INTEGRATED)
-            raise InvalidValueError(
-                "scheme", parsed.value,
-                f"one of {valid}: the integration has no loader, checkpoint format or cast "
-                f"for {parsed.value}'s E8M0 scales yet; run its kernels through "
-                "kernelpick.kernels (quantize_weights, apply)",
-            )  # fmt: skip
-        if online and parsed not in ONLINE_SCHEMES:
-            valid = ", ".join(s.value for s in ONLINE_SCHEMES)
-            raise InvalidValueError(
-                "scheme", parsed.value,
-                f"one of {valid}: {parsed.value} needs activation scales calibrated on "
-                "data, which online quantization cannot compute; load them from a "
-                "pre-quantized checkpoint with checkpoint_format='pre_quantized'",
-            )  # fmt: skip
-        if block_size is not None:
-            if parsed is not Scheme.FP8_BLOCK:
-                raise InvalidValueError(
-                    "block_size", block_size, f"None: only fp8_block has one, not {parsed.value}"
-                )
-            if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
-                raise InvalidValueError("block_size", block_size, "a positive integer, e.g. 128")
         if not isinstance(chunk_rows, int) or isinstance(chunk_rows, bool) or chunk_rows < 1:
             raise InvalidValueError("chunk_rows", chunk_rows, "a positive integer")
         rows = launch_table(launches)
         check_rows(catalog, rows)
-        if caps is None:
-            caps = default_caps()
+        caps = default_caps() if caps is None else caps
         policy = Policy.from_env(os.environ, catalog) if policy is None else policy
-        return cls(parsed, caps, policy, catalog, rows, chunk_rows, block_size)
+        return cls(recipe, caps, policy, catalog, rows, chunk_rows)
 
-    # -- select ------------------------------------------------------------------------
+    @property
+    def scheme(self) -> Scheme:
+        return self.recipe.scheme
 
-    def config(self, n: int, k: int, dtype: object, *, bias: bool = False) -> QuantConfig:
-        """A layer's QuantConfig: ``dtype`` (a torch or kernelpick dtype) is in and out."""
-        return quant_config(
-            self.scheme, weight_shape=(n, k), out_dtype=Dtype.parse(dtype), bias=bias,
-            block_size=self.block_size,
-        )  # fmt: skip
+    @property
+    def block_size(self) -> int | None:
+        return self.recipe.block_size
+
+    # -- plan --------------------------------------------------------------------------
 
     def select(
         self,
@@ -176,37 +148,37 @@ class LayerSteps:
             raise KernelSelectionError(self.scheme.value, decision, layer, partition)
         return decision
 
+    def config(self, n: int, k: int, dtype: object, *, bias: bool = False) -> QuantConfig:
+        """A layer's QuantConfig, from the recipe: ``dtype`` is in and out."""
+        return self.recipe.config(n, k, dtype, bias=bias)
+
+    def plan(
+        self,
+        config: QuantConfig,
+        shards: Sequence[int],
+        dtype: torch.dtype,
+        prefix: str,
+        *,
+        parallel: TensorParallel | None = None,
+        online: bool | None = None,
+    ) -> LayerPlan:
+        """One layer of ``config`` with fused shards of ``shards`` rows: the parameters it
+        registers (``online``: the recipe's format by default; ``dtype``: the
+        high-precision weight's), refused before anything is selected when torch could not
+        size one, and its kernel selected (or ``KernelSelectionError``)."""
+        sizes = positive_sizes(shards)
+        online = self.recipe.online if online is None else online
+        params = LayerPlan.params_of(config, sizes, dtype, online=online)
+        for param in params:
+            check_allocatable(prefix or "layer", param.shape, param.dtype)
+        decision = self.select(config, prefix, parallel=parallel)
+        return LayerPlan(config, decision, self.caps, prefix, sizes, parallel, params)
+
     def log(self, state: LayerState) -> None:
         """Tell the ``kernelpick`` logger which kernel ``state``'s layer got (see ``_log``)."""
         log_selection(self.scheme.value, state.caps, state.config, state.decision, state.prefix)
 
-    def state(
-        self,
-        config: QuantConfig,
-        prefix: str,
-        shards: Sequence[int],
-        parallel: TensorParallel | None = None,
-    ) -> LayerState:
-        """A layer's state, its kernel selected; or ``KernelSelectionError``."""
-        sizes = positive_sizes(shards)
-        decision = self.select(config, prefix, parallel=parallel)
-        return LayerState(config, decision, self.caps, prefix, sizes, parallel=parallel)
-
-    # -- check, bind, quantize ---------------------------------------------------------
-
-    def check_weight(self, state: LayerState, weight: torch.Tensor) -> None:
-        """The read-only checks on a high-precision weight: shape, dtype, finite values."""
-        name = state.label("weight")
-        n, k = state.config.weight_shape
-        dtype = torch_dtype(state.config.input_dtype)
-        check_tensor(name, weight)  # a meta or sparse weight has nothing to quantize
-        if tuple(weight.shape) != (n, k) or weight.dtype != dtype:
-            raise reject(name, weight, f"shape [{n}, {k}], dtype {state.config.input_dtype}")
-        check_finite(name, weight, self.chunk_rows)
-
-    def check_bias(self, state: LayerState, bias: torch.Tensor) -> None:
-        """A bias must be finite, as the weight must."""
-        check_finite(state.label("bias"), bias.view(1, -1), self.chunk_rows)
+    # -- bind --------------------------------------------------------------------------
 
     def bind(self, state: LayerState, device: torch.device) -> Kernel:
         """The selected kernel bound to ``device``, found in these steps' tables; fails when
@@ -218,67 +190,94 @@ class LayerSteps:
     ) -> Kernel:
         return bind(decision, config, caps, device, catalog=self.catalog, launches=self.launches)
 
-    def quantize(
-        self, state: LayerState, weight: torch.Tensor, reduce_amax: AmaxReduce | None = None
-    ) -> tuple[torch.nn.Parameter, torch.nn.Parameter]:
-        """A checked high-precision weight in the canonical layout, as frozen parameters:
-        the FP8 or int8 weight and its fp32 scale (per the scheme: per channel, per tensor
-        or per block; fp32 amax, clamp floor, a chunk of rows at a time). A
-        tensor-parallel shard passes ``reduce_amax`` (see ``quantize_weight``)."""
-        fp8, scale = quantize_weight(
-            weight.detach(), state.config, chunk_rows=self.chunk_rows, reduce_amax=reduce_amax
-        )
-        return frozen(fp8), frozen(scale)
-
     def retarget(self, state: LayerState, dtype: Dtype, device: torch.device) -> LayerState:
         """A processed layer's state once it computes in ``dtype`` on ``device``: selected
-        and bound again (for the probed device, when it moves) where either changes. Raises
-        ``KernelSelectionError`` when no kernel fits; ``state`` itself never changes."""
-        kernel = state.kernel
+        and bound again (for the device's default caps, when it moves) where either changes,
+        with nothing prepared yet. Raises ``KernelSelectionError`` when no kernel fits;
+        ``state`` itself never changes."""
+        kernel = state.bound
         if kernel is None:
             raise InvalidValueError("layer", state.name, "a layer whose weights were processed")
         if dtype is state.config.input_dtype and device == kernel.device:
             return state
-        caps = state.caps
-        if device != kernel.device:
-            caps = default_caps(device)
+        caps = state.caps if device == kernel.device else default_caps(device)
         config = attrs.evolve(state.config, input_dtype=dtype, out_dtype=dtype)
         decision = self.select(config, state.prefix, caps, state.parallel)
-        moved = attrs.evolve(state, config=config, decision=decision, caps=caps)
-        moved.kernel = self._bind(decision, config, caps, device)
-        return moved
+        plan = attrs.evolve(state.plan, config=config, decision=decision, caps=caps)
+        return LayerState(plan, dict(state.loaded), self._bind(decision, config, caps, device))
+
+
+_CANONICAL = ("weight", "weight_scale", "input_scale")
 
 
 def install(
-    layer: torch.nn.Module,
-    state: LayerState,
-    kernel: Kernel,
-    weight: torch.nn.Parameter,
-    scale: torch.nn.Parameter,
-    input_scale: torch.nn.Parameter | None = None,
+    layer: torch.nn.Module, state: LayerState, kernel: Kernel, weights: CanonicalWeights
 ) -> None:
-    """Give ``layer`` its canonical parameters and its kernel, once the kernel has checked
-    them (the parameters may be shared with a layer tied to this one). Each carries a
-    ``weight_loader`` that refuses: the layer is processed, and its tensors are final."""
-    kernel.prepare_weights(weight, scale, input_scale)
-    installed = {"weight": weight, "weight_scale": scale, "input_scale": input_scale}
-    for name, param in installed.items():
-        if param is not None:
-            param.weight_loader = closed_loader(state, name)  # type: ignore[attr-defined]
-            setattr(layer, name, param)
-    state.kernel = kernel
+    """Give ``layer`` its canonical parameters (accepted: see ``_accept``) and its kernel,
+    which prepares what it runs on from them now (the parameters may be shared with a
+    layer tied to this one). Each parameter carries a ``weight_loader`` that refuses: the
+    layer is processed, and its tensors are final."""
+    params = {
+        name: tensor if isinstance(tensor, torch.nn.Parameter) else frozen(tensor)
+        for name, tensor in zip(_CANONICAL, weights.tensors(), strict=True)
+        if tensor is not None
+    }  # fmt: skip
+    state.prepared = _prepare(kernel, params["weight"], params["weight_scale"],
+                              params.get("input_scale"))  # fmt: skip
+    for name, param in params.items():
+        param.weight_loader = closed_loader(state, name)  # type: ignore[attr-defined]
+        setattr(layer, name, param)
+    state.bound = kernel
     attach(layer, state)
 
 
-def run(layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """Run a processed layer's kernel: ``x [..., K]`` -> ``[..., N]``. The kernel's layout
-    is derived from the canonical parameters on each call, so it never goes stale."""
-    state = layer_state(layer)
-    kernel = state.kernel
+def _stamp(*tensors: torch.Tensor | None) -> tuple[object, ...]:
+    # Identity, version (bumped by every in-place write torch tracks), storage and dtype:
+    # what must hold for a bundle prepared from these tensors to still be theirs.
+    return tuple(
+        None if t is None else (id(t), t._version, t.data_ptr(), t.dtype, t.device) for t in tensors
+    )
+
+
+def _prepare(
+    kernel: Kernel,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    input_scale: torch.Tensor | None,
+) -> Prepared:
+    bundle = kernel.prepare_weights(weight, scale, input_scale)
+    return Prepared(bundle, _stamp(weight, scale, input_scale))
+
+
+def prepared(layer: torch.nn.Module, state: LayerState) -> WeightBundle:
+    """What ``state``'s kernel runs on: the bundle it prepared from ``layer``'s canonical
+    parameters, prepared again (the one place that happens after ``install``) only when
+    they are not the tensors it was made from any more."""
+    kernel = state.bound
     if kernel is None:
         raise InvalidValueError(
             "layer", state.name,
             "a layer whose weights were processed: call process_weights_after_loading first",
         )  # fmt: skip
-    weight, scale = layer.get_parameter("weight"), layer.get_parameter("weight_scale")
-    return kernel.run(x, weight, scale, layer._parameters.get("input_scale"), bias)
+    params = layer._parameters
+    weight, scale, static = params["weight"], params["weight_scale"], params.get("input_scale")
+    held = state.prepared
+    # A compiled forward runs what was prepared when it was traced (dynamo cannot compare
+    # storages, and guards the graph's own inputs itself).
+    if held is not None and torch.compiler.is_compiling():
+        return held.bundle
+    if held is None or held.stamp != _stamp(weight, scale, static):
+        if weight is None or scale is None:
+            raise InvalidValueError("layer", state.name, "a layer holding its weight and scale")
+        held = state.prepared = _prepare(kernel, weight, scale, static)
+    return held.bundle
+
+
+def run(layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """Run a processed layer's kernel on what it prepared: ``x [..., K]`` -> ``[..., N]``."""
+    state = layer_state(layer)
+    bundle = prepared(layer, state)
+    kernel = state.bound
+    if kernel is None:  # prepared() refused it already; for the type checker
+        raise InvalidValueError("layer", state.name, "a processed layer")
+    return kernel.apply(x, bundle, bias)

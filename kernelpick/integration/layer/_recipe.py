@@ -1,0 +1,110 @@
+"""The recipe: what every layer of a model is quantized with, validated once and purely.
+
+A recipe is the scheme, its block size and what the checkpoint holds (the checkpoint
+format). Every engine config holds one, and a checkpoint's layout produces one, so "the
+scheme must be an online one" and "only fp8_block has a block size" are checked here and
+nowhere else. Making a recipe touches no device: the device and the policy come in when a
+layer is planned (``LayerSteps``).
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+from kernelpick.core import Dtype, InvalidValueError, QuantConfig, Scheme, parse_enum, quant_config
+
+__all__ = ["ONLINE_SCHEMES", "CheckpointFormat", "Recipe"]
+
+# Schemes whose scales can all be computed from the weights and the live activations.
+# fp8_per_tensor_static needs activation scales calibrated on data, which only a
+# pre-quantized checkpoint (checkpoint_format="pre_quantized") can bring.
+ONLINE_SCHEMES = (
+    Scheme.FP8_PER_CHANNEL,
+    Scheme.FP8_PER_TENSOR,
+    Scheme.FP8_WEIGHT_ONLY,
+    Scheme.FP8_BLOCK,
+    Scheme.MXFP8,
+    Scheme.INT8_PER_CHANNEL,
+)
+
+
+class CheckpointFormat(enum.Enum):
+    """What the checkpoint a layer loads from holds.
+
+    ``HIGH_PRECISION``: float weights, quantized after loading (online). ``PRE_QUANTIZED``:
+    weights already quantized, in the canonical layout (see
+    ``kernelpick.kernels.quantize_canonical``): the FP8 or int8 ``weight``, its
+    ``weight_scale`` and, for static schemes, ``input_scale``. ``FP8`` is the same member
+    under its first name, and the string ``"fp8"`` still parses to it.
+    """
+
+    HIGH_PRECISION = "high_precision"
+    PRE_QUANTIZED = "pre_quantized"
+    FP8 = "pre_quantized"  # an alias: the name from before int8 weights loaded too
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def _missing_(cls, value: object) -> CheckpointFormat | None:
+        return cls.PRE_QUANTIZED if value == "fp8" else None
+
+    @classmethod
+    def parse(cls, value: object) -> CheckpointFormat:
+        return parse_enum(cls, value, "checkpoint format")
+
+
+@attrs.frozen
+class Recipe:
+    """A scheme, its block size (``fp8_block``'s only; None: 128) and the checkpoint
+    format. Made by ``of``, which checks them; the fields are then known to fit."""
+
+    scheme: Scheme
+    checkpoint_format: CheckpointFormat = CheckpointFormat.HIGH_PRECISION
+    block_size: int | None = None
+
+    @classmethod
+    def of(
+        cls,
+        scheme: Scheme | str,
+        *,
+        checkpoint_format: CheckpointFormat | str = CheckpointFormat.HIGH_PRECISION,
+        block_size: int | None = None,
+    ) -> Recipe:
+        """The recipe for ``scheme``, or ``InvalidValueError`` (``UnknownNameError`` for a
+        name) naming the value and what is valid. An online recipe (``high_precision``
+        checkpoints) needs one of ``ONLINE_SCHEMES``; ``block_size`` is ``fp8_block``'s
+        and positive."""
+        parsed = Scheme.parse(scheme)
+        fmt = CheckpointFormat.parse(checkpoint_format)
+        if fmt is CheckpointFormat.HIGH_PRECISION and parsed not in ONLINE_SCHEMES:
+            valid = ", ".join(s.value for s in ONLINE_SCHEMES)
+            raise InvalidValueError(
+                "scheme", parsed.value,
+                f"one of {valid}: {parsed.value} needs activation scales calibrated on "
+                "data, which online quantization cannot compute; load them from a "
+                "pre-quantized checkpoint with checkpoint_format='pre_quantized'",
+            )  # fmt: skip
+        if block_size is not None:
+            if parsed is not Scheme.FP8_BLOCK:
+                raise InvalidValueError(
+                    "block_size", block_size, f"None: only fp8_block has one, not {parsed.value}"
+                )
+            if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+                raise InvalidValueError("block_size", block_size, "a positive integer, e.g. 128")
+        return cls(parsed, fmt, block_size)
+
+    @property
+    def online(self) -> bool:
+        """Whether layers quantize high-precision weights as they load."""
+        return self.checkpoint_format is CheckpointFormat.HIGH_PRECISION
+
+    def config(self, n: int, k: int, dtype: object, *, bias: bool = False) -> QuantConfig:
+        """One layer's QuantConfig: ``[n, k]`` weights, ``dtype`` (a torch or kernelpick
+        dtype) in and out."""
+        return quant_config(
+            self.scheme, weight_shape=(n, k), out_dtype=Dtype.parse(dtype), bias=bias,
+            block_size=self.block_size,
+        )  # fmt: skip
