@@ -125,3 +125,41 @@ def test_an_unknown_name_is_a_plain_attribute_error() -> None:
     with pytest.raises(AttributeError) as info:
         getattr(kp, name)
     assert str(info.value) == "module 'kernelpick' has no attribute 'no_such_name'"
+
+
+OLD_NAMES = [
+    # (module, old name, the name it is now)
+    ("kernelpick.integration", "Fp8Linear", "QuantizedLinear"),
+    ("kernelpick.integration", "Fp8LinearMethod", "QuantizedLinearMethod"),
+    ("kernelpick.adapters", "Launch", "kernelpick.kernels.Launch"),
+    ("kernelpick.adapters", "LAUNCHES", "kernelpick.kernels.LAUNCHES"),
+    ("kernelpick.adapters", "bind", "kernelpick.kernels.bind"),
+    ("kernelpick.kernels", "quantize_weight", "quantize_canonical"),
+]
+
+
+@pytest.mark.parametrize(("module", "old", "new"), OLD_NAMES, ids=[n[1] for n in OLD_NAMES])
+def test_an_old_name_still_works_with_a_warning_saying_when_it_goes(
+    module: str, old: str, new: str
+) -> None:
+    import importlib
+
+    namespace = importlib.import_module(module)
+    with pytest.warns(DeprecationWarning, match=rf"{old} is deprecated and goes away in 0\.4\.0"):
+        value = getattr(namespace, old)
+    target, _, name = new.rpartition(".")
+    assert value is getattr(importlib.import_module(target) if target else namespace, name)
+    assert old not in namespace.__all__
+
+
+def test_layer_state_kernel_is_the_bound_kernel_with_a_warning() -> None:
+    import torch
+
+    from kernelpick.integration import layer_state, quantize_model
+
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32))
+    quantize_model(model, caps=kp.device_profile("cpu"), policy=kp.Policy())
+    state = layer_state(model[0])
+    with pytest.warns(DeprecationWarning, match=r"LayerState\.kernel is deprecated .* 0\.4\.0"):
+        assert state.kernel is state.bound
+    assert state.bound is not None

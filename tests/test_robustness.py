@@ -14,8 +14,8 @@ import kernelpick as kp
 from kernelpick.core import CpuArch, Dtype
 from kernelpick.integration import ModelConversionError, quantize_model
 from kernelpick.kernels import LAUNCHES, KernelBase
-from kernelpick.kernels._canonical import quantize_weight
-from tests.snapshots import snapshot
+from kernelpick.kernels._canonical import quantize_canonical
+from tests.support.snapshots import snapshot
 
 CPU = kp.device_profile("cpu")
 FP8 = [Dtype.FLOAT8_E4M3FN, Dtype.FLOAT8_E4M3FNUZ]
@@ -198,7 +198,7 @@ def test_no_input_gives_nan_or_inf_in_a_quantized_weight_or_activation(
     family = LAUNCHES[kernel].family
     impl: KernelBase = family(spec, config, torch.device("cpu"), fp8, isa=HOST_ISA)
     extreme = _extreme_rows(width, fp8).repeat(2, 1)  # 16 rows: the scaled_mm alignment
-    weight, scale = quantize_weight(extreme, config)
+    weight, scale = quantize_canonical(extreme, config)
     bundle = impl.prepare_weights(weight, scale)  # the device's flavour: e4m3fnuz reads 224
     assert _finite_fp8(bundle.weight)
     assert bool(torch.isfinite(bundle.scale).all())

@@ -28,9 +28,9 @@ import kernelpick as kp
 from kernelpick.engines.transformers import KernelpickConfig, KernelpickHfQuantizer
 from kernelpick.integration import (
     CheckpointError,
-    Fp8Linear,
     KernelSelectionError,
     ModelConversionError,
+    QuantizedLinear,
     load_quantized,
     quantization_config,
 )
@@ -45,7 +45,7 @@ from tests.engines.hf_models import (
     minilm,
     saved,
 )
-from tests.tiny_llama import FP8_BOUND, llama, logits
+from tests.support.tiny_llama import FP8_BOUND, llama, logits
 
 # -- registration and config ---------------------------------------------------------------
 
@@ -102,7 +102,7 @@ def test_lm_head_stays_high_precision_by_default(tmp_path: Path) -> None:
     reference = load(path)
     model = load(path, quantization_config=KernelpickConfig())
     assert linears(model, torch.nn.Linear) == ["lm_head"]
-    assert len(linears(model, Fp8Linear)) == 14  # 2 layers x (4 attention + 3 MLP)
+    assert len(linears(model, QuantizedLinear)) == 14  # 2 layers x (4 attention + 3 MLP)
     assert model.model.layers[0].mlp.down_proj.weight.dtype == torch.float8_e4m3fn
     error = torch.linalg.norm(logits(model) - logits(reference)) / torch.linalg.norm(
         logits(reference)
@@ -119,7 +119,7 @@ def test_modules_to_not_convert_are_honoured(tmp_path: Path) -> None:
         "model.layers.0.mlp.down_proj", "model.layers.1.mlp.down_proj",
         "model.layers.1.mlp.gate_proj", "model.layers.1.mlp.up_proj",
     ]  # fmt: skip
-    assert "lm_head" in linears(model, Fp8Linear)  # an explicit list replaces the default
+    assert "lm_head" in linears(model, QuantizedLinear)  # an explicit list replaces the default
 
 
 def test_a_rejected_device_raises_before_any_weight_loads(
@@ -257,7 +257,7 @@ def test_save_writes_compressed_tensors_which_stock_transformers_loads(tmp_path:
     assert stored["model.layers.0.self_attn.q_proj.weight_scale"].dtype == torch.float32
     stock = load(out)
     assert type(stock.hf_quantizer).__name__ == "CompressedTensorsHfQuantizer"
-    assert not linears(stock, Fp8Linear)
+    assert not linears(stock, QuantizedLinear)
     error = torch.linalg.norm(logits(stock) - logits(model)) / torch.linalg.norm(logits(model))
     assert float(error) < 1e-5  # the same FP8 weights and per-token activations
     skeleton = LlamaForCausalLM(AutoConfig.from_pretrained(out))
@@ -351,7 +351,7 @@ def test_minilm_quantize_save_and_reload_in_a_fresh_process(tmp_path: Path) -> N
     embed = embed_function()
     reference = embed(AutoModel.from_pretrained(minilm()))
     model = AutoModel.from_pretrained(minilm(), quantization_config=KernelpickConfig())
-    assert len(linears(model, Fp8Linear)) == 37
+    assert len(linears(model, QuantizedLinear)) == 37
     assert not linears(model, torch.nn.Linear)
     quantized = embed(model)
     cosine = torch.nn.functional.cosine_similarity(quantized, reference)
@@ -439,7 +439,7 @@ def _load_quantized(out: Path, dtype: torch.dtype) -> Any:
 
 
 def test_a_head_tied_to_the_embedding_stays_high_precision(tmp_path: Path) -> None:
-    # tests/tiny_llama.py's model ties lm_head to embed_tokens, which stays high precision
+    # tests/support/tiny_llama.py's model ties lm_head to embed_tokens, which stays high precision
     llama(seed=0).save_pretrained(tmp_path / "tied")
     model = load(tmp_path / "tied", quantization_config=KernelpickConfig(modules_to_not_convert=[]))
     assert linears(model, torch.nn.Linear) == ["lm_head"]
@@ -501,4 +501,4 @@ def test_modules_the_model_keeps_in_fp32_are_not_quantized(tmp_path: Path, attri
     )
     up = model.model.layers[0].mlp.up_proj
     assert type(up) is torch.nn.Linear
-    assert type(model.model.layers[0].mlp.gate_proj) is Fp8Linear
+    assert type(model.model.layers[0].mlp.gate_proj) is QuantizedLinear

@@ -149,7 +149,9 @@ def test_a_shard_never_loaded_is_refused_at_processing() -> None:
 
 
 @pytest.mark.usefixtures("vllm_tp1")
-@pytest.mark.parametrize("scheme", ["fp8_per_tensor", "fp8_weight_only", "int8_per_channel"])
+@pytest.mark.parametrize(
+    "scheme", ["fp8_per_tensor", "fp8_weight_only", "int8_per_channel", "mxfp8"]
+)
 def test_the_other_online_schemes_run_through_vllm_layers(scheme: str) -> None:
     from vllm.model_executor.layers.linear import ColumnParallelLinear
 
@@ -410,7 +412,7 @@ def test_two_ranks_equal_one(tmp_path: Path) -> None:
 
 def test_compressed_tensors_is_claimed_only_when_the_user_asks_for_kernelpick() -> None:
     from kernelpick.engines.vllm import KernelpickConfig
-    from kernelpick.integration.formats import _compressed_tensors as _ct_config
+    from kernelpick.integration.formats import compressed_tensors as _ct_config
 
     checkpoint = _ct_config.to_config(kp.Scheme.FP8_PER_CHANNEL, ["lm_head"])
     claim = KernelpickConfig.override_quantization_method
@@ -430,8 +432,8 @@ def test_a_compressed_tensors_fp8_dynamic_checkpoint_loads_pre_quantized() -> No
     from vllm.model_executor.parameter import ChannelQuantScaleParameter
 
     from kernelpick.engines.vllm import KernelpickConfig
-    from kernelpick.integration.formats import _compressed_tensors as _ct_config
-    from kernelpick.kernels import quantize_weight
+    from kernelpick.integration.formats import compressed_tensors as _ct_config
+    from kernelpick.kernels import quantize_canonical
 
     checkpoint = {
         **_ct_config.to_config(kp.Scheme.FP8_PER_CHANNEL, ["lm_head"]),
@@ -465,7 +467,7 @@ def test_a_compressed_tensors_fp8_dynamic_checkpoint_loads_pre_quantized() -> No
             quant = kp.quant_config(
                 "fp8_per_channel", weight_shape=(tensor.shape[0], k), out_dtype="float32"
             )
-            fp8, scale = quantize_weight(tensor, quant)
+            fp8, scale = quantize_canonical(tensor, quant)
             assert isinstance(layer.weight_scale, ChannelQuantScaleParameter)
             layer.weight.weight_loader(layer.weight, fp8, sid)
             layer.weight_scale.weight_loader(layer.weight_scale, scale, sid)
@@ -485,7 +487,7 @@ def test_a_compressed_tensors_ignore_list_keeps_those_layers_in_high_precision()
 
     from kernelpick.engines.vllm import KernelpickConfig
     from kernelpick.engines.vllm._method import KernelpickLinearMethod
-    from kernelpick.integration.formats import _compressed_tensors as _ct_config
+    from kernelpick.integration.formats import compressed_tensors as _ct_config
 
     checkpoint = _ct_config.to_config(kp.Scheme.FP8_PER_CHANNEL, ["model.layers.0.mlp.down"])
     config = KernelpickConfig.from_config(checkpoint)
@@ -508,7 +510,7 @@ def test_a_compressed_tensors_ignore_list_keeps_those_layers_in_high_precision()
 
 
 @pytest.mark.usefixtures("vllm_tp1")
-@pytest.mark.parametrize("scheme", ["fp8_per_tensor", "int8_per_channel", "fp8_block"])
+@pytest.mark.parametrize("scheme", ["fp8_per_tensor", "int8_per_channel", "fp8_block", "mxfp8"])
 def test_a_kernelpick_saved_checkpoint_loads_its_canonical_tensors(scheme: str) -> None:
     """Canonical tensors as kernelpick saves them (``format_version`` 1), one q/k/v shard at
     a time through vLLM's parameter classes: per-tensor scales one per shard (merged to the
@@ -516,7 +518,7 @@ def test_a_kernelpick_saved_checkpoint_loads_its_canonical_tensors(scheme: str) 
     from vllm.model_executor.layers.linear import QKVParallelLinear
 
     from kernelpick.engines.vllm import KernelpickConfig
-    from kernelpick.kernels import quantize_weight
+    from kernelpick.kernels import quantize_canonical
 
     block = 32 if scheme == "fp8_block" else None
     config = KernelpickConfig.from_config(
@@ -532,7 +534,7 @@ def test_a_kernelpick_saved_checkpoint_loads_its_canonical_tensors(scheme: str) 
         quant = kp.quant_config(
             scheme, weight_shape=(rows, k), out_dtype="float32", block_size=block
         )
-        weight, scale = quantize_weight(shards[sid], quant)
+        weight, scale = quantize_canonical(shards[sid], quant)
         layer.weight.weight_loader(layer.weight, weight, sid)
         layer.weight_scale.weight_loader(layer.weight_scale, scale, sid)
     layer.quant_method.process_weights_after_loading(layer)

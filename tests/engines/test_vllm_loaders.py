@@ -43,11 +43,11 @@ def _column(config: Any, prefix: str = "m.up") -> Any:
 
 
 def _quantized(scheme: str, w: torch.Tensor, block: int | None = None) -> list[torch.Tensor]:
-    from kernelpick.kernels import quantize_weight
+    from kernelpick.kernels import quantize_canonical
 
     n, k = w.shape
     config = kp.quant_config(scheme, weight_shape=(n, k), out_dtype="float32", block_size=block)
-    return list(quantize_weight(w, config))
+    return list(quantize_canonical(w, config))
 
 
 def _bytes(param: torch.Tensor) -> torch.Tensor:
@@ -195,3 +195,18 @@ def test_every_loader_refuses_once_the_layer_is_processed(
     assert torch.equal(layer(x)[0], out)
     if layer.weight.dtype == torch.float8_e4m3fn:
         assert not bool((layer.weight.detach().view(torch.uint8) == 0x80).any())
+
+
+@pytest.mark.usefixtures("vllm_tp1")
+def test_vllms_loader_refuses_a_nan_byte_as_every_path_does() -> None:
+    """The same refusal as kernelpick's loaders, processing, load_quantized,
+    load_state_dict and transformers' loading (tests/integration/test_one_accept.py): the
+    one accept's, before vLLM's loader is handed the tensor."""
+    layer = _column(_config("fp8_per_channel", online=False))
+    bad = _quantized("fp8_per_channel", workers.weight())[0].clone()
+    bad.view(torch.uint8)[3, 5] = 0x7F
+    before = _bytes(layer.weight).clone()
+    with pytest.raises(kp.KernelInputError) as caught:
+        layer.weight.weight_loader(layer.weight, bad)
+    assert caught.value.expected == "finite FP8 values; row 3 holds a NaN byte"
+    assert torch.equal(_bytes(layer.weight), before)

@@ -9,9 +9,9 @@ import pytest
 
 import kernelpick as kp
 from kernelpick.integration import CheckpointError
-from kernelpick.integration.formats import _compressed_tensors as _ct_config
+from kernelpick.integration.formats import compressed_tensors as _ct_config
 from tests.engines import vllm_workers as workers
-from tests.pattern_timing import seconds, timings
+from tests.support.pattern_timing import seconds, timings
 
 workers.require_vllm()  # before vLLM's first import, which reads the platform
 

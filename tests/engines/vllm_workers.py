@@ -162,7 +162,7 @@ def _model_configs(scratch: Path) -> dict[str, list[str]]:
     from vllm.config import LoadConfig, ModelConfig
     from vllm.model_executor.model_loader.weight_utils import get_quant_config
 
-    from kernelpick.integration.formats import _compressed_tensors as _ct_config
+    from kernelpick.integration.formats import compressed_tensors as _ct_config
 
     ct = _ct_config.to_config(kp.Scheme.FP8_PER_CHANNEL, ["lm_head"])
     own = {"quant_method": "kernelpick", "scheme": "fp8_per_tensor"}

@@ -11,7 +11,7 @@ from kernelpick.core import Dtype
 from kernelpick.kernels._cupy_ops import GEMV_MAX_M, quantize_per_token_cupy, w8a16_gemv_cupy
 from kernelpick.kernels._cupy_runtime import cupy_usable
 from kernelpick.kernels._quantize import quantize_per_token
-from tests.emulation import BOUND, relative_error
+from tests.support.emulation import BOUND, relative_error
 
 pytestmark = [
     pytest.mark.gpu,
@@ -87,11 +87,11 @@ def test_the_selected_w8a16_kernel_switches_to_cublas_past_the_gemv_rows() -> No
     caps = kp.probe("cuda")
     config = kp.quant_config("fp8_weight_only", weight_shape=(512, 1024))
     from kernelpick.kernels import bind
-    from kernelpick.kernels._canonical import quantize_weight
+    from kernelpick.kernels._canonical import quantize_canonical
 
     kernel = bind("cuda_w8a16_cupy", config, caps, _device())
     w = torch.randn(512, 1024, device=_device()) * 0.05
-    bundle = kernel.prepare_weights(*quantize_weight(w, config))
+    bundle = kernel.prepare_weights(*quantize_canonical(w, config))
     for m in (1, GEMV_MAX_M, GEMV_MAX_M + 1, 200):
         x = torch.randn(m, 1024, device=_device()).to(torch.bfloat16)
         got = kernel.apply(x, bundle)

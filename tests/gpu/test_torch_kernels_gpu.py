@@ -13,8 +13,8 @@ import torch
 import kernelpick as kp
 from kernelpick.core import evaluate
 from kernelpick.kernels import LAUNCHES, bind
-from kernelpick.kernels._canonical import quantize_weight
-from tests.emulation import BOUND, emulated, relative_error
+from kernelpick.kernels._canonical import quantize_canonical
+from tests.support.emulation import BOUND, emulated, relative_error
 
 pytestmark = pytest.mark.gpu
 
@@ -56,7 +56,7 @@ def test_gpu_kernel_matches_the_fp32_emulation(
     input_scale = (x.float().abs().max() / 448.0).reshape(())  # a checkpoint's: for e4m3fn
     static = config.activation is not None and config.activation.scale.static
     impl = bind(kernel, config, caps, device)
-    fp8_weight, scale = quantize_weight(w.to(device), config)
+    fp8_weight, scale = quantize_canonical(w.to(device), config)
     bundle = impl.prepare_weights(fp8_weight, scale, input_scale.to(device) if static else None)
     got = impl.apply(x.to(device), bundle, None if b is None else b.to(device)).cpu()
     weight_only = verdict.kind is kp.KernelKind.W8A16

@@ -1,0 +1,297 @@
+"""The compiled CPU FP8 kernels (cpu_fp8_gemm, cpu_fp8_w8a16_gemm) at every ISA level this
+machine can run, against the independent fp32 emulation (tests/support/emulation.py).
+
+tests/kernels/test_kernels_numerics.py runs them over every scheme they serve; here, over the
+input dtypes too. Both run each build the host's ISA allows (AVX2, AVX-512, AVX512-BF16)
+and skip, naming the flags it lacks, each build it does not. The M range crosses the
+kernel's switch from its GEMV path to its panel path, and K and N are any extent (the tail
+paths).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kernelpick as kp
+from kernelpick.core import Dtype, GroupShape, QuantKey, ScaleSpec
+from kernelpick.kernels import CpuFp8Gemm, CpuFp8GemmW8A16, KernelBase
+from kernelpick.kernels._cpu_build import _build_name, isa_level
+from tests.support.cpu_levels import (
+    EVERY_LEVEL,
+    HOST_ISA,
+    LEVELS,
+    NEEDS_A_LEVEL,
+    caps_at,
+    on_one_and_two_threads,
+)
+from tests.support.emulation import Emulated, assert_within_bound, emulated
+
+KERNELS = {"cpu_fp8_gemm": "fp8_per_channel", "cpu_fp8_w8a16_gemm": "fp8_weight_only"}
+DTYPES = ["float32", "bfloat16", "float16"]
+
+pytestmark = NEEDS_A_LEVEL
+
+
+def _bind(kernel: str, level: str, config: kp.QuantConfig) -> KernelBase:
+    bound = kp.bind(kernel, config, caps_at(level))
+    assert isinstance(bound, CpuFp8Gemm)
+    assert bound.level == level
+    return bound
+
+
+def test_the_host_builds_its_best_level() -> None:
+    assert isa_level(HOST_ISA) == LEVELS[0]
+
+
+def _case(
+    kernel: str, level: str, m: int, n: int, k: int, dtype: str, out: str, bias: bool, seed: int
+) -> tuple[torch.Tensor, Emulated]:
+    generator = torch.Generator().manual_seed(seed)
+    config = kp.quant_config(
+        KERNELS[kernel], weight_shape=(n, k), input_dtype=dtype, out_dtype=out, bias=bias
+    )
+    x = torch.randn(m, k, generator=generator).to(getattr(torch, dtype))
+    w = torch.randn(n, k, generator=generator) * 0.05
+    b = torch.randn(n, generator=generator).to(getattr(torch, out)) if bias else None
+    impl = _bind(kernel, level, config)
+    got = impl.apply(x, impl.quantize_weights(w), b)
+    assert got.shape == (m, n)
+    assert got.dtype == getattr(torch, out)
+    want = emulated(x, w, config, Dtype.FLOAT8_E4M3FN, bias=b, weight_only=kernel != "cpu_fp8_gemm")
+    return got, want
+
+
+@pytest.mark.parametrize("level", EVERY_LEVEL)
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_matches_the_fp32_emulation(kernel: str, level: str, data: st.DataObject) -> None:
+    m = data.draw(st.integers(1, 300), label="M")
+    n = data.draw(st.integers(1, 300), label="N")
+    k = data.draw(st.integers(1, 600), label="K")
+    dtype = data.draw(st.sampled_from(DTYPES), label="input dtype")
+    out = data.draw(st.sampled_from(DTYPES), label="out dtype")
+    bias = data.draw(st.booleans(), label="bias")
+    seed = data.draw(st.integers(0, 2**16), label="seed")
+    got, want = _case(kernel, level, m, n, k, dtype, out, bias, seed)
+    assert_within_bound(got, want)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("m", [1, 3, 4, 5, 64, 65, 300])
+def test_per_token_quantization_is_torchs_e4m3_cast_exactly(level: str, m: int) -> None:
+    # An identity weight of scale 1 makes the output the dequantized activations, so every
+    # rounding of the fused quantizer (ties, subnormals, the clamp) is compared exactly.
+    k = 72
+    config = kp.quant_config("fp8_per_channel", weight_shape=(k, k), out_dtype="float32")
+    impl = _bind("cpu_fp8_gemm", level, config)
+    eye = torch.eye(k).to(torch.float8_e4m3fn)
+    bundle = impl.prepare_weights(eye, torch.ones(k, 1))
+    generator = torch.Generator().manual_seed(m)
+    x = torch.randn(m, k, generator=generator) * torch.logspace(-12, 4, k)
+    x[0, :3] = torch.tensor([0.0, -0.0, 1e-40])
+    got = impl.apply(x, bundle)
+    scale = (x.abs().amax(dim=1, keepdim=True) / 448.0).clamp(min=1.0 / (448.0 * 512.0))
+    want = (x / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float() * scale
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_every_fp8_byte_decodes_exactly(level: str) -> None:
+    # The weight holds each finite e4m3fn byte once (0x7F and 0xFF are NaN), one per column.
+    codes = [b for b in range(256) if b & 0x7F != 0x7F]
+    k = len(codes)
+    config = kp.quant_config("fp8_weight_only", weight_shape=(1, k), out_dtype="float32")
+    impl = _bind("cpu_fp8_w8a16_gemm", level, config)
+    weight = torch.tensor(codes, dtype=torch.uint8).view(torch.float8_e4m3fn).reshape(1, k)
+    bundle = impl.prepare_weights(weight, torch.ones(1, 1))
+    got = impl.apply(torch.eye(k), bundle)  # row i picks weight column i
+    assert torch.equal(got[:, 0], weight[0].float())
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+@pytest.mark.parametrize("m", [1, 7, 200])
+@pytest.mark.parametrize(("out", "bias"), [("bfloat16", False), ("float32", True)])
+def test_one_and_two_threads_agree_exactly(
+    kernel: str, level: str, m: int, out: str, bias: bool
+) -> None:
+    # Every path: one token, a few, torch's GEMM on panels (bf16, no bias) and the decoded
+    # panels (fp32 or a bias); N = 97 leaves a partial block of rows.
+    config = kp.quant_config(KERNELS[kernel], weight_shape=(97, 160), out_dtype=out, bias=bias)
+    impl = _bind(kernel, level, config)
+    bundle = impl.quantize_weights(torch.randn(97, 160))
+    x = torch.randn(m, 160).to(getattr(torch, out))
+    b = torch.randn(97).to(getattr(torch, out)) if bias else None
+    one, two = on_one_and_two_threads(lambda: impl.apply(x, bundle, b))
+    assert torch.equal(one, two)
+
+
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+def test_compiles_with_fullgraph_as_one_custom_op(kernel: str) -> None:
+    config = kp.quant_config(
+        KERNELS[kernel], weight_shape=(48, 80), out_dtype="bfloat16", bias=True
+    )
+    impl = _bind(kernel, LEVELS[0], config)
+    bundle = impl.quantize_weights(torch.randn(48, 80))
+    bias = torch.randn(48).to(torch.bfloat16)
+    x = torch.randn(2, 5, 80).to(torch.bfloat16)
+    compiled = torch.compile(lambda t: impl.apply(t, bundle, bias), fullgraph=True)
+    assert torch.equal(compiled(x), impl.apply(x, bundle, bias))
+
+
+def test_an_activation_config_the_op_does_not_quantize_is_refused() -> None:
+    # Per-tensor activations run through this family would be quantized per token: silent.
+    config = kp.quant_config("fp8_per_tensor", weight_shape=(16, 16))
+    spec = kp.default_catalog().kernel("cpu_fp8_gemm")
+    with pytest.raises(kp.InvalidValueError, match="per-token"):
+        CpuFp8Gemm(spec, config, torch.device("cpu"), Dtype.FLOAT8_E4M3FN, isa=HOST_ISA)
+
+
+def test_a_cpu_without_the_isa_is_refused_at_bind_time() -> None:
+    config = kp.quant_config("fp8_per_channel", weight_shape=(16, 16))
+    spec = kp.default_catalog().kernel("cpu_fp8_gemm")
+    sse = frozenset({"sse4_2"})
+    with pytest.raises(kp.InvalidValueError, match="avx2"):
+        CpuFp8Gemm(spec, config, torch.device("cpu"), Dtype.FLOAT8_E4M3FN, isa=sse)
+
+
+def test_the_e4m3fnuz_format_is_refused_at_bind_time() -> None:
+    # The op decodes e4m3fn bytes; fnuz bytes would decode as other values.
+    config = kp.quant_config("fp8_per_channel", weight_shape=(16, 16))
+    spec = kp.default_catalog().kernel("cpu_fp8_gemm")
+    with pytest.raises(kp.InvalidValueError, match="float8_e4m3fn"):
+        CpuFp8Gemm(spec, config, torch.device("cpu"), Dtype.FLOAT8_E4M3FNUZ, isa=HOST_ISA)
+
+
+def test_a_backward_pass_is_refused_not_silently_gradient_free() -> None:
+    config = kp.quant_config("fp8_per_channel", weight_shape=(16, 32), out_dtype="float32")
+    impl = _bind("cpu_fp8_gemm", LEVELS[0], config)
+    bundle = impl.quantize_weights(torch.randn(16, 32))
+    x = torch.randn(3, 32, requires_grad=True)
+    y = impl.apply(x, bundle)
+    with pytest.raises(kp.InvalidValueError, match="inference"):
+        y.sum().backward()  # type: ignore[no-untyped-call]
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("m", [1, 3, 70])
+def test_a_nan_in_a_row_makes_that_rows_outputs_nan_as_torch_does(level: str, m: int) -> None:
+    # Wherever the NaN sits in the row (the vector body or the scalar tail), it must not be
+    # lost in the amax and leave a finite, wrong row.
+    k = 83
+    config = kp.quant_config("fp8_per_channel", weight_shape=(24, k), out_dtype="float32")
+    impl = _bind("cpu_fp8_gemm", level, config)
+    bundle = impl.quantize_weights(torch.randn(24, k))
+    for column in (0, 5, 40, k - 1):
+        x = torch.randn(m, k)
+        x[m - 1, column] = float("nan")
+        got = impl.apply(x, bundle)
+        assert bool(torch.isnan(got[m - 1]).all())
+        assert bool(torch.isfinite(got[: m - 1]).all())
+
+
+def test_block_weight_scales_of_another_size_are_refused_at_bind_time() -> None:
+    # The op reads 128 x 128 blocks only (tests/kernels/test_cpu_block_fp8.py): a grid of 64 x 64
+    # block scales read as one of 128 x 128 blocks would be misread, silently.
+    block = kp.QuantConfig(
+        weight=QuantKey(Dtype.FLOAT8_E4M3FN, ScaleSpec(GroupShape.block(64), static=True)),
+        activation=None,
+        weight_shape=(256, 16384),
+        input_dtype=Dtype.BFLOAT16,
+        out_dtype=Dtype.BFLOAT16,
+    )
+    spec = kp.default_catalog().kernel("cpu_fp8_w8a16_gemm")
+    with pytest.raises(kp.InvalidValueError, match="per-channel"):
+        CpuFp8GemmW8A16(spec, block, torch.device("cpu"), Dtype.FLOAT8_E4M3FN, isa=HOST_ISA)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("m", [64, 65, 300])
+def test_a_bias_that_cancels_the_product_keeps_its_digits(level: str, m: int) -> None:
+    # A bias added after a bf16 rounding of the sums would keep only their rounding error.
+    k, n = 256, 32
+    config = kp.quant_config("fp8_weight_only", weight_shape=(n, k), bias=True)
+    impl = _bind("cpu_fp8_w8a16_gemm", level, config)
+    generator = torch.Generator().manual_seed(m)
+    w = torch.randn(n, k, generator=generator)
+    bundle = impl.quantize_weights(w)
+    x = torch.randn(m, k, generator=generator).to(torch.bfloat16)
+    deq = bundle.weight.double() * bundle.scale.double()
+    exact = x.double() @ deq.t()
+    bias = (-exact[0] + 0.01).to(torch.bfloat16)  # cancels row 0 down to about 0.01
+    want = exact + bias.double()
+    got = impl.apply(x, bundle, bias).double()
+    # One bf16 rounding of the output (the bias's own rounding is inside want), plus what
+    # fp32 sums may lose at most: K * 2^-24 of the sum of the products' magnitudes. The
+    # failure this catches, a bias added after the sums are rounded to bf16, leaves an
+    # error of up to 2^-9 of the cancelled sum, about 10x that.
+    sums = 2.0**-24 * k * (x.double().abs() @ deq.abs().t())[0]
+    assert bool((got[0] - want[0]).abs().le(2.0**-8 * want[0].abs() + sums).all())
+
+
+def test_the_build_name_is_per_level_and_hashes_more_than_the_level() -> None:
+    name = _build_name("avx2")
+    assert name.startswith("kernelpick_cpu_fp8_avx2_")
+    assert _build_name("avx2") == name  # stable within a process
+    assert _build_name("avx512") != name.replace("avx2", "avx512")  # the flags differ too
+
+
+def test_each_torch_install_has_its_own_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two venvs with the same torch version write their own include paths into a build;
+    # sharing one, each would rebuild (and race) the other's.
+    name = _build_name("avx2")
+    monkeypatch.setattr(torch, "__file__", "/another/venv/site-packages/torch/__init__.py")
+    assert _build_name("avx2") != name
+
+
+def test_a_failed_build_reports_its_cause_again_not_a_missing_library(tmp_path: Path) -> None:
+    # In a fresh process whose compiler fails: the second attempt must raise the first error
+    # (the compiler's), not torch's "could not load" of a library that was never built.
+    code = (
+        "from kernelpick.kernels._cpu_build import KernelBuildError, load_ops\n"
+        "messages = []\n"
+        "for _ in range(2):\n"
+        "    try:\n"
+        "        load_ops('avx2')\n"
+        "    except KernelBuildError as error:\n"
+        "        messages.append(str(error))\n"
+        "assert len(messages) == 2 and messages[0] == messages[1], messages\n"
+    )
+    env = {**os.environ, "CXX": "/bin/false", "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+
+
+def test_threads_binding_at_once_register_the_op_once() -> None:
+    # In a fresh process: eight threads bind the same level together; a second registration
+    # of the fake or the autograd refusal would warn "Overriding a previously registered".
+    code = (
+        "import threading, warnings\n"
+        "import kernelpick as kp\n"
+        "from kernelpick.kernels._cpu_gemm import _custom_op\n"
+        "warnings.simplefilter('error')\n"
+        "barrier = threading.Barrier(8)\n"
+        "errors = []\n"
+        "def bind():\n"
+        "    barrier.wait()\n"
+        "    try:\n"
+        "        _custom_op('avx2')\n"
+        "    except Exception as error:\n"
+        "        errors.append(repr(error))\n"
+        "threads = [threading.Thread(target=bind) for _ in range(8)]\n"
+        "[t.start() for t in threads]\n"
+        "[t.join() for t in threads]\n"
+        "assert not errors, errors\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert "Overriding" not in run.stderr
