@@ -15,12 +15,12 @@ and SGLang load too. mxfp8's E8M0 scales are stored as uint8 bytes: see
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, TypeGuard
+from typing import Any
 
 import attrs
 import torch
 
-from kernelpick.core import DEFAULT_BLOCK_SIZE, MX_BLOCK_SIZE, Scheme
+from kernelpick.core import DEFAULT_BLOCK_SIZE, MX_BLOCK_SIZE, Scheme, is_positive_int
 from kernelpick.integration._errors import CheckpointError
 from kernelpick.integration.formats._layout import Layout, Stored
 from kernelpick.integration.formats._patterns import ct_matches, ct_refusal
@@ -152,10 +152,6 @@ class _Args:
     scale_dtype: str | None  # as written: "uint8" and "torch.uint8" are one dtype
 
 
-def _positive(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
 def _read_args(where: str, args: object, types: Iterable[str], strategies: Iterable[str]) -> _Args:
     if not isinstance(args, Mapping):
         raise CheckpointError(where, "", repr(args), "a mapping of quantization arguments")
@@ -169,7 +165,7 @@ def _read_args(where: str, args: object, types: Iterable[str], strategies: Itera
     block, group = args.get("block_structure"), args.get("group_size")
     size: int | None = None
     if strategy == "block":
-        if not (isinstance(block, list) and len(block) == 2 and all(map(_positive, block))):
+        if not (isinstance(block, list) and len(block) == 2 and all(map(is_positive_int, block))):
             raise CheckpointError(where, "block_structure", repr(block), "[rows, cols] of ints")
         if block[0] != block[1]:
             raise CheckpointError(where, "block_structure", repr(block),
@@ -178,7 +174,7 @@ def _read_args(where: str, args: object, types: Iterable[str], strategies: Itera
     else:
         _field(where, args, "block_structure", [None])
     if strategy == "group":
-        if not _positive(group):
+        if not is_positive_int(group):
             raise CheckpointError(where, "group_size", repr(group), "a positive int")
         size = group
     else:

@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 import torch
 
-from kernelpick.core import DEFAULT_BLOCK_SIZE, Scheme
+from kernelpick.core import DEFAULT_BLOCK_SIZE, Scheme, is_positive_int
 from kernelpick.integration._errors import CheckpointError
 from kernelpick.integration.formats._layout import Layout, Stored
 from kernelpick.integration.formats._patterns import kept, not_convert_refusal
@@ -81,9 +81,8 @@ def _two_positive_ints(value: object) -> tuple[int, int] | None:
     if not isinstance(value, (list, tuple)) or len(value) != 2:
         return None
     rows, cols = value
-    for v in (rows, cols):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            return None
+    if not (is_positive_int(rows) and is_positive_int(cols)):
+        return None
     return int(rows), int(cols)
 
 

@@ -27,7 +27,14 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from kernelpick.core import InvalidValueError, KernelpickError, QuantConfig, parse_enum
+from kernelpick.core import (
+    InvalidValueError,
+    KernelpickError,
+    QuantConfig,
+    is_positive_int,
+    parse_enum,
+    positive_int,
+)
 from kernelpick.integration._errors import TensorParallelError
 
 if TYPE_CHECKING:
@@ -66,13 +73,12 @@ def _style(value: object) -> ParallelStyle:
 
 
 def _world_size(_inst: object, attribute: attrs.Attribute[int], value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise InvalidValueError(attribute.name, value, "a positive int")
+    positive_int(attribute.name, value, "a positive int")
 
 
 def _rank(inst: TensorParallel, attribute: attrs.Attribute[int], value: object) -> None:
     world = inst.world_size
-    if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+    if not is_positive_int(world):
         _world_size(inst, attrs.fields(TensorParallel).world_size, world)  # named first
     ok = isinstance(value, int) and not isinstance(value, bool)
     if not ok or not 0 <= value < world:  # type: ignore[operator]

@@ -13,7 +13,15 @@ import enum
 
 import attrs
 
-from kernelpick.core import Dtype, InvalidValueError, QuantConfig, Scheme, parse_enum, quant_config
+from kernelpick.core import (
+    Dtype,
+    InvalidValueError,
+    QuantConfig,
+    Scheme,
+    parse_enum,
+    positive_int,
+    quant_config,
+)
 
 __all__ = ["ONLINE_SCHEMES", "CheckpointFormat", "Recipe"]
 
@@ -92,8 +100,7 @@ class Recipe:
                 raise InvalidValueError(
                     "block_size", block_size, f"None: only fp8_block has one, not {parsed.value}"
                 )
-            if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
-                raise InvalidValueError("block_size", block_size, "a positive integer, e.g. 128")
+            positive_int("block_size", block_size, "a positive integer, e.g. 128")
         return cls(parsed, fmt, block_size)
 
     @property

@@ -9,7 +9,14 @@ from collections.abc import Sequence
 import attrs
 import torch
 
-from kernelpick.core import DeviceCaps, InvalidValueError, QuantConfig, Selected
+from kernelpick.core import (
+    DeviceCaps,
+    InvalidValueError,
+    QuantConfig,
+    Selected,
+    is_positive_int,
+    positive_int,
+)
 from kernelpick.integration.layer._parallel import TensorParallel
 from kernelpick.integration.layer._plan import LayerPlan
 from kernelpick.kernels import Kernel, WeightBundle
@@ -33,17 +40,9 @@ def positive_sizes(sizes: object, what: str = "output_partition_sizes") -> tuple
     """``sizes`` (shards' rows: ``output_partition_sizes`` by default) as a tuple, or
     ``InvalidValueError`` naming ``what``."""
     items = tuple(sizes) if isinstance(sizes, (list, tuple)) else ()
-    if not items or not all(
-        isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in items
-    ):
+    if not items or not all(is_positive_int(s) for s in items):
         raise InvalidValueError(what, sizes, "a non-empty list of positive ints")
     return items
-
-
-def _positive(what: str, value: object, expected: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise InvalidValueError(what, value, expected)
-    return value
 
 
 @attrs.frozen
@@ -67,14 +66,14 @@ class CheckpointShape:
         protocol states it: K is ``input_size``; each shard's rows are ``shards`` or, when
         None, ``sizes`` times ``output_size / sum(sizes)`` (a column-parallel split of every
         shard alike). Anything else could be read two ways, and is refused."""
-        k = _positive("input_size", input_size, "a positive int: the whole layer's K")
+        k = positive_int("input_size", input_size, "a positive int: the whole layer's K")
         if shards is not None:
             whole = positive_sizes(shards, "checkpoint_shards")
             if len(whole) != len(sizes):
                 expected = f"{len(sizes)} sizes, one per shard of {list(sizes)}"
                 raise InvalidValueError("checkpoint_shards", list(whole), expected)
             return cls(whole, k)
-        n = _positive("output_size", output_size, "a positive int: the whole layer's N")
+        n = positive_int("output_size", output_size, "a positive int: the whole layer's N")
         if n % sum(sizes):
             raise InvalidValueError(
                 "output_size", n,

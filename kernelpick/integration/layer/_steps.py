@@ -29,6 +29,7 @@ from kernelpick.core import (
     Scheme,
     Selected,
     choose,
+    positive_int,
 )
 from kernelpick.integration._errors import KernelSelectionError
 from kernelpick.integration._log import log_selection
@@ -112,8 +113,7 @@ class LayerSteps:
         """The steps for ``recipe``. ``caps`` defaults to ``default_caps()`` (the current
         device), ``policy`` to ``Policy.from_env(os.environ)`` (so ``KERNELPICK_*``
         variables reach engines). Every catalog id needs a row in ``launches``."""
-        if not isinstance(chunk_rows, int) or isinstance(chunk_rows, bool) or chunk_rows < 1:
-            raise InvalidValueError("chunk_rows", chunk_rows, "a positive integer")
+        positive_int("chunk_rows", chunk_rows)
         rows = launch_table(launches)
         check_rows(catalog, rows)
         caps = default_caps() if caps is None else caps
