@@ -24,12 +24,9 @@ from kernelpick.integration.layer._accept import (
     scale_check,
     weight_check,
 )
+from kernelpick.integration.layer._allocate import ParameterFactory
 from kernelpick.integration.layer._loaders import WeightLoader, weight_loader_of
-from kernelpick.integration.layer._method import (
-    Fp8PtpcLinearMethod,
-    ParameterFactory,
-    QuantizedLinearMethod,
-)
+from kernelpick.integration.layer._method import Fp8PtpcLinearMethod, QuantizedLinearMethod
 from kernelpick.integration.layer._module import QuantizedLinear
 from kernelpick.integration.layer._parallel import ParallelStyle, TensorParallel
 from kernelpick.integration.layer._plan import LayerPlan, Param

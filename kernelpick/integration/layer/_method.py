@@ -1,48 +1,33 @@
-"""The quantized linear method: select before allocating, load, quantize, run.
+"""The quantized linear method: the linear-method protocol inference engines use
+(``create_weights``, ``process_weights_after_loading``, ``apply``) over one layer's
+lifecycle, so an engine can hand it its layers as they are.
 
-It follows the linear-method protocol inference engines use (``create_weights``,
-``process_weights_after_loading``, ``apply``), so an engine can hand it its layers as they
-are. ``Fp8PtpcLinearMethod`` is the ``fp8_per_channel`` (PTPC) method: per-token dynamic
-activations, per-channel static weights; ``QuantizedLinearMethod`` takes any scheme the
-integration runs (FP8 per channel, per tensor, per block, weight-only, and int8 per
-channel). Whatever the kernel, a processed layer holds its weights in the canonical layout
-(see ``kernelpick.kernels.quantize_canonical``); the kernel's own layout is derived from them
-on each call and never stored. Each step of a layer (select, check, bind, quantize,
-install, run) is in ``_layer_steps``, shared with ``quantize_model``.
+``create_weights`` plans (selects before allocating) and allocates (``_allocate``);
+``process_weights_after_loading`` accepts the loaded tensors and installs them with the
+bound kernel, which prepares what it runs on once (``_process``); ``apply`` runs it.
+``QuantizedLinearMethod`` takes every scheme (FP8 per channel, per tensor, static per
+tensor, per block, weight-only, MXFP8, int8 per channel); ``Fp8PtpcLinearMethod`` is the
+``fp8_per_channel`` (PTPC) one. A processed layer holds its weights in the canonical layout
+(see ``kernelpick.kernels.quantize_canonical``), whatever the kernel.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
-import attrs
 import torch
-import torch.distributed as dist
 
 from kernelpick.core import Catalog, DeviceCaps, InvalidValueError, Policy, Scheme
-from kernelpick.integration.layer._accept import accept, accept_float
-from kernelpick.integration.layer._loaders import EngineLoader, WeightLoader, loader_for
-from kernelpick.integration.layer._parallel import AmaxExchange, TensorParallel, check_split_blocks
-from kernelpick.integration.layer._plan import Param
+from kernelpick.integration.layer._allocate import ParameterFactory, allocate
+from kernelpick.integration.layer._loaders import EngineLoader
+from kernelpick.integration.layer._parallel import TensorParallel
+from kernelpick.integration.layer._process import process
 from kernelpick.integration.layer._recipe import CheckpointFormat, Recipe
-from kernelpick.integration.layer._shards import check_shards
-from kernelpick.integration.layer._state import (
-    ALL_SHARDS,
-    CheckpointShape,
-    LayerState,
-    attach,
-    layer_state,
-    positive_sizes,
-)
-from kernelpick.integration.layer._steps import LayerSteps, frozen, install, run
+from kernelpick.integration.layer._steps import LayerSteps, run
 from kernelpick.kernels import CHUNK_ROWS, Launch
 
-__all__ = ["Fp8PtpcLinearMethod", "ParameterFactory", "QuantizedLinearMethod"]
-
-# An engine's parameter class for a planned parameter: (what to register, its storage, the
-# checking loader it must carry) -> the parameter, over that storage.
-ParameterFactory = Callable[[Param, torch.Tensor, WeightLoader], torch.nn.Parameter]
+__all__ = ["Fp8PtpcLinearMethod", "QuantizedLinearMethod"]
 
 
 class QuantizedLinearMethod:
@@ -54,7 +39,7 @@ class QuantizedLinearMethod:
     so ``KERNELPICK_*`` variables reach engines. ``checkpoint_format`` says what the loaders
     receive: ``"high_precision"`` float weights, quantized after loading (one of
     ``ONLINE_SCHEMES``), or ``"pre_quantized"`` (also spelled ``"fp8"``) weights already in
-    the canonical layout, FP8 or int8 (any scheme but ``mxfp8``). ``block_size`` is
+    the canonical layout (FP8 with fp32 or E8M0 scales, or int8). ``block_size`` is
     ``fp8_block``'s (None: 128).
     ``tensor_parallel`` makes the layers this method creates one rank's shards of
     column- or row-parallel layers (see ``TensorParallel``): their loaders narrow the
@@ -200,62 +185,12 @@ class QuantizedLinearMethod:
         parameter as the engine's own class, over the storage it is handed and carrying the
         checking loader, so each is registered once.
         """
-        steps, tp = self._steps, self._parallel
-        sizes = positive_sizes(output_partition_sizes)
-        config = steps.config(sum(sizes), input_size_per_partition, params_dtype)
-        pre_quantized = self.checkpoint_format is CheckpointFormat.PRE_QUANTIZED
-        if weight_loader is not None and tp is not None and not tp.reduces(config):
-            # The engine narrows every tensor itself; kernelpick's part in the split is only
-            # agreeing scale groups that span it, which this layer's do not.
-            tp = None
-        if tp is not None:
-            tp.check_partition(config, sizes, input_size, output_size, prefix or "layer")
-            if dist.is_available() and dist.is_initialized():
-                tp.check_group()  # a rank or size the group disagrees with loads another part
-            elif tp.reduces(config) and not pre_quantized:
-                tp.check_group()  # raises: its amax is all-reduced, so the group must be up
-        if pre_quantized:  # before selecting: a layer it refuses logs no kernel
-            check_shards(config, sizes, prefix or "layer")
-        engine: tuple[EngineLoader, CheckpointShape] | None = None
-        if weight_loader is not None:
-            whole = CheckpointShape.of_engine(sizes, input_size, output_size, checkpoint_shards)
-            if tp is None:  # the engine splits the layer itself (tp checked its own split)
-                split = [part for part, rows in zip(sizes, whole.shards, strict=True)
-                         if part != rows]  # fmt: skip
-                check_split_blocks(config, split, whole.k != config.k, prefix or "layer")
-            engine = (weight_loader, whole)
-        if parameter is not None and engine is None:
-            raise InvalidValueError(
-                "parameter", "a factory without weight_loader",
-                "a factory only with an engine's weight_loader: kernelpick's own loaders "
-                "load the parameters they make",
-            )  # fmt: skip
-        plan = steps.plan(config, sizes, params_dtype, prefix, parallel=tp)
-        state = LayerState(plan)
-        for spec in plan.params:
-            data = torch.empty(spec.shape, dtype=spec.dtype)
-            if parameter is None:
-                param = frozen(data)
-                own = loader_for(
-                    state, param, spec.name, pre_quantized=pre_quantized, engine=engine
-                )
-                extra = {**spec.dims, **extra_weight_attrs, "weight_loader": own}
-            else:  # the engine's class, made once, with the dims and the checking loader
-                own = loader_for(state, data, spec.name, pre_quantized=pre_quantized, engine=engine)
-                param, extra = parameter(spec, data, own), dict(extra_weight_attrs)
-                if param.data_ptr() != data.data_ptr():
-                    raise InvalidValueError(
-                        "parameter", type(param).__name__,
-                        "a factory returning a parameter over the data it was handed",
-                    )  # fmt: skip
-            for key, value in extra.items():
-                setattr(param, key, value)
-            layer.register_parameter(spec.name, param)
-        attach(layer, state)
-        # Logged now, at selection, not once the weights are processed: an engine builds
-        # every layer before loading any weight, and this is when it wants to know the
-        # kernel; what goes wrong later is raised to it by process_weights_after_loading.
-        steps.log(state)
+        allocate(
+            self._steps, self._parallel, layer, input_size_per_partition,
+            output_partition_sizes, input_size, output_size, params_dtype, prefix=prefix,
+            weight_loader=weight_loader, checkpoint_shards=checkpoint_shards,
+            parameter=parameter, extra_weight_attrs=dict(extra_weight_attrs),
+        )  # fmt: skip
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         """Bring the loaded weights to the canonical layout and bind the kernel.
@@ -272,49 +207,7 @@ class QuantizedLinearMethod:
         raise ``TensorParallelError`` naming it at once; a peer that never answers within
         the timeout is ``TensorParallelError`` too.
         """
-        state = layer_state(layer)
-        if state.processed:
-            return
-        weight = layer.get_parameter("weight")
-        steps = self._steps
-        if self.checkpoint_format is CheckpointFormat.HIGH_PRECISION:
-            reduce = _amax_exchange(state, weight.device)
-            try:
-                self._check_loaded(state)
-                kernel = steps.bind(state, weight.device)
-                weights = accept_float(
-                    state.config, state.label, weight, chunk_rows=steps.chunk_rows,
-                    reduce_amax=reduce,
-                )  # fmt: skip
-            except Exception:
-                if reduce is not None and not reduce.sent:
-                    reduce.fail()  # tell the peers, then raise this rank's own error
-                raise
-            install(layer, state, kernel, weights)
-            return
-        self._check_loaded(state)
-        kernel = steps.bind(state, weight.device)
-        names = state.plan.names
-        static = layer.get_parameter("input_scale") if "input_scale" in names else None
-        weights = accept(  # whoever loaded them: an engine's loader checks nothing
-            state.config, state.label, weight.data, layer.get_parameter("weight_scale").detach(),
-            None if static is None else static.detach(), shards=state.shards, owned=True,
-            chunk_rows=steps.chunk_rows,
-        )  # fmt: skip
-        if weights.weight is weight.data:
-            weights = attrs.evolve(weights, weight=weight)  # the registered parameter, kept
-        install(layer, state, kernel, weights)
-
-    def _check_loaded(self, state: LayerState) -> None:
-        """Refuse a layer with a shard of a parameter never loaded."""
-        for name in state.plan.names:
-            loaded = state.loaded.get(name, set())
-            missing = set(range(len(state.shards))) - loaded
-            if ALL_SHARDS not in loaded and missing:
-                raise InvalidValueError(
-                    f"loaded shards of {state.label(name)}", sorted(loaded),
-                    f"every shard 0..{len(state.shards) - 1}; never loaded: {sorted(missing)}",
-                )  # fmt: skip
+        process(self._steps, layer)
 
     def apply(
         self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
@@ -342,15 +235,6 @@ class Fp8PtpcLinearMethod(QuantizedLinearMethod):
             catalog=catalog, launches=launches, chunk_rows=chunk_rows,
             tensor_parallel=tensor_parallel,
         )  # fmt: skip
-
-
-def _amax_exchange(state: LayerState, device: torch.device) -> AmaxExchange | None:
-    """The all-reduce of a tensor-parallel shard's weight amax, where its scale groups span
-    the split dimension; None where each rank's scales are its own."""
-    tp = state.parallel
-    if tp is None or not tp.reduces(state.config):
-        return None
-    return AmaxExchange(tp, state.name, state.config, device)
 
 
 def _checked_parallel(tensor_parallel: object) -> TensorParallel | None:

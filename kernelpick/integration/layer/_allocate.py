@@ -1,0 +1,101 @@
+"""Allocate: a layer's parameters registered from its plan, once its kernel is selected
+(the linear method's ``create_weights``), each with the loader that checks what it takes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from kernelpick.core import InvalidValueError
+from kernelpick.integration.layer._loaders import EngineLoader, WeightLoader, loader_for
+from kernelpick.integration.layer._parallel import TensorParallel, check_split_blocks
+from kernelpick.integration.layer._plan import Param
+from kernelpick.integration.layer._shards import check_shards
+from kernelpick.integration.layer._state import (
+    CheckpointShape,
+    LayerState,
+    attach,
+    positive_sizes,
+)
+from kernelpick.integration.layer._steps import LayerSteps, frozen
+
+__all__ = ["ParameterFactory", "allocate"]
+
+# An engine's parameter class for a planned parameter: (what to register, its storage, the
+# checking loader it must carry) -> the parameter, over that storage.
+ParameterFactory = Callable[[Param, torch.Tensor, WeightLoader], torch.nn.Parameter]
+
+
+def allocate(
+    steps: LayerSteps,
+    tp: TensorParallel | None,
+    layer: torch.nn.Module,
+    input_size_per_partition: int,
+    output_partition_sizes: Sequence[int],
+    input_size: int,
+    output_size: int,
+    params_dtype: torch.dtype,
+    *,
+    prefix: str,
+    weight_loader: EngineLoader | None,
+    checkpoint_shards: Sequence[int] | None,
+    parameter: ParameterFactory | None,
+    extra_weight_attrs: dict[str, object],
+) -> None:
+    """``QuantizedLinearMethod.create_weights`` (see there) with the method's steps and
+    tensor-parallel place."""
+    sizes = positive_sizes(output_partition_sizes)
+    config = steps.config(sum(sizes), input_size_per_partition, params_dtype)
+    pre_quantized = not steps.recipe.online
+    if weight_loader is not None and tp is not None and not tp.reduces(config):
+        # The engine narrows every tensor itself; kernelpick's part in the split is only
+        # agreeing scale groups that span it, which this layer's do not.
+        tp = None
+    if tp is not None:
+        tp.check_partition(config, sizes, input_size, output_size, prefix or "layer")
+        if dist.is_available() and dist.is_initialized():
+            tp.check_group()  # a rank or size the group disagrees with loads another part
+        elif tp.reduces(config) and not pre_quantized:
+            tp.check_group()  # raises: its amax is all-reduced, so the group must be up
+    if pre_quantized:  # before selecting: a layer it refuses logs no kernel
+        check_shards(config, sizes, prefix or "layer")
+    engine: tuple[EngineLoader, CheckpointShape] | None = None
+    if weight_loader is not None:
+        whole = CheckpointShape.of_engine(sizes, input_size, output_size, checkpoint_shards)
+        if tp is None:  # the engine splits the layer itself (tp checked its own split)
+            split = [part for part, rows in zip(sizes, whole.shards, strict=True)
+                     if part != rows]  # fmt: skip
+            check_split_blocks(config, split, whole.k != config.k, prefix or "layer")
+        engine = (weight_loader, whole)
+    if parameter is not None and engine is None:
+        raise InvalidValueError(
+            "parameter", "a factory without weight_loader",
+            "a factory only with an engine's weight_loader: kernelpick's own loaders "
+            "load the parameters they make",
+        )  # fmt: skip
+    plan = steps.plan(config, sizes, params_dtype, prefix, parallel=tp)
+    state = LayerState(plan)
+    for spec in plan.params:
+        data = torch.empty(spec.shape, dtype=spec.dtype)
+        if parameter is None:
+            param = frozen(data)
+            own = loader_for(state, param, spec.name, pre_quantized=pre_quantized, engine=engine)
+            extra = {**spec.dims, **extra_weight_attrs, "weight_loader": own}
+        else:  # the engine's class, made once, with the dims and the checking loader
+            own = loader_for(state, data, spec.name, pre_quantized=pre_quantized, engine=engine)
+            param, extra = parameter(spec, data, own), dict(extra_weight_attrs)
+            if param.data_ptr() != data.data_ptr():
+                raise InvalidValueError(
+                    "parameter", type(param).__name__,
+                    "a factory returning a parameter over the data it was handed",
+                )  # fmt: skip
+        for key, value in extra.items():
+            setattr(param, key, value)
+        layer.register_parameter(spec.name, param)
+    attach(layer, state)
+    # Logged now, at selection, not once the weights are processed: an engine builds
+    # every layer before loading any weight, and this is when it wants to know the
+    # kernel; what goes wrong later is raised to it by process_weights_after_loading.
+    steps.log(state)

@@ -1,0 +1,72 @@
+"""Accept and prepare: a loaded layer's tensors accepted (``_accept``) and installed with
+its bound kernel, which prepares what it runs on (the linear method's
+``process_weights_after_loading``)."""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from kernelpick.core import InvalidValueError
+from kernelpick.integration.layer._accept import accept, accept_float
+from kernelpick.integration.layer._parallel import AmaxExchange
+from kernelpick.integration.layer._state import ALL_SHARDS, LayerState, layer_state
+from kernelpick.integration.layer._steps import LayerSteps, install
+
+__all__ = ["process"]
+
+
+def process(steps: LayerSteps, layer: torch.nn.Module) -> None:
+    """``QuantizedLinearMethod.process_weights_after_loading`` (see there)."""
+    state = layer_state(layer)
+    if state.processed:
+        return
+    weight = layer.get_parameter("weight")
+    if steps.recipe.online:
+        reduce = _amax_exchange(state, weight.device)
+        try:
+            _check_loaded(state)
+            kernel = steps.bind(state, weight.device)
+            weights = accept_float(
+                state.config, state.label, weight, chunk_rows=steps.chunk_rows,
+                reduce_amax=reduce,
+            )  # fmt: skip
+        except Exception:
+            if reduce is not None and not reduce.sent:
+                reduce.fail()  # tell the peers, then raise this rank's own error
+            raise
+        install(layer, state, kernel, weights)
+        return
+    _check_loaded(state)
+    kernel = steps.bind(state, weight.device)
+    names = state.plan.names
+    static = layer.get_parameter("input_scale") if "input_scale" in names else None
+    weights = accept(  # whoever loaded them: an engine's loader checks nothing
+        state.config, state.label, weight.data, layer.get_parameter("weight_scale").detach(),
+        None if static is None else static.detach(), shards=state.shards, owned=True,
+        chunk_rows=steps.chunk_rows,
+    )  # fmt: skip
+    if weights.weight is weight.data:
+        weights = attrs.evolve(weights, weight=weight)  # the registered parameter, kept
+    install(layer, state, kernel, weights)
+
+
+def _check_loaded(state: LayerState) -> None:
+    """Refuse a layer with a shard of a parameter never loaded."""
+    for name in state.plan.names:
+        loaded = state.loaded.get(name, set())
+        missing = set(range(len(state.shards))) - loaded
+        if ALL_SHARDS not in loaded and missing:
+            raise InvalidValueError(
+                f"loaded shards of {state.label(name)}", sorted(loaded),
+                f"every shard 0..{len(state.shards) - 1}; never loaded: {sorted(missing)}",
+            )  # fmt: skip
+
+
+def _amax_exchange(state: LayerState, device: torch.device) -> AmaxExchange | None:
+    """The all-reduce of a tensor-parallel shard's weight amax, where its scale groups span
+    the split dimension; None where each rank's scales are its own."""
+    tp = state.parallel
+    if tp is None or not tp.reduces(state.config):
+        return None
+    return AmaxExchange(tp, state.name, state.config, device)
