@@ -27,7 +27,8 @@ from kernelpick.adapters import default_caps
 from kernelpick.core import Catalog, DeviceCaps, InvalidValueError, Policy, Scheme, scheme_of
 from kernelpick.integration._errors import CheckpointError, ModelConversionError
 from kernelpick.integration.checkpoints._atomic_files import Sink, locked
-from kernelpick.integration.checkpoints._load_plan import LoadPlan, build, plan
+from kernelpick.integration.checkpoints._build import build
+from kernelpick.integration.checkpoints._load_plan import LoadPlan, plan
 from kernelpick.integration.checkpoints._safetensors_io import (
     WEIGHTS_NAME,
     Checkpoint,
