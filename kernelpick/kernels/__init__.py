@@ -17,6 +17,7 @@ from kernelpick.kernels._bind import bind
 from kernelpick.kernels._block_scaled_mm import BlockScaledMM, MxScaledMM
 from kernelpick.kernels._canonical import (
     CANONICAL_FP8,
+    E8M0_STORED,
     STORED_SCALE_DTYPES,
     canonical_dtype,
     canonical_scale,
@@ -28,6 +29,7 @@ from kernelpick.kernels._canonical import (
     one_tensor_scale,
     positive_zero_,
     quantize_canonical,
+    stored_scale,
 )
 from kernelpick.kernels._cpu_build import KernelBuildError, toolchain_found
 from kernelpick.kernels._cpu_gemm import CpuFp8Gemm, CpuFp8GemmW8A16
@@ -74,6 +76,7 @@ __all__ = [
 __all__ += [
     "CANONICAL_FP8",
     "CHUNK_ROWS",
+    "E8M0_STORED",
     "STORED_SCALE_DTYPES",
     "AmaxReduce",
     "canonical_dtype",
@@ -86,6 +89,7 @@ __all__ += [
     "one_tensor_scale",
     "positive_zero_",
     "reject",
+    "stored_scale",
     "toolchain_found",
     "torch_dtype",
 ]

@@ -9,12 +9,13 @@ Whatever kernel runs a layer and whatever device it runs on, its persistent tens
   0xFF), so the same bytes read as e4m3fnuz are the same values halved (see ``fnuz``);
 - ``weight_scale``: ``config.weight_scale_shape``: ``[N, 1]`` per channel, ``[1]`` per
   tensor, ``[ceil(N/b), ceil(K/b)]`` per ``b x b`` block, ``[N, ceil(K/32)]`` for MXFP8;
-  fp32, or ``float8_e8m0fnu`` where the config's scales are E8M0;
+  fp32, or ``float8_e8m0fnu`` where the config's scales are E8M0 (stored, in a state
+  dict and a checkpoint, as its uint8 bytes: ``stored_scale``);
 - ``input_scale``: fp32 ``[1]``, for schemes with a static activation scale.
 
 These are the names and shapes of compressed-tensors' "float-quantized" format, which
-FP8 checkpoints use. A kernel's own layout is derived from them when it runs
-(``Kernel.prepare_weights``) and never stored.
+FP8 checkpoints use. A kernel's own layout is prepared from them (``Kernel.prepare_weights``)
+and never stored.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
 
 __all__ = [
     "CANONICAL_FP8",
-    "SCALE_DTYPES",
+    "E8M0_STORED",
     "STORED_SCALE_DTYPES",
     "canonical_dtype",
     "canonical_scale",
@@ -46,6 +47,7 @@ __all__ = [
     "one_tensor_scale",
     "positive_zero_",
     "quantize_canonical",
+    "stored_scale",
 ]
 
 CANONICAL_FP8 = Dtype.FLOAT8_E4M3FN
@@ -53,8 +55,12 @@ CANONICAL_FP8 = Dtype.FLOAT8_E4M3FN
 # (llmcompressor writes bf16 scales for bf16 models); both widen to fp32 exactly. Not the
 # dtypes a config's scales may have (kernelpick.core's, fp32 and E8M0).
 STORED_SCALE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# The old name, until kernelpick.integration reads STORED_SCALE_DTYPES; then it goes.
-SCALE_DTYPES = STORED_SCALE_DTYPES
+
+# An E8M0 scale (MXFP8's weight_scale) is stored as its bytes, uint8: the bits of
+# float8_e8m0fnu, 2 ** (byte - 127). compressed-tensors' MXFP8 compressor writes and reads
+# them so (scale_dtype torch.uint8); its reader converts a float8_e8m0fnu tensor's values
+# instead of reading its bits, so the dtype is never left to the writer.
+E8M0_STORED = torch.uint8
 
 _NEGATIVE_ZERO = 0x80
 _MAGNITUDE = 0x7F  # an e4m3fn byte with every exponent and mantissa bit set is NaN
@@ -79,6 +85,12 @@ def positive_zero_(weight: torch.Tensor, chunk_rows: int = CHUNK_ROWS) -> None:
     for start in range(0, rows.shape[0], chunk_rows):
         chunk = rows[start : start + chunk_rows]
         chunk.masked_fill_(chunk == _NEGATIVE_ZERO, 0)
+
+
+def stored_scale(scale: torch.Tensor) -> torch.Tensor:
+    """``scale`` as a state dict or a checkpoint stores it: an E8M0 one as its uint8 bytes
+    (``E8M0_STORED``, the same bits), any other as it is."""
+    return scale.view(E8M0_STORED) if scale.dtype == torch.float8_e8m0fnu else scale
 
 
 def canonicalize_fp8_(name: str, weight: torch.Tensor, chunk_rows: int = CHUNK_ROWS) -> None:

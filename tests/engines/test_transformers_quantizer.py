@@ -156,6 +156,7 @@ def test_a_weight_kernelpick_refuses_raises_kernelpicks_error(tmp_path: Path) ->
 
 
 UP = "model.layers.1.mlp.up_proj"
+GATE = "model.layers.0.mlp.gate_proj"
 QUANTIZED_ALREADY: list[tuple[str, str, Any, dict[str, Any]]] = [
     # What is stored, under what name, and how from_pretrained is asked to read it.
     ("int8 weight", f"{UP}.weight", lambda t: t.to(torch.int8), {}),
@@ -405,6 +406,7 @@ def test_minilm_quantize_save_and_reload_in_a_fresh_process(tmp_path: Path) -> N
         ("fp8_weight_only", torch.float32),
         ("fp8_block", torch.float32),
         ("int8_per_channel", torch.float32),
+        ("mxfp8", torch.float32),
         ("fp8_per_channel", torch.bfloat16),
     ],
 )
@@ -423,6 +425,8 @@ def test_every_online_scheme_saves_and_reloads(
     assert json.loads((out / "config.json").read_text())["quantization_config"] == (
         quantization_config(model)
     )
+    if scheme == "mxfp8":  # E8M0 scales as their bytes, as compressed-tensors reads them
+        assert load_file(out / "model.safetensors")[f"{GATE}.weight_scale"].dtype == torch.uint8
     for again in (load(as_format_v1(out, KernelpickConfig(scheme)), dtype=dtype),
                   _load_quantized(out, dtype)):  # fmt: skip
         assert again.model.layers[0].mlp.gate_proj.kernelpick_decision == (

@@ -49,7 +49,12 @@ from kernelpick.engines.transformers._layers import HfLayers
 from kernelpick.engines.transformers._stored import check_high_precision
 from kernelpick.integration import CheckpointError, quantization_config
 from kernelpick.integration.formats import check_patterns, fp32_modules, kept
-from kernelpick.integration.layer import CheckpointFormat, LayerSteps, Recipe
+from kernelpick.integration.layer import (
+    CheckpointFormat,
+    LayerSteps,
+    Recipe,
+    accept_before_loading,
+)
 
 __all__ = ["METHOD", "KernelpickConfig", "KernelpickHfQuantizer"]
 
@@ -228,6 +233,7 @@ class KernelpickHfQuantizer(HfQuantizer):
         layers.finish()
         if layers.layers:  # what save_pretrained writes: compressed-tensors, not this config
             model.config.quantization_config = quantization_config(model)
+            accept_before_loading(model)
         return model
 
     def get_state_dict_and_metadata(self, model: Any) -> tuple[None, dict[str, Any]]:

@@ -7,11 +7,10 @@ from __future__ import annotations
 import attrs
 import torch
 
-from kernelpick.core import Dtype, KernelpickError
+from kernelpick.core import KernelpickError
 from kernelpick.integration._errors import CheckpointError, ModelConversionError
 from kernelpick.integration.checkpoints._load_plan import LoadPlan, PlannedLayer
 from kernelpick.integration.checkpoints._safetensors_io import Checkpoint
-from kernelpick.integration.formats import decode_e8m0_scale
 from kernelpick.integration.layer import LayerSteps, QuantizedLinear, accept, frozen, install
 
 __all__ = ["build"]
@@ -31,10 +30,7 @@ def _read_layer(
     def read(name: str) -> torch.Tensor | None:
         if name not in keys:
             return None
-        stored = checkpoint.read(keys[name])
-        if name == "weight_scale" and state.config.weight.scale.dtype is Dtype.FLOAT8_E8M0FNU:
-            stored = decode_e8m0_scale(checkpoint.where(keys[name]), stored)
-        return stored.to(device, copy=True)
+        return checkpoint.read(keys[name]).to(device, copy=True)  # accept reads E8M0 bytes
 
     def label(name: str) -> str:  # named as stored: weight_scale_inv is a transformers one's
         return keys.get(name, f"{layer.paths[0]}.{name}")

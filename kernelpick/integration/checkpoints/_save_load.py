@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from kernelpick.adapters import default_caps
-from kernelpick.core import Catalog, DeviceCaps, InvalidValueError, Policy, Scheme, scheme_of
+from kernelpick.core import Catalog, DeviceCaps, InvalidValueError, Policy
 from kernelpick.integration._errors import CheckpointError, ModelConversionError
 from kernelpick.integration.checkpoints._atomic_files import Sink, locked
 from kernelpick.integration.checkpoints._build import build
@@ -39,13 +39,12 @@ from kernelpick.integration.convert import ConversionReport, LayerReport, Swaps,
 from kernelpick.integration.formats import (
     QUANTIZATION_CONFIG,
     check_one_config,
-    encode_e8m0_scale,
     quantization_config,
     quantized_layers,
     read_layout,
     record,
 )
-from kernelpick.integration.layer import LayerSteps, QuantizedLinear
+from kernelpick.integration.layer import LayerSteps, QuantizedLinear, accept_before_loading
 from kernelpick.kernels import Launch
 
 __all__ = ["CONFIG_NAME", "load_quantized", "save_quantized"]
@@ -71,7 +70,7 @@ def save_quantized(model: torch.nn.Module, directory: str | os.PathLike[str]) ->
     merged: dict[str, Any] = json.loads(to_json()) if callable(to_json) else {}
     merged[QUANTIZATION_CONFIG] = quantization
     text = (json.dumps(merged, indent=2, sort_keys=True) + "\n").encode()
-    state = _stored_state(model)
+    state = model.state_dict()  # an E8M0 scale as its uint8 bytes (QuantizedLinear)
 
     def write_weights(out: Sink) -> None:
         write_safetensors(out, state, str(root / WEIGHTS_NAME))
@@ -94,23 +93,6 @@ def save_quantized(model: torch.nn.Module, directory: str | os.PathLike[str]) ->
             {WEIGHTS_NAME: write_weights, CONFIG_NAME: lambda out: out(text)}, CONFIG_NAME
         )
     return root
-
-
-def _stored_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """``model``'s state dict as the checkpoint stores it: an mxfp8 layer's E8M0
-    ``weight_scale`` as its uint8 bytes (``encode_e8m0_scale``), under every name the layer
-    has; every other tensor as it is."""
-    mx = {
-        id(model.get_submodule(name)) for name, layer in quantized_layers(model).items()
-        if scheme_of(layer.config) is Scheme.MXFP8
-    }  # fmt: skip
-    stored: dict[str, torch.Tensor] = {}
-    for key, tensor in model.state_dict().items():
-        path, _, name = key.rpartition(".")
-        if name == "weight_scale" and id(model.get_submodule(path)) in mx:
-            tensor = encode_e8m0_scale(key, tensor)
-        stored[key] = tensor
-    return stored
 
 
 def _device(model: torch.nn.Module, device: torch.device | str | None) -> torch.device:
@@ -193,6 +175,7 @@ def load_quantized(
         before = model_bytes(model)
         modules, tensors = build(checkpoint, steps, planned, target)
     _commit(model, planned, modules, tensors)
+    accept_before_loading(model)
     record(model)  # what its save_pretrained writes: this checkpoint's config
     for layer in planned.layers:  # logged once in place, as quantize_model does
         steps.log(layer.state)

@@ -32,6 +32,7 @@ from kernelpick.integration.layer import (
     LayerSteps,
     QuantizedLinear,
     Recipe,
+    accept_before_loading,
     accept_float,
     check_bias,
     check_float,
@@ -141,7 +142,7 @@ def _plan(
                 check_float(state.config, state.label, linear.weight, linear.bias,
                             chunk_rows=steps.chunk_rows)  # fmt: skip
             elif linear.bias is not None:
-                check_bias(state.label, linear.bias, chunk_rows=steps.chunk_rows)
+                check_bias(state.config, state.label, linear.bias, chunk_rows=steps.chunk_rows)
             kernel = steps.bind(state, linear.weight.device)
             layers.append(_Layer(paths, linear, state, kernel))
         except KernelpickError as error:
@@ -247,6 +248,7 @@ def quantize_model(
         bar.close()  # on an interrupt too, so the terminal is left on a fresh line; it
         # raises no drawing error, which would hide the ModelConversionError raised above
     record(model)  # what a transformers model's save_pretrained writes beside its weights
+    accept_before_loading(model)
     return ConversionReport(
         steps.scheme.value, caps.name, tuple(reports), (*skipped, *tied), before,
         model_bytes(model),

@@ -5,9 +5,8 @@ that read a model's own settings.
   names their tensors (``layout.recipe``: the recipe its layers are made with);
   ``read_layout`` picks the reader by ``quant_method``: ``compressed_tensors`` (what
   ``save_quantized`` writes) or ``fine_grained_fp8`` (transformers' FineGrainedFP8).
-- How a checkpoint stores an E8M0 scale (mxfp8's ``weight_scale``): as uint8 bytes, as
-  compressed-tensors' MXFP8 compressor does (``encode_e8m0_scale``, ``decode_e8m0_scale``,
-  ``check_e8m0_dtype``).
+- ``check_e8m0_dtype``: a file header's refusal of a tensor that cannot be an E8M0 scale
+  (mxfp8's ``weight_scale``, stored as its uint8 bytes: ``kernelpick.kernels.E8M0_STORED``).
 - ``modules_to_not_convert``: transformers' pattern rule (``check_patterns``, ``kept``),
   the one rule every engine applies.
 - A model's quantization config: ``quantization_config``, ``record`` (what
@@ -15,13 +14,10 @@ that read a model's own settings.
 """
 
 from kernelpick.integration.formats._layout import (
-    E8M0_STORED_DTYPE,
     QUANTIZATION_CONFIG,
     Layout,
     Stored,
     check_e8m0_dtype,
-    decode_e8m0_scale,
-    encode_e8m0_scale,
 )
 from kernelpick.integration.formats._model_config import (
     check_one_config,
@@ -34,15 +30,12 @@ from kernelpick.integration.formats._patterns import check_patterns, kept
 from kernelpick.integration.formats._read import read_layout
 
 __all__ = [
-    "E8M0_STORED_DTYPE",
     "QUANTIZATION_CONFIG",
     "Layout",
     "Stored",
     "check_e8m0_dtype",
     "check_one_config",
     "check_patterns",
-    "decode_e8m0_scale",
-    "encode_e8m0_scale",
     "fp32_modules",
     "kept",
     "quantization_config",

@@ -9,7 +9,7 @@ compressed-tensors' ``QuantizationConfig`` and ``QuantizationArgs`` write (``qua
 "compressed-tensors"; ``format`` "float-quantized", "int-quantized", "naive-quantized" or
 "mxfp8-quantized"; the ``FP8_BLOCK``, ``W8A8`` and ``MXFP8`` presets' arguments), which vLLM
 and SGLang load too. mxfp8's E8M0 scales are stored as uint8 bytes: see
-``_layout.encode_e8m0_scale`` and ``decode_e8m0_scale``.
+``kernelpick.kernels.E8M0_STORED``.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ _UNSUPPORTED = ("kv_cache_scheme", "sparsity_config", "transform_config", "moe_s
 class CompressedTensorsLayout(Layout):
     """A compressed-tensors checkpoint: the modules ``targets`` match and ``ignore`` does
     not are quantized, with their scale stored as ``weight_scale`` (mxfp8's as E8M0 bytes,
-    ``decode_e8m0_scale``)."""
+    ``kernelpick.kernels.E8M0_STORED``)."""
 
     targets: tuple[str, ...]
     ignore: tuple[str, ...]

@@ -27,7 +27,7 @@ from kernelpick.integration.layer._accept import (
 from kernelpick.integration.layer._allocate import ParameterFactory
 from kernelpick.integration.layer._loaders import WeightLoader, weight_loader_of
 from kernelpick.integration.layer._method import Fp8PtpcLinearMethod, QuantizedLinearMethod
-from kernelpick.integration.layer._module import QuantizedLinear
+from kernelpick.integration.layer._module import QuantizedLinear, accept_before_loading
 from kernelpick.integration.layer._parallel import ParallelStyle, TensorParallel
 from kernelpick.integration.layer._plan import LayerPlan, Param
 from kernelpick.integration.layer._recipe import ONLINE_SCHEMES, CheckpointFormat, Recipe
@@ -61,6 +61,7 @@ __all__ = [
     "TensorParallel",
     "WeightLoader",
     "accept",
+    "accept_before_loading",
     "accept_float",
     "attach",
     "check_bias",

@@ -35,6 +35,7 @@ from kernelpick.integration.layer._shards import per_tensor
 from kernelpick.kernels import (
     CANONICAL_FP8,
     CHUNK_ROWS,
+    E8M0_STORED,
     AmaxReduce,
     canonical_dtype,
     canonical_scale,
@@ -123,19 +124,21 @@ def weight_check(config: QuantConfig) -> Check:
 
 def _e8m0_scale(label: str, tensor: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     # MX scales are exponents: a float scale would have to be rounded to one, which is a
-    # second quantization, so only E8M0 itself is taken (OCP MX spec, section 5.4).
-    check_tensor(label, tensor, dtypes=(torch.float8_e8m0fnu,))
+    # second quantization, so only E8M0 itself is taken (OCP MX spec, section 5.4), or its
+    # bytes as a checkpoint stores them (E8M0_STORED).
+    check_tensor(label, tensor, dtypes=(torch.float8_e8m0fnu, E8M0_STORED))
     if tuple(tensor.shape) != shape:
         raise reject(label, tensor, f"float8_e8m0fnu scales of shape {list(shape)}")
     if bool((tensor.view(torch.uint8) == _E8M0_NAN).any()):
         raise reject(label, tensor, "E8M0 scales without NaN (byte 0xFF)")
-    return tensor.contiguous()
+    return tensor.contiguous().view(torch.float8_e8m0fnu)
 
 
 def scale_check(config: QuantConfig) -> Check:
     """A weight scale (law 3): fp32 from the layouts checkpoints use (``[N, 1]``
     or ``[N]`` per channel; ``[]``, ``[1]`` or ``[1, 1]`` per tensor; bf16 and fp16 widen
-    exactly), or an MX config's float8_e8m0fnu weight scale as it is."""
+    exactly), or an MX config's float8_e8m0fnu weight scale as it is (or its uint8 bytes,
+    as a state dict and a checkpoint store it)."""
     if config.weight.scale.dtype is Dtype.FLOAT8_E8M0FNU:
         return _e8m0_scale
     return canonical_scale
@@ -172,7 +175,7 @@ def accept(
     if input_scale is not None:  # one per shard where they merge, as the weight scales
         static = canonical_scale(label("input_scale"), input_scale, (len(shards) if merge else 1,))
     if bias is not None:
-        check_bias(label, bias, chunk_rows=chunk_rows)
+        check_bias(config, label, bias, chunk_rows=chunk_rows)
     # Law 5: every check passed; only now do bytes change.
     if merge:
         weight, scale = one_tensor_scale(weight, shards, scale, chunk_rows)
@@ -194,9 +197,17 @@ def _has_negative_zero(weight: torch.Tensor, chunk_rows: int) -> bool:
 
 
 def check_bias(
-    label: Callable[[str], str], bias: torch.Tensor, *, chunk_rows: int = CHUNK_ROWS
+    config: QuantConfig,
+    label: Callable[[str], str],
+    bias: torch.Tensor,
+    *,
+    chunk_rows: int = CHUNK_ROWS,
 ) -> None:
-    """Law 4: a bias is finite, as the weight must be."""
+    """Law 4: a bias is a float ``[N]`` tensor, finite, as the weight must be."""
+    n = config.weight_shape[0]
+    check_tensor(label("bias"), bias)
+    if tuple(bias.shape) != (n,) or not bias.is_floating_point() or bias.dtype.itemsize == 1:
+        raise reject(label("bias"), bias, f"a high-precision float tensor of shape [{n}]")
     check_finite(label("bias"), bias.detach().view(1, -1), chunk_rows)
 
 
@@ -218,7 +229,7 @@ def check_float(
         raise reject(label("weight"), weight, f"shape [{n}, {k}], dtype {config.input_dtype}")
     check_finite(label("weight"), weight, chunk_rows)
     if bias is not None:
-        check_bias(label, bias, chunk_rows=chunk_rows)
+        check_bias(config, label, bias, chunk_rows=chunk_rows)
 
 
 def accept_float(

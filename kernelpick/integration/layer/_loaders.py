@@ -26,6 +26,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, cast
 
+import attrs
 import torch
 
 from kernelpick.core import InvalidValueError, KernelInputError
@@ -107,17 +108,23 @@ def _check_open(state: LayerState, label: str) -> None:
         )  # fmt: skip
 
 
+@attrs.frozen(eq=False)
+class _Closed:
+    state: LayerState
+    name: str
+
+    def __call__(
+        self, param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | str | None = None
+    ) -> None:
+        _check_open(self.state, self.state.label(self.name))
+
+
 def closed_loader(state: LayerState, name: str) -> WeightLoader:
     """The loader a processed layer's parameter ``name`` carries: it refuses every tensor.
     An engine that finds no ``weight_loader`` on a parameter copies into it with its
-    default loader (vLLM's casts), so every installed parameter carries this one."""
-
-    def weight_loader(
-        param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | str | None = None
-    ) -> None:
-        _check_open(state, state.label(name))
-
-    return weight_loader
+    default loader (vLLM's casts), so every installed parameter carries this one. A value,
+    not a closure, so a model holding it can be pickled."""
+    return _Closed(state, name)
 
 
 def _tensor(label: str, loaded: object) -> torch.Tensor:

@@ -9,13 +9,14 @@ from typing import Any
 
 import torch
 
-from kernelpick.core import HIGH_PRECISION, InvalidValueError, QuantConfig
-from kernelpick.integration.layer._accept import Check, accept, scale_check, weight_check
+from kernelpick.core import HIGH_PRECISION, InvalidValueError
+from kernelpick.integration.layer._accept import accept
+from kernelpick.integration.layer._loaders import closed_loader
 from kernelpick.integration.layer._state import LayerState, attach, layer_state
 from kernelpick.integration.layer._steps import LayerSteps, run
-from kernelpick.kernels import torch_dtype
+from kernelpick.kernels import check_tensor, stored_scale, torch_dtype
 
-__all__ = ["QuantizedLinear"]
+__all__ = ["QuantizedLinear", "accept_before_loading"]
 
 # Integer views of the same width: a cast that converts floats leaves these alone, while
 # a move to another device or into shared memory still carries them.
@@ -61,8 +62,9 @@ class QuantizedLinear(torch.nn.Module):
     kernel takes raises before the layer changes: ``InvalidValueError`` for a dtype outside
     bf16/fp16/fp32, ``KernelSelectionError`` when no kernel fits. ``.to(device)`` moves
     the tensors and, onto another device, selects again for that device.
-    ``load_state_dict`` takes only canonical tensors: e4m3fn weights without NaN (int8
-    ones for an int8 scheme), and scales of the layer's own shape.
+    ``state_dict()`` holds the canonical tensors, an E8M0 scale as its uint8 bytes (as
+    compressed-tensors stores it); ``load_state_dict`` takes what ``accept`` takes, and
+    refuses anything else before a byte of the layer changes.
     """
 
     _version = _VERSION
@@ -126,6 +128,15 @@ class QuantizedLinear(torch.nn.Module):
         self.steps.log(retargeted)  # once the layer runs it: a refused cast logs nothing
         return self
 
+    def _save_to_state_dict(
+        self, destination: dict[str, Any], prefix: str, keep_vars: bool
+    ) -> None:
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        key = prefix + "weight_scale"
+        scale = destination.get(key)
+        if not keep_vars and isinstance(scale, torch.Tensor):  # kept: the live parameters
+            destination[key] = stored_scale(scale)  # an E8M0 scale as its bytes
+
     def _load_from_state_dict(
         self,
         state_dict: Mapping[str, Any],
@@ -154,30 +165,58 @@ class QuantizedLinear(torch.nn.Module):
             local_metadata, strict, missing_keys, unexpected_keys, error_msgs,
         )  # fmt: skip
         state.prepared = None  # the kernel prepares the new tensors before the next forward
+        for name in _CANONICAL:  # assign=True puts new parameters in: they stay closed too
+            param = self._parameters.get(name)
+            if param is not None:
+                param.weight_loader = closed_loader(state, name)  # type: ignore[attr-defined]
 
     def _accepted(
         self, state: LayerState, state_dict: Mapping[str, Any], prefix: str
     ) -> dict[str, torch.Tensor]:
+        """The canonical value of each of this layer's tensors in ``state_dict``, accepted
+        as a whole layer: a partial state dict is accepted with the layer's own tensors in
+        place of the ones it lacks, so it meets the same laws as a whole one."""
+
         def label(name: str) -> str:
             return prefix + name
 
-        given = {name: state_dict.get(prefix + name) for name in _CANONICAL
-                 if self._parameters.get(name) is not None}  # fmt: skip
-        weight, scale = given.get("weight"), given.get("weight_scale")
-        if weight is None or scale is None:  # a partial state dict: each tensor on its own
-            return {
-                prefix + name: _check(state.config, name)(label(name), tensor,
-                                                          tuple(self.get_parameter(name).shape))
-                for name, tensor in given.items() if tensor is not None
-            }  # fmt: skip
+        own = {name: param for name in _CANONICAL
+               if (param := self._parameters.get(name)) is not None}  # fmt: skip
+        given = {name: state_dict.get(prefix + name) for name in own}
         bias = state_dict.get(prefix + "bias") if self.bias is not None else None
+        if all(tensor is None for tensor in given.values()) and bias is None:
+            return {}
+        filled = {name: own[name].detach() if tensor is None else check_tensor(label(name), tensor)
+                  for name, tensor in given.items()}  # fmt: skip
         weights = accept(
-            state.config, label, weight, scale, given.get("input_scale"),
-            bias if isinstance(bias, torch.Tensor) else None,
+            state.config, label, filled["weight"], filled["weight_scale"],
+            filled.get("input_scale"), None if bias is None else check_tensor(label("bias"), bias),
         )  # fmt: skip
         named = zip(_CANONICAL, weights.tensors(), strict=True)
-        return {prefix + name: tensor for name, tensor in named if tensor is not None}
+        return {prefix + name: tensor for name, tensor in named
+                if tensor is not None and given.get(name) is not None}  # fmt: skip
 
 
-def _check(config: QuantConfig, name: str) -> Check:
-    return weight_check(config) if name == "weight" else scale_check(config)
+_GUARDED = "_kernelpick_accepts_state_dicts"
+
+
+def accept_before_loading(model: torch.nn.Module) -> None:
+    """Make ``model.load_state_dict`` accept every quantized layer's tensors before any
+    module of it loads one, so a refused tensor in one layer leaves every layer as it was
+    (torch loads module by module). ``quantize_model``, ``load_quantized`` and the
+    transformers quantizer call it on the model they convert; calling it again does
+    nothing."""
+    if not model.__dict__.get(_GUARDED, False):
+        model.register_load_state_dict_pre_hook(_accept_every_layer)  # type: ignore[no-untyped-call]
+        model.__dict__[_GUARDED] = True
+
+
+def _accept_every_layer(
+    module: torch.nn.Module,
+    state_dict: Mapping[str, Any],
+    prefix: str,
+    *_: object,
+) -> None:
+    for name, layer in module.named_modules():
+        if isinstance(layer, QuantizedLinear) and layer_state(layer).processed:
+            layer._accepted(layer_state(layer), state_dict, f"{prefix}{name}." if name else prefix)

@@ -10,7 +10,6 @@ computes a parameter's shape on its own.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import MappingProxyType
 
 import attrs
 import torch
@@ -36,8 +35,8 @@ def param_dims(config: QuantConfig, name: str) -> dict[str, int]:
     return dims | ({"input_dim": 1} if group.rows != -1 else {})
 
 
-def _read_only(dims: Mapping[str, int]) -> Mapping[str, int]:
-    return MappingProxyType(dict(dims))
+def _plain(dims: Mapping[str, int]) -> dict[str, int]:
+    return dict(dims)  # a plain dict: a model holding it can still be deep-copied
 
 
 @attrs.frozen
@@ -47,7 +46,7 @@ class Param:
     name: str
     shape: tuple[int, ...]
     dtype: torch.dtype
-    dims: Mapping[str, int] = attrs.field(factory=dict, converter=_read_only)
+    dims: Mapping[str, int] = attrs.field(factory=dict, converter=_plain)
 
 
 @attrs.frozen(eq=False)

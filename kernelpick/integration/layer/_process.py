@@ -40,15 +40,31 @@ def process(steps: LayerSteps, layer: torch.nn.Module) -> None:
     _check_loaded(state)
     kernel = steps.bind(state, weight.device)
     names = state.plan.names
+    scale = layer.get_parameter("weight_scale")
     static = layer.get_parameter("input_scale") if "input_scale" in names else None
-    weights = accept(  # whoever loaded them: an engine's loader checks nothing
-        state.config, state.label, weight.data, layer.get_parameter("weight_scale").detach(),
+    accepted = accept(  # whoever loaded them: an engine's loader checks nothing
+        state.config, state.label, weight.detach(), scale.detach(),
         None if static is None else static.detach(), shards=state.shards, owned=True,
         chunk_rows=steps.chunk_rows,
     )  # fmt: skip
-    if weights.weight is weight.data:
-        weights = attrs.evolve(weights, weight=weight)  # the registered parameter, kept
+    # The registered parameters (an engine's own classes among them) stay wherever accept
+    # kept their storage: only a merged or widened tensor is a new one.
+    weights = attrs.evolve(
+        accepted, weight=_kept(weight, accepted.weight),
+        weight_scale=_kept(scale, accepted.weight_scale),
+        input_scale=None if static is None or accepted.input_scale is None
+        else _kept(static, accepted.input_scale),
+    )  # fmt: skip
     install(layer, state, kernel, weights)
+
+
+def _kept(param: torch.nn.Parameter, accepted: torch.Tensor) -> torch.Tensor:
+    same = (
+        accepted.data_ptr() == param.data_ptr()
+        and accepted.dtype == param.dtype
+        and accepted.shape == param.shape
+    )
+    return param if same else accepted
 
 
 def _check_loaded(state: LayerState) -> None:

@@ -14,10 +14,12 @@ import enum
 import attrs
 
 from kernelpick.core import (
+    HIGH_PRECISION,
     Dtype,
     InvalidValueError,
     QuantConfig,
     Scheme,
+    UnknownNameError,
     parse_enum,
     positive_int,
     quant_config,
@@ -112,6 +114,21 @@ class Recipe:
         """One layer's QuantConfig: ``[n, k]`` weights, ``dtype`` (a torch or kernelpick
         dtype) in and out."""
         return quant_config(
-            self.scheme, weight_shape=(n, k), out_dtype=Dtype.parse(dtype), bias=bias,
+            self.scheme, weight_shape=(n, k), out_dtype=_compute_dtype(dtype), bias=bias,
             block_size=self.block_size,
         )  # fmt: skip
+
+
+def _compute_dtype(dtype: object) -> Dtype:
+    """A layer's activation dtype: bf16, fp16 or fp32 (a torch or kernelpick dtype)."""
+    valid = ", ".join(sorted(d.value for d in HIGH_PRECISION))
+    try:
+        parsed = Dtype.parse(dtype)
+    except UnknownNameError:
+        parsed = None
+    if parsed is None or parsed not in HIGH_PRECISION:
+        raise InvalidValueError(
+            "layer dtype", str(dtype).removeprefix("torch."),
+            f"one of {valid}: the activations' dtype, in and out (the weight is quantized)",
+        )  # fmt: skip
+    return parsed

@@ -99,7 +99,7 @@ class Prepared:
     bundle is stale, and it is made again before the layer runs."""
 
     bundle: WeightBundle
-    stamp: tuple[object, ...]
+    stamp: tuple[tuple[object, ...] | None, ...]
 
 
 @attrs.define

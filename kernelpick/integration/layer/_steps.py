@@ -231,11 +231,25 @@ def install(
     attach(layer, state)
 
 
-def _stamp(*tensors: torch.Tensor | None) -> tuple[object, ...]:
-    # Identity, version (bumped by every in-place write torch tracks), storage and dtype:
-    # what must hold for a bundle prepared from these tensors to still be theirs.
+def _stamp(*tensors: torch.Tensor | None) -> tuple[tuple[object, ...] | None, ...]:
+    # The tensor itself (compared by identity: an id could be reused once it is freed),
+    # its version (bumped by every in-place write torch tracks; an inference tensor has
+    # none), storage and dtype: what must hold for a bundle prepared from these tensors to
+    # still be theirs.
     return tuple(
-        None if t is None else (id(t), t._version, t.data_ptr(), t.dtype, t.device) for t in tensors
+        None
+        if t is None
+        else (t, None if t.is_inference() else t._version, t.data_ptr(), t.dtype, t.device)
+        for t in tensors
+    )
+
+
+def _same(
+    held: tuple[tuple[object, ...] | None, ...], now: tuple[tuple[object, ...] | None, ...]
+) -> bool:
+    return all(
+        a is b if a is None or b is None else a[0] is b[0] and a[1:] == b[1:]
+        for a, b in zip(held, now, strict=True)
     )
 
 
@@ -261,14 +275,14 @@ def prepared(layer: torch.nn.Module, state: LayerState) -> WeightBundle:
         )  # fmt: skip
     params = layer._parameters
     weight, scale, static = params["weight"], params["weight_scale"], params.get("input_scale")
+    if weight is None or scale is None:
+        raise InvalidValueError("layer", state.name, "a layer holding its weight and scale")
+    if torch.compiler.is_compiling():
+        # Traced into the graph from the live parameters, and nothing stored: dynamo cannot
+        # compare storages, and a bundle held outside the graph would be baked in stale.
+        return kernel.prepare_weights(weight, scale, static)
     held = state.prepared
-    # A compiled forward runs what was prepared when it was traced (dynamo cannot compare
-    # storages, and guards the graph's own inputs itself).
-    if held is not None and torch.compiler.is_compiling():
-        return held.bundle
-    if held is None or held.stamp != _stamp(weight, scale, static):
-        if weight is None or scale is None:
-            raise InvalidValueError("layer", state.name, "a layer holding its weight and scale")
+    if held is None or not _same(held.stamp, _stamp(weight, scale, static)):
         held = state.prepared = _prepare(kernel, weight, scale, static)
     return held.bundle
 

@@ -26,19 +26,23 @@ from safetensors import safe_open
 
 import kernelpick as kp
 from kernelpick.integration import CheckpointError, load_quantized, quantize_model, save_quantized
-from kernelpick.integration.formats import (
-    E8M0_STORED_DTYPE,
-    check_e8m0_dtype,
-    decode_e8m0_scale,
-    encode_e8m0_scale,
-)
+from kernelpick.integration.formats import check_e8m0_dtype
 from kernelpick.integration.formats.compressed_tensors import from_config, to_config
+from kernelpick.integration.layer import scale_check
+from kernelpick.kernels import E8M0_STORED, stored_scale
 from tests.support.ct_reader import read_by_compressed_tensors
 from tests.support.tiny_llama import llama, logits
 
 CPU = kp.device_profile("cpu")
 MX = kp.Scheme.MXFP8
 WHERE = "config.json"
+# An mxfp8 layer of 15 rows, K = 17 * 32: its weight scale is [15, 17].
+LAYER = kp.quant_config("mxfp8", weight_shape=(15, 17 * 32))
+
+
+def decode(label: str, stored: torch.Tensor) -> torch.Tensor:
+    """What every ingest path makes of a stored mxfp8 weight scale (the one accept)."""
+    return scale_check(LAYER)(label, stored, tuple(stored.shape))
 
 
 def _preset(ignore: list[str]) -> dict[str, Any]:
@@ -156,17 +160,19 @@ def _e8m0(*values: int) -> torch.Tensor:
 
 def test_an_e8m0_scale_is_stored_as_its_bytes_and_read_back_unchanged() -> None:
     scale = torch.arange(255, dtype=torch.uint8).reshape(15, 17).view(torch.float8_e8m0fnu)
-    stored = encode_e8m0_scale("layer.weight_scale", scale)
-    assert stored.dtype == E8M0_STORED_DTYPE == torch.uint8
+    stored = stored_scale(scale)
+    assert stored.dtype == E8M0_STORED == torch.uint8
     assert torch.equal(stored, torch.arange(255, dtype=torch.uint8).reshape(15, 17))
     for kept in (stored, scale):  # uint8 bytes, or a checkpoint storing E8M0 natively
-        decoded = decode_e8m0_scale("model.safetensors: layer.weight_scale", kept)
+        decoded = decode("layer.weight_scale", kept)
         assert decoded.dtype == torch.float8_e8m0fnu
         assert torch.equal(decoded.view(torch.uint8), stored)
     # The bytes are compressed-tensors': its MXFP8 helpers read and write the same values.
     values = scale.float()
     assert torch.equal(compress_mx_scale(values, torch.uint8), stored)
     assert torch.equal(decompress_mx_scale(stored).float(), values)
+    ones = torch.ones(2, 2)
+    assert stored_scale(ones) is ones  # any other scale is stored as it is
 
 
 def test_a_scale_of_another_dtype_or_a_nan_byte_is_refused_by_name() -> None:
@@ -174,18 +180,17 @@ def test_a_scale_of_another_dtype_or_a_nan_byte_is_refused_by_name() -> None:
     for dtype in (torch.float32, torch.bfloat16, torch.int8, torch.float8_e4m3fn):
         with pytest.raises(CheckpointError, match=rf"layer.weight_scale: dtype: found {dtype};"
                            r" expected torch.uint8 .* or torch.float8_e8m0fnu"):  # fmt: skip
-            decode_e8m0_scale(where, torch.ones(2, 2).to(dtype))
+            check_e8m0_dtype(where, dtype)
+        with pytest.raises(kp.KernelInputError, match=r"expected dtype float8_e8m0fnu or uint8"):
+            decode("layer.weight_scale", torch.ones(15, 17).to(dtype))
     with pytest.raises(CheckpointError, match=r"dtype: found F4"):
         check_e8m0_dtype(where, "F4")  # safetensors' name for a dtype torch lacks
     check_e8m0_dtype(where, torch.uint8)
-    nan = torch.tensor([[127, 127, 127], [127, 127, 255]], dtype=torch.uint8)
-    with pytest.raises(CheckpointError, match=r"weight_scale: values: found NaN \(byte 0xFF\) "
-                       r"at \[1, 2\]"):  # fmt: skip
-        decode_e8m0_scale(where, nan)
-    with pytest.raises(CheckpointError, match="NaN"):
-        decode_e8m0_scale(where, nan.view(torch.float8_e8m0fnu))
-    with pytest.raises(kp.InvalidValueError, match=r"dtype of layer.weight_scale"):
-        encode_e8m0_scale("layer.weight_scale", torch.ones(2, 2))
+    nan = torch.full((15, 17), 127, dtype=torch.uint8)
+    nan[1, 2] = 255
+    for stored in (nan, nan.view(torch.float8_e8m0fnu)):
+        with pytest.raises(kp.KernelInputError, match=r"E8M0 scales without NaN \(byte 0xFF\)"):
+            decode("layer.weight_scale", stored)
 
 
 def test_a_scale_compressed_tensors_stores_decodes_to_its_values() -> None:
@@ -198,7 +203,8 @@ def test_a_scale_compressed_tensors_stores_decodes_to_its_values() -> None:
     ModelCompressor(quantization_config=config).compress_model(model)
     stored = model.state_dict()["0.weight_scale"]
     assert stored.dtype == torch.uint8
-    decoded = decode_e8m0_scale("0.weight_scale", stored)
+    mx = kp.quant_config("mxfp8", weight_shape=(16, 64))
+    decoded = scale_check(mx)("0.weight_scale", stored, (16, 2))
     assert torch.equal(decoded.float(), 2.0**exponents)
 
 
@@ -216,8 +222,10 @@ def test_an_mxfp8_model_saves_as_compressed_tensors_does_and_loads_back(tmp_path
         for key in scales:
             scale = stored.get_tensor(key)
             assert scale.dtype == torch.uint8, key
-            canonical = model.state_dict()[key]
+            canonical = model.get_parameter(key)  # E8M0; its state dict holds the bytes
+            assert canonical.dtype == torch.float8_e8m0fnu, key
             assert torch.equal(scale, canonical.view(torch.uint8)), key
+            assert torch.equal(scale, model.state_dict()[key]), key
     skeleton = llama(seed=1)
     report = load_quantized(skeleton, tmp_path, CPU, kp.Policy())
     assert (report.scheme, len(report.layers)) == ("mxfp8", 14)
@@ -231,6 +239,6 @@ def test_an_mxfp8_model_saves_as_compressed_tensors_does_and_loads_back(tmp_path
     for key in scales:
         name = key.removesuffix(".weight_scale")
         weight = state[f"{name}.weight"].float()
-        scale = state[key].float().repeat_interleave(32, dim=1)[:, : weight.shape[1]]
+        scale = model.get_parameter(key).float().repeat_interleave(32, dim=1)[:, : weight.shape[1]]
         decompressed = reference.get_submodule(name).get_parameter("weight").float()
         assert torch.equal(weight * scale, decompressed), name
