@@ -115,18 +115,19 @@ def bench(args: argparse.Namespace, env: Mapping[str, str], out: TextIO, err: Te
     quant_config(scheme, weight_shape=weight_shape, out_dtype=args.out_dtype)
     from kernelpick.adapters import probe_device
     from kernelpick.bench import bench_layer  # imports torch: only this command pays for it
-    from kernelpick.integration import ONLINE_SCHEMES
+    from kernelpick.integration import ONLINE_SCHEMES, Recipe
 
-    if scheme not in ONLINE_SCHEMES:
-        # Static schemes load calibrated scales from a checkpoint, which the command has not.
+    try:  # the recipe's own rule: bench quantizes a random layer, online
+        Recipe.of(scheme)
+    except InvalidValueError:
+        # Said for the command, which loads no checkpoint.
         online = ", ".join(s.value for s in ONLINE_SCHEMES)
-        why = "needs activation scales calibrated on data"
         expected = (
-            f"one of {online}: bench quantizes a random layer, and {scheme.value} {why}; "
-            f"'kernelpick explain --device auto --scheme {scheme.value}' gives the kernel "
-            "it would select here"
+            f"one of {online}: bench quantizes a random layer, and {scheme.value} needs "
+            "activation scales calibrated on data; 'kernelpick explain --device auto "
+            f"--scheme {scheme.value}' gives the kernel it would select here"
         )
-        raise InvalidValueError("--scheme", args.scheme, expected)
+        raise InvalidValueError("--scheme", args.scheme, expected) from None
     caps = probe_device()
     import torch
 

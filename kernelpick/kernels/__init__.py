@@ -1,9 +1,10 @@
-"""Kernel families (torch ops, cupy raw kernels) and the canonical weight layout.
+"""Kernel families (torch ops, cupy raw kernels, compiled CPU C++), the canonical weight
+layout, and the launch table with ``bind``.
 
-A family is the math of a kernel, the same on every device; ``kernelpick.adapters`` binds
-a family to a catalog id, a layer's config and a device. Depends on ``kernelpick.core``
-only. A new family subclasses ``KernelBase`` (or ``RowMajorKernel``), declares its
-``KIND`` and defines ``_matmul``; see docs/adding-a-kernel.md. ``canonicalize_fp8_`` makes
+A family is the math of a kernel, the same on every device; ``bind`` binds a family to a
+catalog id (through its ``Launch`` row in ``LAUNCHES``), a layer's config and a device.
+Depends on ``kernelpick.core`` only. A new family subclasses ``KernelBase`` (or
+``RowMajorKernel``), declares its ``KIND`` and defines ``_matmul``; see docs/adding-a-kernel.md. ``canonicalize_fp8_`` makes
 an FP8 weight of one's own canonical (no -0, no NaN byte) before ``prepare_weights``.
 The last group of ``__all__`` is for kernelpick's other packages, which import the
 kernels from here and never from their private modules.
@@ -17,6 +18,7 @@ from kernelpick.kernels._bind import bind
 from kernelpick.kernels._block_scaled_mm import BlockScaledMM, MxScaledMM
 from kernelpick.kernels._canonical import (
     CANONICAL_FP8,
+    E8M0_DTYPES,
     E8M0_STORED,
     STORED_SCALE_DTYPES,
     canonical_dtype,
@@ -76,6 +78,7 @@ __all__ = [
 __all__ += [
     "CANONICAL_FP8",
     "CHUNK_ROWS",
+    "E8M0_DTYPES",
     "E8M0_STORED",
     "STORED_SCALE_DTYPES",
     "AmaxReduce",

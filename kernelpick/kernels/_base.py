@@ -152,8 +152,9 @@ class KernelBase:
         """Check a layer's canonical tensors (see ``kernels._canonical``) and derive the
         kernel's bundle from them: what the kernel runs on. The integration prepares once
         per load, device and dtype and keeps the bundle beside the canonical tensors
-        (``kernelpick.integration.layer.prepared``), so a family may copy, pad, re-tile or
-        pack here; this base derives views, with no copy of the weight.
+        (``LayerState.prepared``, see ``kernelpick.integration.layer.bundle_for``), so a
+        family may copy, pad, re-tile or pack here; this base derives views, with no copy
+        of the weight.
 
         Checked: dtypes, shapes, contiguity, alignment and device. Not checked, because it
         would cost a scan of the weight (or a device sync) on every call: the values. The

@@ -11,11 +11,13 @@ __all__ = ["Kernel", "WeightBundle"]
 
 
 class WeightBundle(NamedTuple):
-    """A layer's weights as its kernel reads them, derived from the canonical tensors.
+    """A layer's weights as its kernel reads them, prepared from the canonical tensors.
 
-    ``weight`` is FP8 in the kernel's layout and the device's flavour (a ``[K, N]``
-    column-major view for ``_scaled_mm``; e4m3fnuz on gfx94x); ``scale`` is fp32, ``[N, 1]``
-    per channel, 0-dim per tensor, or one per block; ``input_scale`` is the static activation
+    ``weight`` is FP8 (or int8) in the kernel's layout and the device's flavour (a
+    ``[K, N]`` column-major view for ``_scaled_mm``; e4m3fnuz on gfx94x); ``scale`` is fp32
+    ``[N, 1]`` per channel, 0-dim per tensor, one per block, or E8M0 for MXFP8, arranged as
+    the kernel's GEMM reads it (a copy where it must be: padded blocks, MX's blocked tiles,
+    doubled for e4m3fnuz); ``input_scale`` is the static activation
     scale (0-dim), if any. A NamedTuple rather than an attrs class, because it is built on the
     hot path and ``torch.compile`` traces a NamedTuple without a graph break.
     """

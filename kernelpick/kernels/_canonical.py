@@ -34,6 +34,7 @@ from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
 
 __all__ = [
     "CANONICAL_FP8",
+    "E8M0_DTYPES",
     "E8M0_STORED",
     "STORED_SCALE_DTYPES",
     "canonical_dtype",
@@ -61,6 +62,8 @@ STORED_SCALE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # them so (scale_dtype torch.uint8); its reader converts a float8_e8m0fnu tensor's values
 # instead of reading its bits, so the dtype is never left to the writer.
 E8M0_STORED = torch.uint8
+# What an E8M0 scale may be read from: itself, or its stored bytes.
+E8M0_DTYPES = (torch.float8_e8m0fnu, E8M0_STORED)
 
 _NEGATIVE_ZERO = 0x80
 _MAGNITUDE = 0x7F  # an e4m3fn byte with every exponent and mantissa bit set is NaN

@@ -1,5 +1,5 @@
 """The vLLM quantization config of ``kernelpick.engines.vllm``; importing this module
-imports vLLM. Its layers' method is ``_vllm_method.KernelpickLinearMethod``."""
+imports vLLM. Its layers' method is ``_method.KernelpickLinearMethod``."""
 
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ def _read_layer(
         weights.input_scale))  # fmt: skip
     kept = None if bias is None else torch.nn.Parameter(bias, linear.bias.requires_grad)
     module = QuantizedLinear(linear.in_features, linear.out_features, steps, kept)
-    install(module, state, layer.kernel, params)
+    install(module, state, layer.bound, params)
     return module
 
 

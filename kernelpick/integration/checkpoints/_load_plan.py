@@ -29,7 +29,7 @@ class PlannedLayer:
     paths: tuple[str, ...]
     module: torch.nn.Linear
     state: LayerState
-    kernel: Kernel
+    bound: Kernel
     keys: dict[str, str]
 
 

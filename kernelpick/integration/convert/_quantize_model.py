@@ -1,5 +1,5 @@
-"""``quantize_model``: convert every eligible ``nn.Linear`` of a model to FP8 or int8, in
-place.
+"""``quantize_model``: convert every eligible ``nn.Linear`` of a model to a quantized layer
+(FP8, MXFP8 or int8), in place.
 
 Every check runs read-only before the first change: selection for every layer, shapes,
 dtypes, NaN/Inf and the device. A failure there raises ``ModelConversionError`` and the
@@ -8,8 +8,8 @@ from its own weight, so peak extra memory stays near one layer. Layers that shar
 (tied) are quantized once and swapped together. If anything stops the swap phase
 (``KeyboardInterrupt``, out of memory), the layer being swapped is put back, every layer is
 either as it was or fully converted, and calling ``quantize_model`` again finishes the job.
-Each step of a layer (select, check, bind, quantize, install) is the linear method's own,
-from ``_layer_steps``.
+Each step of a layer (plan, check, accept, install) is the linear method's own, from
+``kernelpick.integration.layer``.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class _Layer:
     paths: tuple[str, ...]
     module: torch.nn.Linear
     state: LayerState
-    kernel: Kernel
+    bound: Kernel
 
 
 Found = tuple[torch.nn.Linear, tuple[str, ...]]  # a linear, and every path to it
@@ -268,6 +268,6 @@ def _convert(steps: LayerSteps, swaps: Swaps, layers: list[_Layer]) -> None:
     for layer in layers:  # one parameter each for the layers the weight ties
         linear = layer.module
         quantized = QuantizedLinear(linear.in_features, linear.out_features, steps, linear.bias)
-        install(quantized, layer.state, layer.kernel, weights)
+        install(quantized, layer.state, layer.bound, weights)
         for path in layer.paths:
             swaps.replace(path, quantized)

@@ -14,7 +14,7 @@ import torch
 from kernelpick.core import Scheme
 from kernelpick.integration._errors import CheckpointError
 from kernelpick.integration.layer import CheckpointFormat, Recipe
-from kernelpick.kernels import E8M0_STORED
+from kernelpick.kernels import E8M0_DTYPES
 
 __all__ = [
     "QUANTIZATION_CONFIG",
@@ -62,7 +62,6 @@ class Layout:
 # An E8M0 scale is stored as its uint8 bytes (kernelpick.kernels.E8M0_STORED, as
 # compressed-tensors' MXFP8 compressor stores it); a checkpoint storing float8_e8m0fnu
 # itself holds the same bits. Nothing else can be read as E8M0.
-_READABLE = (E8M0_STORED, torch.float8_e8m0fnu)
 
 
 def check_e8m0_dtype(where: str, dtype: torch.dtype | str) -> None:
@@ -70,7 +69,7 @@ def check_e8m0_dtype(where: str, dtype: torch.dtype | str) -> None:
     torch lacks), a stored tensor that cannot be an E8M0 scale: ``CheckpointError`` naming
     ``where`` (the file and key) and the dtypes that are valid. Its values are
     ``accept``'s, once read."""
-    if dtype not in _READABLE:
+    if dtype not in E8M0_DTYPES:
         raise CheckpointError(
             where, "dtype", str(dtype),
             "torch.uint8 (E8M0 exponent bytes, as compressed-tensors stores MX scales) or "

@@ -7,7 +7,8 @@
   behind the same checks.
 - ``accept`` / ``accept_float``: the only place a layer's tensors are checked and made
   canonical (``CanonicalWeights``), whichever path brought them.
-- ``install``: the kernel prepares what it runs on, once; ``run`` applies it.
+- ``install``: the kernel prepares what it runs on, once (``bundle_for`` makes it again
+  when the canonical tensors changed); ``run`` applies it.
 
 The linear method (``QuantizedLinearMethod``), the module (``QuantizedLinear``) and
 tensor-parallel shards (``TensorParallel``, ``shard_linear``) are made of these steps.
@@ -30,6 +31,7 @@ from kernelpick.integration.layer._method import Fp8PtpcLinearMethod, QuantizedL
 from kernelpick.integration.layer._module import QuantizedLinear, accept_before_loading
 from kernelpick.integration.layer._parallel import ParallelStyle, TensorParallel
 from kernelpick.integration.layer._plan import LayerPlan, Param
+from kernelpick.integration.layer._prepare import bundle_for, install, run
 from kernelpick.integration.layer._recipe import ONLINE_SCHEMES, CheckpointFormat, Recipe
 from kernelpick.integration.layer._shard_linear import shard_linear
 from kernelpick.integration.layer._shards import scale_shape
@@ -40,7 +42,7 @@ from kernelpick.integration.layer._state import (
     find_state,
     layer_state,
 )
-from kernelpick.integration.layer._steps import LayerSteps, frozen, install, prepared, run
+from kernelpick.integration.layer._steps import LayerSteps, frozen
 
 __all__ = [
     "ONLINE_SCHEMES",
@@ -64,6 +66,7 @@ __all__ = [
     "accept_before_loading",
     "accept_float",
     "attach",
+    "bundle_for",
     "check_bias",
     "check_float",
     "find_state",
@@ -71,7 +74,6 @@ __all__ = [
     "frozen",
     "install",
     "layer_state",
-    "prepared",
     "run",
     "scale_check",
     "scale_shape",

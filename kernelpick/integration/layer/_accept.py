@@ -26,6 +26,7 @@ The laws, in the order they are checked:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import ClassVar
 
 import attrs
 import torch
@@ -35,7 +36,7 @@ from kernelpick.integration.layer._shards import per_tensor
 from kernelpick.kernels import (
     CANONICAL_FP8,
     CHUNK_ROWS,
-    E8M0_STORED,
+    E8M0_DTYPES,
     AmaxReduce,
     canonical_dtype,
     canonical_scale,
@@ -73,6 +74,8 @@ _E8M0_NAN = 0xFF  # the one byte of float8_e8m0fnu that is not a power of two
 class CanonicalWeights:
     """A layer's canonical tensors (see ``kernelpick.kernels._canonical``): the FP8 or int8
     ``weight [N, K]``, its ``weight_scale`` and, for a static scheme, ``input_scale``."""
+
+    NAMES: ClassVar[tuple[str, str, str]] = ("weight", "weight_scale", "input_scale")
 
     weight: torch.Tensor
     weight_scale: torch.Tensor
@@ -126,7 +129,7 @@ def _e8m0_scale(label: str, tensor: torch.Tensor, shape: tuple[int, ...]) -> tor
     # MX scales are exponents: a float scale would have to be rounded to one, which is a
     # second quantization, so only E8M0 itself is taken (OCP MX spec, section 5.4), or its
     # bytes as a checkpoint stores them (E8M0_STORED).
-    check_tensor(label, tensor, dtypes=(torch.float8_e8m0fnu, E8M0_STORED))
+    check_tensor(label, tensor, dtypes=E8M0_DTYPES)
     if tuple(tensor.shape) != shape:
         raise reject(label, tensor, f"float8_e8m0fnu scales of shape {list(shape)}")
     if bool((tensor.view(torch.uint8) == _E8M0_NAN).any()):

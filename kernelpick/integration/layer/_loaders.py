@@ -172,7 +172,7 @@ def _loader(
     state: LayerState,
     own: torch.Tensor,
     name: str,
-    accept: Check,
+    check: Check,
     per_shard: bool,
     rows_of: Rows,
 ) -> WeightLoader:
@@ -205,7 +205,7 @@ def _loader(
             start, rows = rows_of(start, rows)
         tensor = _tensor(label, loaded_weight)
         part = _narrowed(state, dims, label, tensor, [rows, *columns], pieces)
-        value = accept(label, part, (1,) if per_shard else (rows, *columns))
+        value = check(label, part, (1,) if per_shard else (rows, *columns))
         with torch.no_grad():
             if not per_shard:
                 param[start : start + rows].copy_(value)
@@ -226,7 +226,7 @@ EngineLoader = Callable[[torch.Tensor, torch.Tensor, Any], object]
 def _engine_loader(
     state: LayerState,
     name: str,
-    accept: Check,
+    check: Check,
     per_shard: bool,
     loader: EngineLoader,
     whole: CheckpointShape,
@@ -244,7 +244,7 @@ def _engine_loader(
         index = shard_index(state, shard_id)  # before loading: an unknown id loads nothing
         tensor = _tensor(label, loaded_weight)
         shape = (1,) if per_shard else whole.shape(state.config, name, index)
-        loader(param, accept(label, tensor, shape), shard_id)
+        loader(param, check(label, tensor, shape), shard_id)
         state.loaded.setdefault(name, set()).add(index)
 
     return weight_loader
@@ -264,15 +264,15 @@ def loader_for(
     (``pre_quantized``); ``weight_scale`` one per output row, one row per ``b`` output rows
     per block, or one per shard per tensor; ``input_scale`` one per shard."""
     per_shard = name == "input_scale" or (name == "weight_scale" and per_tensor(state.config))
-    accept: Check = canonical_scale  # input_scale, fp32 wherever it is stored
+    check: Check = canonical_scale  # input_scale, fp32 wherever it is stored
     if name == "weight":
-        accept = weight_check(state.config) if pre_quantized else float_weight_check
+        check = weight_check(state.config) if pre_quantized else float_weight_check
     elif name == "weight_scale":
-        accept = scale_check(state.config)
+        check = scale_check(state.config)
     if engine is not None:
-        return _engine_loader(state, name, accept, per_shard, *engine)
+        return _engine_loader(state, name, check, per_shard, *engine)
 
     def rows_of(start: int, rows: int) -> tuple[int, int]:
         return (start, rows) if name == "weight" else scale_rows(state.config, start, rows)
 
-    return _loader(state, own, name, accept, per_shard, rows_of)
+    return _loader(state, own, name, check, per_shard, rows_of)

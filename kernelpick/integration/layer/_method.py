@@ -22,9 +22,10 @@ from kernelpick.core import Catalog, DeviceCaps, InvalidValueError, Policy, Sche
 from kernelpick.integration.layer._allocate import ParameterFactory, allocate
 from kernelpick.integration.layer._loaders import EngineLoader
 from kernelpick.integration.layer._parallel import TensorParallel
+from kernelpick.integration.layer._prepare import run
 from kernelpick.integration.layer._process import process
 from kernelpick.integration.layer._recipe import CheckpointFormat, Recipe
-from kernelpick.integration.layer._steps import LayerSteps, run
+from kernelpick.integration.layer._steps import LayerSteps
 from kernelpick.kernels import CHUNK_ROWS, Launch
 
 __all__ = ["Fp8PtpcLinearMethod", "QuantizedLinearMethod"]
@@ -193,7 +194,8 @@ class QuantizedLinearMethod:
         )  # fmt: skip
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
-        """Bring the loaded weights to the canonical layout and bind the kernel.
+        """Accept the loaded weights into the canonical layout, bind the kernel and let it
+        prepare what it runs on (once: ``apply`` runs on that).
 
         Online: refuse NaN/Inf, then quantize per the scheme (fp32 amax, clamp floor,
         chunked rows) and free the high-precision copy. Pre-quantized: fused per-tensor

@@ -10,10 +10,11 @@ from typing import Any
 import torch
 
 from kernelpick.core import HIGH_PRECISION, InvalidValueError
-from kernelpick.integration.layer._accept import accept
+from kernelpick.integration.layer._accept import CanonicalWeights, accept
 from kernelpick.integration.layer._loaders import closed_loader
+from kernelpick.integration.layer._prepare import run
 from kernelpick.integration.layer._state import LayerState, attach, layer_state
-from kernelpick.integration.layer._steps import LayerSteps, run
+from kernelpick.integration.layer._steps import LayerSteps
 from kernelpick.kernels import check_tensor, stored_scale, torch_dtype
 
 __all__ = ["QuantizedLinear", "accept_before_loading"]
@@ -25,7 +26,6 @@ _BITS = {
     torch.float32: torch.int32,
 }  # fmt: skip
 _COMPUTE = {torch_dtype(dtype): dtype for dtype in HIGH_PRECISION}
-_CANONICAL = ("weight", "weight_scale", "input_scale")
 
 
 def _carried(fn: Callable[[torch.Tensor], torch.Tensor], tensor: torch.Tensor) -> torch.Tensor:
@@ -50,7 +50,8 @@ class QuantizedLinear(torch.nn.Module):
     """A linear layer whose quantized weight runs on the kernel kernelpick chose for it.
 
     It holds the canonical ``weight`` (FP8 ``[N, K]``, or int8 for an int8 scheme),
-    ``weight_scale`` (fp32: per channel, per tensor or per block), for static schemes
+    ``weight_scale`` (fp32 per channel, per tensor or per block; E8M0 per 32 for MXFP8),
+    what its kernel prepared from them (``layer_state(layer).prepared``), for static schemes
     ``input_scale``, and ``bias``; ``kernelpick_decision`` records the choice.
     ``quantize_model`` and ``load_quantized`` make it: ``steps`` are theirs, the same steps
     the linear method makes an engine's layers with, so a forward runs the kernel as the
@@ -165,7 +166,9 @@ class QuantizedLinear(torch.nn.Module):
             local_metadata, strict, missing_keys, unexpected_keys, error_msgs,
         )  # fmt: skip
         state.prepared = None  # the kernel prepares the new tensors before the next forward
-        for name in _CANONICAL:  # assign=True puts new parameters in: they stay closed too
+        for (
+            name
+        ) in CanonicalWeights.NAMES:  # assign=True puts new parameters in: they stay closed too
             param = self._parameters.get(name)
             if param is not None:
                 param.weight_loader = closed_loader(state, name)  # type: ignore[attr-defined]
@@ -180,7 +183,7 @@ class QuantizedLinear(torch.nn.Module):
         def label(name: str) -> str:
             return prefix + name
 
-        own = {name: param for name in _CANONICAL
+        own = {name: param for name in CanonicalWeights.NAMES
                if (param := self._parameters.get(name)) is not None}  # fmt: skip
         given = {name: state_dict.get(prefix + name) for name in own}
         bias = state_dict.get(prefix + "bias") if self.bias is not None else None
@@ -192,7 +195,7 @@ class QuantizedLinear(torch.nn.Module):
             state.config, label, filled["weight"], filled["weight_scale"],
             filled.get("input_scale"), None if bias is None else check_tensor(label("bias"), bias),
         )  # fmt: skip
-        named = zip(_CANONICAL, weights.tensors(), strict=True)
+        named = zip(CanonicalWeights.NAMES, weights.tensors(), strict=True)
         return {prefix + name: tensor for name, tensor in named
                 if tensor is not None and given.get(name) is not None}  # fmt: skip
 

@@ -10,8 +10,9 @@ import torch
 from kernelpick.core import InvalidValueError
 from kernelpick.integration.layer._accept import accept, accept_float
 from kernelpick.integration.layer._parallel import AmaxExchange
+from kernelpick.integration.layer._prepare import install
 from kernelpick.integration.layer._state import ALL_SHARDS, LayerState, layer_state
-from kernelpick.integration.layer._steps import LayerSteps, install
+from kernelpick.integration.layer._steps import LayerSteps
 
 __all__ = ["process"]
 

@@ -1,5 +1,5 @@
-"""The steps that make one linear a quantized layer (FP8 or int8): plan (select before
-allocating), bind, install (with what the kernel prepares), run.
+"""The steps that make one linear a quantized layer: plan (select before allocating) and
+bind; a layer's install, prepared state and forward are ``_prepare``'s.
 
 The linear method (an engine's layers), ``quantize_model``, ``load_quantized`` and the
 transformers quantizer all make their layers with these, so a layer is made the same way
@@ -33,23 +33,17 @@ from kernelpick.core import (
 )
 from kernelpick.integration._errors import KernelSelectionError
 from kernelpick.integration._log import log_selection
-from kernelpick.integration.layer._accept import CanonicalWeights
-from kernelpick.integration.layer._loaders import closed_loader
 from kernelpick.integration.layer._parallel import TensorParallel
 from kernelpick.integration.layer._plan import LayerPlan
 from kernelpick.integration.layer._recipe import Recipe
 from kernelpick.integration.layer._state import (
     LayerState,
-    Prepared,
-    attach,
-    layer_state,
     positive_sizes,
 )
 from kernelpick.kernels import (
     CHUNK_ROWS,
     Kernel,
     Launch,
-    WeightBundle,
     bind,
     check_rows,
     launch_table,
@@ -59,9 +53,6 @@ __all__ = [
     "LayerSteps",
     "check_allocatable",
     "frozen",
-    "install",
-    "prepared",
-    "run",
 ]
 
 
@@ -205,93 +196,3 @@ class LayerSteps:
         decision = self.select(config, state.prefix, caps, state.parallel)
         plan = attrs.evolve(state.plan, config=config, decision=decision, caps=caps)
         return LayerState(plan, dict(state.loaded), self._bind(decision, config, caps, device))
-
-
-_CANONICAL = ("weight", "weight_scale", "input_scale")
-
-
-def install(
-    layer: torch.nn.Module, state: LayerState, kernel: Kernel, weights: CanonicalWeights
-) -> None:
-    """Give ``layer`` its canonical parameters (accepted: see ``_accept``) and its kernel,
-    which prepares what it runs on from them now (the parameters may be shared with a
-    layer tied to this one). Each parameter carries a ``weight_loader`` that refuses: the
-    layer is processed, and its tensors are final."""
-    params = {
-        name: tensor if isinstance(tensor, torch.nn.Parameter) else frozen(tensor)
-        for name, tensor in zip(_CANONICAL, weights.tensors(), strict=True)
-        if tensor is not None
-    }  # fmt: skip
-    state.prepared = _prepare(kernel, params["weight"], params["weight_scale"],
-                              params.get("input_scale"))  # fmt: skip
-    for name, param in params.items():
-        param.weight_loader = closed_loader(state, name)  # type: ignore[attr-defined]
-        setattr(layer, name, param)
-    state.bound = kernel
-    attach(layer, state)
-
-
-def _stamp(*tensors: torch.Tensor | None) -> tuple[tuple[object, ...] | None, ...]:
-    # The tensor itself (compared by identity: an id could be reused once it is freed),
-    # its version (bumped by every in-place write torch tracks; an inference tensor has
-    # none), storage and dtype: what must hold for a bundle prepared from these tensors to
-    # still be theirs.
-    return tuple(
-        None
-        if t is None
-        else (t, None if t.is_inference() else t._version, t.data_ptr(), t.dtype, t.device)
-        for t in tensors
-    )
-
-
-def _same(
-    held: tuple[tuple[object, ...] | None, ...], now: tuple[tuple[object, ...] | None, ...]
-) -> bool:
-    return all(
-        a is b if a is None or b is None else a[0] is b[0] and a[1:] == b[1:]
-        for a, b in zip(held, now, strict=True)
-    )
-
-
-def _prepare(
-    kernel: Kernel,
-    weight: torch.Tensor,
-    scale: torch.Tensor,
-    input_scale: torch.Tensor | None,
-) -> Prepared:
-    bundle = kernel.prepare_weights(weight, scale, input_scale)
-    return Prepared(bundle, _stamp(weight, scale, input_scale))
-
-
-def prepared(layer: torch.nn.Module, state: LayerState) -> WeightBundle:
-    """What ``state``'s kernel runs on: the bundle it prepared from ``layer``'s canonical
-    parameters, prepared again (the one place that happens after ``install``) only when
-    they are not the tensors it was made from any more."""
-    kernel = state.bound
-    if kernel is None:
-        raise InvalidValueError(
-            "layer", state.name,
-            "a layer whose weights were processed: call process_weights_after_loading first",
-        )  # fmt: skip
-    params = layer._parameters
-    weight, scale, static = params["weight"], params["weight_scale"], params.get("input_scale")
-    if weight is None or scale is None:
-        raise InvalidValueError("layer", state.name, "a layer holding its weight and scale")
-    if torch.compiler.is_compiling():
-        # Traced into the graph from the live parameters, and nothing stored: dynamo cannot
-        # compare storages, and a bundle held outside the graph would be baked in stale.
-        return kernel.prepare_weights(weight, scale, static)
-    held = state.prepared
-    if held is None or not _same(held.stamp, _stamp(weight, scale, static)):
-        held = state.prepared = _prepare(kernel, weight, scale, static)
-    return held.bundle
-
-
-def run(layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """Run a processed layer's kernel on what it prepared: ``x [..., K]`` -> ``[..., N]``."""
-    state = layer_state(layer)
-    bundle = prepared(layer, state)
-    kernel = state.bound
-    if kernel is None:  # prepared() refused it already; for the type checker
-        raise InvalidValueError("layer", state.name, "a processed layer")
-    return kernel.apply(x, bundle, bias)

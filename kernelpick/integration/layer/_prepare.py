@@ -1,0 +1,110 @@
+"""Prepare: a processed layer's kernel makes what it runs on from the canonical tensors
+once (``install``), keeps it on the layer's state (``Prepared``) stamped with the tensors it
+came from, and makes it again only when they are not those tensors any more
+(``bundle_for``, the one place after ``install``); ``run`` is the forward.
+
+Invalidated by: a cast or a move (a new state, selected again), ``load_state_dict`` (which
+clears it), and any tensor replaced or written in place as torch tracks it. Not seen: a
+write through ``.data``, which bypasses torch's version counter; a processed layer's
+tensors are final (its loaders refuse), so write them through ``load_state_dict``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernelpick.core import InvalidValueError
+from kernelpick.integration.layer._accept import CanonicalWeights
+from kernelpick.integration.layer._loaders import closed_loader
+from kernelpick.integration.layer._state import LayerState, Prepared, attach, layer_state
+from kernelpick.integration.layer._steps import frozen
+from kernelpick.kernels import Kernel, WeightBundle
+
+__all__ = ["bundle_for", "install", "run"]
+
+
+def install(
+    layer: torch.nn.Module, state: LayerState, kernel: Kernel, weights: CanonicalWeights
+) -> None:
+    """Give ``layer`` its canonical parameters (accepted: see ``_accept``) and its kernel,
+    which prepares what it runs on from them now (the parameters may be shared with a
+    layer tied to this one). Each parameter carries a ``weight_loader`` that refuses: the
+    layer is processed, and its tensors are final."""
+    params = {
+        name: tensor if isinstance(tensor, torch.nn.Parameter) else frozen(tensor)
+        for name, tensor in zip(CanonicalWeights.NAMES, weights.tensors(), strict=True)
+        if tensor is not None
+    }  # fmt: skip
+    state.prepared = _prepare(kernel, params["weight"], params["weight_scale"],
+                              params.get("input_scale"))  # fmt: skip
+    for name, param in params.items():
+        param.weight_loader = closed_loader(state, name)  # type: ignore[attr-defined]
+        setattr(layer, name, param)
+    state.bound = kernel
+    attach(layer, state)
+
+
+def _stamp(*tensors: torch.Tensor | None) -> tuple[tuple[object, ...] | None, ...]:
+    # The tensor itself (compared by identity: an id could be reused once it is freed),
+    # its version (bumped by every in-place write torch tracks; an inference tensor has
+    # none), storage and dtype: what must hold for a bundle prepared from these tensors to
+    # still be theirs.
+    return tuple(
+        None
+        if t is None
+        else (t, None if t.is_inference() else t._version, t.data_ptr(), t.dtype, t.device)
+        for t in tensors
+    )
+
+
+def _same(
+    held: tuple[tuple[object, ...] | None, ...], now: tuple[tuple[object, ...] | None, ...]
+) -> bool:
+    return all(
+        a is b if a is None or b is None else a[0] is b[0] and a[1:] == b[1:]
+        for a, b in zip(held, now, strict=True)
+    )
+
+
+def _prepare(
+    kernel: Kernel,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    input_scale: torch.Tensor | None,
+) -> Prepared:
+    bundle = kernel.prepare_weights(weight, scale, input_scale)
+    return Prepared(bundle, _stamp(weight, scale, input_scale))
+
+
+def bundle_for(layer: torch.nn.Module, state: LayerState) -> WeightBundle:
+    """What ``state``'s kernel runs on: the bundle it prepared from ``layer``'s canonical
+    parameters, prepared again (the one place that happens after ``install``) only when
+    they are not the tensors it was made from any more."""
+    kernel = state.bound
+    if kernel is None:
+        raise InvalidValueError(
+            "layer", state.name,
+            "a layer whose weights were processed: call process_weights_after_loading first",
+        )  # fmt: skip
+    params = layer._parameters
+    weight, scale, static = params["weight"], params["weight_scale"], params.get("input_scale")
+    if weight is None or scale is None:
+        raise InvalidValueError("layer", state.name, "a layer holding its weight and scale")
+    if torch.compiler.is_compiling():
+        # Traced into the graph from the live parameters, and nothing stored: dynamo cannot
+        # compare storages, and a bundle held outside the graph would be baked in stale.
+        return kernel.prepare_weights(weight, scale, static)
+    held = state.prepared
+    if held is None or not _same(held.stamp, _stamp(weight, scale, static)):
+        held = state.prepared = _prepare(kernel, weight, scale, static)
+    return held.bundle
+
+
+def run(layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """Run a processed layer's kernel on what it prepared: ``x [..., K]`` -> ``[..., N]``."""
+    state = layer_state(layer)
+    bundle = bundle_for(layer, state)
+    kernel = state.bound
+    if kernel is None:  # bundle_for() refused it already; for the type checker
+        raise InvalidValueError("layer", state.name, "a processed layer")
+    return kernel.apply(x, bundle, bias)
