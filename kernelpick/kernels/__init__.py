@@ -4,8 +4,9 @@ layout, and the launch table with ``bind``.
 A family is the math of a kernel, the same on every device; ``bind`` binds a family to a
 catalog id (through its ``Launch`` row in ``LAUNCHES``), a layer's config and a device.
 Depends on ``kernelpick.core`` only. A new family subclasses ``KernelBase`` (or
-``RowMajorKernel``), declares its ``KIND`` and defines ``_matmul``; see docs/adding-a-kernel.md. ``canonicalize_fp8_`` makes
-an FP8 weight of one's own canonical (no -0, no NaN byte) before ``prepare_weights``.
+``RowMajorKernel``), declares its ``KIND`` and defines ``_matmul``; see
+docs/adding-a-kernel.md. ``canonicalize_fp8_`` makes an FP8 weight of one's own canonical
+(no -0, no NaN byte) before ``prepare_weights``.
 The last group of ``__all__`` is for kernelpick's other packages, which import the
 kernels from here and never from their private modules.
 """
