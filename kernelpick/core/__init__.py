@@ -4,9 +4,9 @@ Imports only the standard library and attrs, never torch or cupy, so an engine c
 selection for any device on any machine. ``import kernelpick as kp`` re-exports the part
 the README uses; this namespace adds the value types for building configs and devices by
 hand (``Dtype``, ``Version``, ``GroupShape``...), ``evaluate`` and the policy's variables.
-The rule classes a kernel declares are here too, and users read them as ``kp.rules``. The
-last group of ``__all__`` is for kernelpick's other packages, which import the core from
-here and never from its private modules.
+The rule classes a kernel declares are in ``kernelpick.core.rules``, which users read as
+``kp.rules``. The last group of ``__all__`` is for kernelpick's other packages, which import
+the core from here and never from its private modules.
 """
 
 from kernelpick.core._arch import Arch, CpuArch, CudaArch, Platform, RocmArch, Version
@@ -18,19 +18,6 @@ from kernelpick.core._catalog_facts import (
     CPU_FP8_WEIGHTS,
     INT8_DOT_ISA,
     INT_MM_MIN_TOKENS,
-)
-from kernelpick.core._config_rules import (
-    ActivationScales,
-    Alignment,
-    DynamicActivationScales,
-    Fp8Dtypes,
-    InputDtypes,
-    MinTokens,
-    NotBothPerTensor,
-    OutDtypes,
-    QuantDtypes,
-    ScaleDtypes,
-    WeightScales,
 )
 from kernelpick.core._decision import (
     DEGRADED_NOTE,
@@ -47,17 +34,6 @@ from kernelpick.core._device import (
     FEATURE_SCALED_MM_ROWWISE,
     DeviceCaps,
 )
-from kernelpick.core._device_rules import (
-    CpuIsa,
-    CpuIsaAnyOf,
-    CudaArchs,
-    MinComputeCapability,
-    MinTorch,
-    NeedsLibrary,
-    NeedsToolchain,
-    NeedsTorchFeature,
-    RocmArchs,
-)
 from kernelpick.core._dtypes import HIGH_PRECISION, Dtype
 from kernelpick.core._errors import (
     InvalidValueError,
@@ -69,10 +45,10 @@ from kernelpick.core._errors import (
     parse_enum,
     positive_int,
 )
-from kernelpick.core._kinds import KIND_TABLE, Service, kind_reason
+from kernelpick.core._kinds import kind_reason
 from kernelpick.core._policy import ENV_DISABLED, ENV_FORCE, ENV_STRICT, Policy, split_ids
 from kernelpick.core._profiles import device_profile, device_profiles
-from kernelpick.core._quant import ActivationGrouping, GroupShape, QuantConfig, QuantKey, ScaleSpec
+from kernelpick.core._quant import GroupShape, QuantConfig, QuantKey, ScaleSpec
 from kernelpick.core._reasons import Reason, RejectCode
 from kernelpick.core._schemes import (
     DEFAULT_BLOCK_SIZE,
@@ -83,7 +59,7 @@ from kernelpick.core._schemes import (
     scheme_of,
 )
 from kernelpick.core._select import cache_info, choose, clear_cache, evaluate, rule_reasons
-from kernelpick.core._specs import KIND_RULES, Catalog, KernelKind, KernelSpec, Requirement
+from kernelpick.core._specs import Catalog, KernelKind, KernelSpec
 from kernelpick.core._typing import assert_never
 
 
@@ -137,35 +113,6 @@ __all__ = [
     "evaluate",
     "quant_config",
     "scheme_of",
-]
-# The rules a kernel declares in its catalog row, the kind rules the core adds and the
-# table they read: kernelpick/rules.py gathers them as ``kp.rules``.
-__all__ += [
-    "KIND_RULES",
-    "KIND_TABLE",
-    "ActivationGrouping",
-    "ActivationScales",
-    "Alignment",
-    "CpuIsa",
-    "CpuIsaAnyOf",
-    "CudaArchs",
-    "DynamicActivationScales",
-    "Fp8Dtypes",
-    "InputDtypes",
-    "MinComputeCapability",
-    "MinTokens",
-    "MinTorch",
-    "NeedsLibrary",
-    "NeedsToolchain",
-    "NeedsTorchFeature",
-    "NotBothPerTensor",
-    "OutDtypes",
-    "QuantDtypes",
-    "Requirement",
-    "RocmArchs",
-    "ScaleDtypes",
-    "Service",
-    "WeightScales",
 ]
 # For kernelpick's other packages (kernels, adapters, integration, engines, cli): the
 # catalog facts the families and probes read, shared validators and the parts of a
