@@ -45,6 +45,7 @@ __all__ = [
     "check_fp8_finite",
     "check_positive_finite",
     "dequantize_weight",
+    "has_negative_zero",
     "one_tensor_scale",
     "positive_zero_",
     "quantize_canonical",
@@ -88,6 +89,16 @@ def positive_zero_(weight: torch.Tensor, chunk_rows: int = CHUNK_ROWS) -> None:
     for start in range(0, rows.shape[0], chunk_rows):
         chunk = rows[start : start + chunk_rows]
         chunk.masked_fill_(chunk == _NEGATIVE_ZERO, 0)
+
+
+def has_negative_zero(weight: torch.Tensor, chunk_rows: int = CHUNK_ROWS) -> bool:
+    """Whether an e4m3fn tensor holds a -0 byte (0x80), which ``positive_zero_`` rewrites:
+    so a caller that does not own the tensor knows whether to copy it first."""
+    rows = _rows(weight.view(torch.uint8))
+    return any(
+        bool((rows[start : start + chunk_rows] == _NEGATIVE_ZERO).any())
+        for start in range(0, rows.shape[0], chunk_rows)
+    )
 
 
 def stored_scale(scale: torch.Tensor) -> torch.Tensor:

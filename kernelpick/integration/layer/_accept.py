@@ -43,6 +43,7 @@ from kernelpick.kernels import (
     check_finite,
     check_fp8_finite,
     check_tensor,
+    has_negative_zero,
     one_tensor_scale,
     positive_zero_,
     quantize_canonical,
@@ -183,20 +184,12 @@ def accept(
     if merge:
         weight, scale = one_tensor_scale(weight, shards, scale, chunk_rows)
     elif fp8:
-        if not owned and _has_negative_zero(weight, chunk_rows):
+        if not owned and has_negative_zero(weight, chunk_rows):
             weight = weight.clone()
         positive_zero_(weight, chunk_rows)
     if static is not None and static.numel() > 1:
         static = static.amax().reshape(1)
     return CanonicalWeights(weight, scale, static)
-
-
-def _has_negative_zero(weight: torch.Tensor, chunk_rows: int) -> bool:
-    bits = weight.view(torch.uint8).reshape(weight.shape[0], -1)
-    return any(
-        bool((bits[start : start + chunk_rows] == 0x80).any())
-        for start in range(0, bits.shape[0], chunk_rows)
-    )
 
 
 def check_bias(

@@ -80,12 +80,7 @@ def bundle_for(layer: torch.nn.Module, state: LayerState) -> WeightBundle:
     """What ``state``'s kernel runs on: the bundle it prepared from ``layer``'s canonical
     parameters, prepared again (the one place that happens after ``install``) only when
     they are not the tensors it was made from any more."""
-    kernel = state.bound
-    if kernel is None:
-        raise InvalidValueError(
-            "layer", state.name,
-            "a layer whose weights were processed: call process_weights_after_loading first",
-        )  # fmt: skip
+    kernel = _bound(state)
     params = layer._parameters
     weight, scale, static = params["weight"], params["weight_scale"], params.get("input_scale")
     if weight is None or scale is None:
@@ -103,8 +98,13 @@ def bundle_for(layer: torch.nn.Module, state: LayerState) -> WeightBundle:
 def run(layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """Run a processed layer's kernel on what it prepared: ``x [..., K]`` -> ``[..., N]``."""
     state = layer_state(layer)
-    bundle = bundle_for(layer, state)
-    kernel = state.bound
-    if kernel is None:  # bundle_for() refused it already; for the type checker
-        raise InvalidValueError("layer", state.name, "a processed layer")
-    return kernel.apply(x, bundle, bias)
+    return _bound(state).apply(x, bundle_for(layer, state), bias)
+
+
+def _bound(state: LayerState) -> Kernel:
+    if state.bound is None:
+        raise InvalidValueError(
+            "layer", state.name,
+            "a layer whose weights were processed: call process_weights_after_loading first",
+        )  # fmt: skip
+    return state.bound
