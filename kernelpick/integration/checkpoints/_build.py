@@ -11,7 +11,7 @@ from kernelpick.core import KernelpickError
 from kernelpick.integration._errors import CheckpointError, ModelConversionError
 from kernelpick.integration.checkpoints._load_plan import LoadPlan, PlannedLayer
 from kernelpick.integration.checkpoints._safetensors_io import Checkpoint
-from kernelpick.integration.layer import LayerSteps, QuantizedLinear, accept, frozen, install
+from kernelpick.integration.layer import LayerSteps, QuantizedLinear, accept, install
 
 __all__ = ["build"]
 
@@ -47,18 +47,11 @@ def _read_layer(
         owned=True, chunk_rows=steps.chunk_rows,
     )  # fmt: skip
     if weight is not None:
-        weights = attrs.evolve(weights, weight=weight)
-    params = attrs.evolve(weights, weight=_param(weights.weight), weight_scale=frozen(
-        weights.weight_scale), input_scale=None if weights.input_scale is None else frozen(
-        weights.input_scale))  # fmt: skip
+        weights = attrs.evolve(weights, weight=weight)  # the tied layer's parameter, shared
     kept = None if bias is None else torch.nn.Parameter(bias, linear.bias.requires_grad)
     module = QuantizedLinear(linear.in_features, linear.out_features, steps, kept)
-    install(module, state, layer.bound, params)
+    install(module, state, layer.bound, weights)  # it makes the parameters
     return module
-
-
-def _param(tensor: torch.Tensor) -> torch.nn.Parameter:
-    return tensor if isinstance(tensor, torch.nn.Parameter) else frozen(tensor)
 
 
 def build(
