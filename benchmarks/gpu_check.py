@@ -160,7 +160,7 @@ def _figures(caps: Any, median_ms: Timer) -> dict[str, Any]:
     import torch
 
     from kernelpick.core import Dtype
-    from kernelpick.kernels._cupy_ops import quantize_per_token_cupy
+    from kernelpick.kernels._cupy_quant import quantize_per_token_cupy
     from kernelpick.kernels._cupy_runtime import cupy_usable
 
     figures: dict[str, Any] = {}

@@ -32,7 +32,7 @@ from kernelpick.kernels._canonical import (
     check_positive_finite,
     quantize_canonical,
 )
-from kernelpick.kernels._cupy_ops import quantize_per_token_cupy
+from kernelpick.kernels._cupy_quant import quantize_per_token_cupy
 from kernelpick.kernels._fnuz import as_fnuz
 from kernelpick.kernels._quantize import (
     quantize,

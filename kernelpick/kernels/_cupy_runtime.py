@@ -20,8 +20,9 @@ import numpy as np
 import torch
 
 from kernelpick.core import InvalidValueError
+from kernelpick.kernels._torch import reject
 
-__all__ = ["Grid", "cupy_usable", "launch"]
+__all__ = ["Grid", "cuda_device", "cupy_usable", "launch"]
 
 # cupy's CUDA errors subclass RuntimeError; a missing libcuda or libnvrtc is an OSError.
 _CUPY_ERRORS = (ImportError, RuntimeError, OSError)
@@ -40,6 +41,13 @@ def cupy_usable() -> bool:
     except _CUPY_ERRORS:
         return False
     return isinstance(count, int) and count > 0
+
+
+def cuda_device(name: str, tensor: torch.Tensor) -> torch.device:
+    """The CUDA device ``tensor`` lives on; any other device is refused by ``name``."""
+    if tensor.device.type != "cuda":
+        raise reject(name, tensor, "a CUDA tensor (the cupy kernels run on NVIDIA GPUs)")
+    return tensor.device
 
 
 @attrs.frozen

@@ -13,7 +13,7 @@ import torch
 
 from kernelpick.core import GroupShape, KernelKind
 from kernelpick.kernels._base import RowMajorKernel, WeightBundle
-from kernelpick.kernels._cupy_ops import GEMV_MAX_M, w8a16_gemv_cupy
+from kernelpick.kernels._cupy_gemv import GEMV_MAX_M, w8a16_gemv_cupy
 from kernelpick.kernels._quantize import expand_scales
 
 __all__ = ["CupyGemvW8A16", "DequantMatmul"]

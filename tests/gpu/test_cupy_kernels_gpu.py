@@ -8,7 +8,8 @@ import torch
 
 import kernelpick as kp
 from kernelpick.core import Dtype
-from kernelpick.kernels._cupy_ops import GEMV_MAX_M, quantize_per_token_cupy, w8a16_gemv_cupy
+from kernelpick.kernels._cupy_gemv import GEMV_MAX_M, w8a16_gemv_cupy
+from kernelpick.kernels._cupy_quant import quantize_per_token_cupy
 from kernelpick.kernels._cupy_runtime import cupy_usable
 from kernelpick.kernels._quantize import quantize_per_token
 from tests.support.emulation import BOUND, relative_error

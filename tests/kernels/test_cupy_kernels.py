@@ -22,22 +22,22 @@ import torch
 import kernelpick as kp
 from kernelpick.core import Dtype
 from kernelpick.kernels import LAUNCHES
-from kernelpick.kernels._cupy_ops import (
+from kernelpick.kernels._cupy_codecs import render_codecs
+from kernelpick.kernels._cupy_gemv import (
     gemv_launch,
+    gemv_specializations,
     gemv_vec,
-    quant_launch,
-    quant_vec,
-    quantize_per_token_cupy,
+    render_gemv,
     w8a16_gemv_cupy,
 )
-from kernelpick.kernels._cupy_runtime import cupy_usable
-from kernelpick.kernels._cupy_source import (
-    GemvSpec,
-    QuantSpec,
-    render_codecs,
-    render_gemv,
+from kernelpick.kernels._cupy_quant import (
+    quant_launch,
+    quant_specializations,
+    quant_vec,
+    quantize_per_token_cupy,
     render_quant_per_token,
 )
+from kernelpick.kernels._cupy_runtime import cupy_usable
 
 BF16, FP16, FP32 = Dtype.BFLOAT16, Dtype.FLOAT16, Dtype.FLOAT32
 FN, FNUZ = Dtype.FLOAT8_E4M3FN, Dtype.FLOAT8_E4M3FNUZ
@@ -45,16 +45,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _specializations() -> list[tuple[str, str]]:
-    sources = []
-    for fp8 in (FN, FNUZ):
-        for dtype, vec in ((BF16, 8), (BF16, 1), (FP16, 8), (FP32, 1)):
-            spec = QuantSpec(dtype, fp8, vec)
-            sources.append((spec.name, render_quant_per_token(spec)))
-        for x, out in ((BF16, BF16), (FP16, FP32), (BF16, FP16)):
-            for vec in (16, 4, 1):
-                gemv = GemvSpec(x, out, fp8, vec, 8, 4)
-                sources.append((gemv.name, render_gemv(gemv)))
-    return sources
+    quant = [(spec.name, render_quant_per_token(spec)) for spec in quant_specializations()]
+    return quant + [(spec.name, render_gemv(spec)) for spec in gemv_specializations()]
 
 
 @pytest.mark.slow

@@ -1,0 +1,131 @@
+"""The element codecs of the hand-written CUDA kernels, as CUDA C text.
+
+Pure text: no cupy and no CUDA header. Element types are decoded and encoded with bit
+arithmetic in the source itself (bf16, fp16, e4m3fn, e4m3fnuz), so NVRTC needs no include
+path and the codecs also compile as host C++ (``KP_HD`` is ``static inline`` there), as the
+CPU tests check them against torch on every FP8 byte.
+"""
+
+from __future__ import annotations
+
+from kernelpick.core import Dtype, InvalidValueError
+
+__all__ = [
+    "CODECS",
+    "LOAD",
+    "STORE",
+    "render_codecs",
+    "storage_type",
+]
+
+# Element storage types: 16-bit floats travel as their bits.
+_STORAGE = {Dtype.BFLOAT16: "u16", Dtype.FLOAT16: "u16", Dtype.FLOAT32: "float"}
+LOAD = {Dtype.BFLOAT16: "kp_bf16_to_f32", Dtype.FLOAT16: "kp_f16_to_f32", Dtype.FLOAT32: ""}
+STORE = {Dtype.BFLOAT16: "kp_f32_to_bf16", Dtype.FLOAT16: "kp_f32_to_f16", Dtype.FLOAT32: ""}
+_FP8 = {Dtype.FLOAT8_E4M3FN: (7, 0, 0x7E), Dtype.FLOAT8_E4M3FNUZ: (8, 1, 0x7F)}
+
+CODECS = r"""
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+
+KP_HD float kp_bits_to_f32(u32 u) { union { u32 u; float f; } c; c.u = u; return c.f; }
+KP_HD u32 kp_f32_to_bits(float f) { union { u32 u; float f; } c; c.f = f; return c.u; }
+
+KP_HD float kp_bf16_to_f32(u16 b) { return kp_bits_to_f32(((u32)b) << 16); }
+
+KP_HD u16 kp_f32_to_bf16(float f) {
+    u32 x = kp_f32_to_bits(f);
+    if ((x & 0x7FFFFFFFu) > 0x7F800000u) return (u16)((x >> 16) | 0x40u);  /* quiet NaN */
+    x += 0x7FFFu + ((x >> 16) & 1u);                                    /* round to nearest even */
+    return (u16)(x >> 16);
+}
+
+KP_HD float kp_f16_to_f32(u16 h) {
+    u32 sign = ((u32)(h & 0x8000u)) << 16, exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
+    if (exp == 0) {                                   /* zero or subnormal: man * 2^-24 */
+        float f = (float)man * 5.9604644775390625e-8f;
+        return sign ? -f : f;
+    }
+    if (exp == 31) return kp_bits_to_f32(sign | 0x7F800000u | (man << 13));
+    return kp_bits_to_f32(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+KP_HD u16 kp_f32_to_f16(float f) {
+    u32 x = kp_f32_to_bits(f), sign = (x >> 16) & 0x8000u, ax = x & 0x7FFFFFFFu;
+    if (ax > 0x7F800000u) return (u16)(sign | 0x7E00u);
+    if (ax >= 0x477FF000u) return (u16)(sign | 0x7C00u);  /* >= 65520 rounds to inf */
+    if (ax < 0x38800000u) {                              /* below 2^-14: subnormal or zero */
+        float q = kp_bits_to_f32(ax) * 16777216.0f;      /* in units of 2^-24, exact */
+        u32 n = (u32)q;
+        float r = q - (float)n;
+        if (r > 0.5f || (r == 0.5f && (n & 1u))) n++;
+        return (u16)(sign | n);
+    }
+    u32 h = (((ax >> 23) - 112u) << 10) | ((ax & 0x7FFFFFu) >> 13), rem = ax & 0x1FFFu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
+    return (u16)(sign | h);
+}
+
+/* e4m3: bias KP_FP8_BIAS (7 for e4m3fn, 8 for e4m3fnuz). e4m3fn: NaN is S.1111.111 and
+   -0 exists; e4m3fnuz: the only NaN is 0x80, so there is no -0. */
+KP_HD float kp_fp8_to_f32(u8 b) {
+    u32 sign = ((u32)(b & 0x80u)) << 24, exp = (b >> 3) & 0xFu, man = b & 0x7u;
+#if KP_FP8_FNUZ
+    if (b == 0x80u) return kp_bits_to_f32(0x7FC00000u);
+#else
+    if ((b & 0x7Fu) == 0x7Fu) return kp_bits_to_f32(sign | 0x7FC00000u);
+#endif
+    if (exp == 0) {                                   /* subnormal: man * 2^(-bias-2) */
+        float f = (float)man * KP_FP8_SUBNORMAL_UNIT;
+        return sign ? -f : f;
+    }
+    return kp_bits_to_f32(sign | ((exp + 127u - KP_FP8_BIAS) << 23) | (man << 20));
+}
+
+/* Round to nearest even. Callers clamp to the FP8 range first; KP_FP8_MAX_CODE guards it. */
+KP_HD u8 kp_f32_to_fp8(float f) {
+    u32 x = kp_f32_to_bits(f), ax = x & 0x7FFFFFFFu;
+    u32 sign = (x >> 24) & 0x80u;
+    if (ax > 0x7F800000u) return (u8)(KP_FP8_FNUZ ? 0x80u : (sign | 0x7Fu));
+    float v = kp_bits_to_f32(ax);
+    if (v < KP_FP8_MIN_NORMAL) {                      /* subnormal: units of 2^(-bias-2) */
+        float q = v / KP_FP8_SUBNORMAL_UNIT;          /* a power-of-two division: exact */
+        u32 n = (u32)q;
+        float r = q - (float)n;
+        if (r > 0.5f || (r == 0.5f && (n & 1u))) n++;  /* n == 8 is the least normal: right */
+        if (KP_FP8_FNUZ && n == 0u) sign = 0u;          /* no -0 in e4m3fnuz */
+        return (u8)(sign | n);
+    }
+    u32 code = ((((ax >> 23) - 127u + KP_FP8_BIAS)) << 3) | ((ax & 0x7FFFFFu) >> 20);
+    u32 rem = ax & 0xFFFFFu;
+    if (rem > 0x80000u || (rem == 0x80000u && (code & 1u))) code++;
+    if (code > KP_FP8_MAX_CODE) code = KP_FP8_MAX_CODE;
+    return (u8)(sign | code);
+}
+"""
+
+
+def _fp8_defines(fp8: Dtype) -> str:
+    if fp8 not in _FP8:
+        raise InvalidValueError("FP8 format", fp8.value, "float8_e4m3fn or float8_e4m3fnuz")
+    bias, fnuz, max_code = _FP8[fp8]
+    return (
+        f"#define KP_FP8_BIAS {bias}u\n#define KP_FP8_FNUZ {fnuz}\n"
+        f"#define KP_FP8_MAX_CODE 0x{max_code:X}u\n"
+        f"#define KP_FP8_SUBNORMAL_UNIT {2.0 ** (-bias - 2)!r}f\n"
+        f"#define KP_FP8_MIN_NORMAL {2.0 ** (1 - bias)!r}f\n"
+    )
+
+
+def render_codecs(fp8: Dtype, *, device: bool = True) -> str:
+    """The codec functions for ``fp8``, for NVRTC (``device``) or a host C++ compiler."""
+    qualifier = "__device__ __forceinline__" if device else "static inline"
+    return f"#define KP_HD {qualifier}\n{_fp8_defines(fp8)}{CODECS}"
+
+
+def storage_type(dtype: Dtype, what: str) -> str:
+    """The C type an element of ``dtype`` travels as (16-bit floats as their bits)."""
+    if dtype not in _STORAGE:
+        raise InvalidValueError(what, dtype.value, "bfloat16, float16 or float32")
+    return _STORAGE[dtype]

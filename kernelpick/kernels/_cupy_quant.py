@@ -1,0 +1,168 @@
+"""The fused dynamic per-token FP8 quantizer: CUDA C source per specialization, launch
+geometry (pure helpers), and the torch-facing op.
+
+One kernel does amax, scale, clamp and cast per row, where torch ops take several passes
+over memory.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import attrs
+import numpy as np
+import torch
+
+from kernelpick.core import Dtype, InvalidValueError
+from kernelpick.kernels._cupy_codecs import LOAD, render_codecs, storage_type
+from kernelpick.kernels._cupy_runtime import Grid, cuda_device, launch
+from kernelpick.kernels._quantize import scale_floor
+from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
+
+__all__ = [
+    "QUANT_MAX_THREADS",
+    "QuantSpec",
+    "quant_launch",
+    "quant_specializations",
+    "quant_vec",
+    "quantize_per_token_cupy",
+    "render_quant_per_token",
+]
+
+QUANT_MAX_THREADS = 256
+_HALF = (torch.bfloat16, torch.float16)
+
+
+@attrs.frozen
+class QuantSpec:
+    """One specialization of the per-token quantizer."""
+
+    in_dtype: Dtype
+    fp8: Dtype
+    vec: int  # elements per load: 8 (16-byte loads of 16-bit input) or 1
+
+    @property
+    def name(self) -> str:
+        return f"kp_quant_per_token_{self.in_dtype.value}_{self.fp8.value}_v{self.vec}"
+
+
+def render_quant_per_token(spec: QuantSpec) -> str:
+    """Dynamic per-token quantization, one block per row: amax, scale, clamp, cast.
+
+    The formula of ``kernels._quantize`` (docs/design.md#quantization-numerics):
+    scale = max(amax / fp8_max, scale_floor(fp8)); values are clamped to the FP8 range
+    before the cast and NaN stays NaN.
+    """
+    storage = storage_type(spec.in_dtype, "quantizer input dtype")
+    if spec.vec not in (1, 8) or (spec.vec == 8 and storage != "u16"):
+        raise InvalidValueError("vec", spec.vec, "8 (16-bit input) or 1")
+    qmax = spec.fp8.quant_max
+    load = LOAD[spec.in_dtype]
+    return f"""{render_codecs(spec.fp8)}
+#define KP_QMAX {qmax!r}f
+#define KP_FLOOR {scale_floor(spec.fp8)!r}f
+#define KP_VEC {spec.vec}
+typedef {storage} in_t;
+
+__device__ __forceinline__ float kp_warp_max(float v) {{
+    for (int offset = 16; offset > 0; offset >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, offset));
+    return v;
+}}
+
+__device__ __forceinline__ u8 kp_quant(float v, float scale) {{
+    float q = v / scale;
+    if (q == q) q = fminf(fmaxf(q, -KP_QMAX), KP_QMAX);  /* clamp, but keep NaN as NaN */
+    return kp_f32_to_fp8(q);
+}}
+
+extern "C" __global__ void {spec.name}(
+    const in_t* __restrict__ x, u8* __restrict__ q, float* __restrict__ scales,
+    int rows, int cols, long long x_row_stride)
+{{
+    __shared__ float warp_max[32];
+    const int row = blockIdx.x;
+    if (row >= rows) return;
+    const in_t* xr = x + (long long)row * x_row_stride;
+    u8* qr = q + (long long)row * cols;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float amax = 0.0f;
+#if KP_VEC == 8
+    const int vecs = cols / 8;
+    for (int i = threadIdx.x; i < vecs; i += blockDim.x) {{
+        uint4 packed = reinterpret_cast<const uint4*>(xr)[i];
+        const u16* h = reinterpret_cast<const u16*>(&packed);
+        for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf({load}(h[j])));
+    }}
+#else
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) amax = fmaxf(amax, fabsf({load}(xr[i])));
+#endif
+    amax = kp_warp_max(amax);
+    if (lane == 0) warp_max[warp] = amax;
+    __syncthreads();
+    if (warp == 0) {{
+        amax = lane < (int)(blockDim.x >> 5) ? warp_max[lane] : 0.0f;
+        amax = kp_warp_max(amax);
+        if (lane == 0) warp_max[0] = amax;
+    }}
+    __syncthreads();
+    const float scale = fmaxf(warp_max[0] / KP_QMAX, KP_FLOOR);
+    if (threadIdx.x == 0) scales[row] = scale;
+#if KP_VEC == 8
+    for (int i = threadIdx.x; i < vecs; i += blockDim.x) {{
+        uint4 packed = reinterpret_cast<const uint4*>(xr)[i];
+        const u16* h = reinterpret_cast<const u16*>(&packed);
+        uint2 out;
+        u8* o = reinterpret_cast<u8*>(&out);
+        for (int j = 0; j < 8; ++j) o[j] = kp_quant({load}(h[j]), scale);
+        reinterpret_cast<uint2*>(qr)[i] = out;
+    }}
+#else
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) qr[i] = kp_quant({load}(xr[i]), scale);
+#endif
+}}
+"""
+
+
+def quant_specializations() -> tuple[QuantSpec, ...]:
+    """Every specialization ``quantize_per_token_cupy`` can launch."""
+    return tuple(
+        QuantSpec(dtype, fp8, vec)
+        for fp8 in (Dtype.FLOAT8_E4M3FN, Dtype.FLOAT8_E4M3FNUZ)
+        for dtype, vec in ((Dtype.BFLOAT16, 8), (Dtype.BFLOAT16, 1), (Dtype.FLOAT16, 8),
+                           (Dtype.FLOAT16, 1), (Dtype.FLOAT32, 1))
+    )  # fmt: skip
+
+
+_quant_source = functools.lru_cache(maxsize=64)(render_quant_per_token)
+
+
+def quant_vec(dtype: torch.dtype, cols: int, row_stride: int, address: int) -> int:
+    """8 elements per load (16 bytes of a 16-bit input) when rows allow it, else 1."""
+    aligned = cols % 8 == 0 and row_stride % 8 == 0 and address % 16 == 0
+    return 8 if dtype in _HALF and aligned else 1
+
+
+def quant_launch(rows: int, cols: int, vec: int) -> Grid:
+    """One block per row; enough warps to cover the row once, at most 256 threads."""
+    loads = -(-cols // vec)
+    threads = min(QUANT_MAX_THREADS, max(32, -(-loads // 32) * 32))
+    return Grid((rows, 1, 1), (threads, 1, 1))
+
+
+def quantize_per_token_cupy(x: torch.Tensor, fp8: Dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [M, K]`` -> (FP8 ``[M, K]``, fp32 scales ``[M, 1]``), as ``quantize_per_token``."""
+    check_tensor("x", x, dtypes=(*_HALF, torch.float32), shape=(None, None))
+    device = cuda_device("x", x)
+    if x.stride(1) != 1:
+        raise reject("x", x, "rows stored contiguously (stride 1 along K)")
+    rows, cols = x.shape
+    q = torch.empty((rows, cols), dtype=torch_dtype(fp8), device=device)
+    scales = torch.empty((rows, 1), dtype=torch.float32, device=device)
+    if rows == 0 or cols == 0:
+        return q, scales.fill_(scale_floor(fp8))
+    vec = quant_vec(x.dtype, cols, x.stride(0), x.data_ptr())
+    spec = QuantSpec(Dtype.parse(x.dtype), fp8, vec)
+    args = (x, q, scales, np.int32(rows), np.int32(cols), np.int64(x.stride(0)))
+    launch(spec.name, _quant_source(spec), quant_launch(rows, cols, vec), args, device)
+    return q, scales
