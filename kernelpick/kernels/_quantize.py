@@ -62,6 +62,18 @@ def scale_floor(fp8: Dtype) -> float:
     return 1.0 / (fp8.quant_max * SCALE_FLOOR_DIVISOR)
 
 
+def _quant_max(fmt: Dtype, like: torch.Tensor) -> torch.Tensor:
+    """The format's largest value as a 0-dim fp32 tensor on ``like``'s device.
+
+    Scales divide by this rather than by a Python number: CUDA torch computes
+    ``tensor / python_scalar`` (and a division by a CPU 0-dim tensor) as
+    ``tensor * reciprocal(scalar)`` (aten/src/ATen/native/cuda/BinaryDivTrueKernel.cu),
+    which is 1 ulp off the exact quotient for about a third of amaxes and flips FP8 ties.
+    A divisor on the data's own device is divided exactly on every device, as the cupy
+    quantizer does."""
+    return torch.tensor(fmt.quant_max, dtype=torch.float32, device=like.device)
+
+
 def _scaled(t: torch.Tensor, scale: torch.Tensor, fp8: Dtype) -> torch.Tensor:
     """``t / scale`` in fp32, clamped to the FP8 range: one copy, then in place."""
     limit = fp8.quant_max
@@ -90,7 +102,7 @@ def _power_of_two_scale(amax: torch.Tensor, fmt: Dtype) -> torch.Tensor:
 def _row_scale(t: torch.Tensor, fp8: Dtype) -> torch.Tensor:
     # The amax is exact in the input's own dtype, so it is taken there (fewer bytes read).
     amax = t.abs().amax(dim=-1, keepdim=True).float()
-    return (amax / fp8.quant_max).clamp_(min=scale_floor(fp8))
+    return (amax / _quant_max(fp8, amax)).clamp_(min=scale_floor(fp8))
 
 
 def quantize_per_token(x: torch.Tensor, fp8: Dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,7 +113,8 @@ def quantize_per_token(x: torch.Tensor, fp8: Dtype) -> tuple[torch.Tensor, torch
 
 def quantize_per_tensor(x: torch.Tensor, fp8: Dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Dynamic per-tensor: ``x`` -> (FP8, fp32 0-dim scale)."""
-    scale = (x.abs().amax().float() / fp8.quant_max).clamp_(min=scale_floor(fp8))
+    amax = x.abs().amax().float()
+    scale = (amax / _quant_max(fp8, amax)).clamp_(min=scale_floor(fp8))
     return _cast(x, scale, fp8), scale
 
 
@@ -149,7 +162,7 @@ def _group_amax(values: torch.Tensor, extents: tuple[int, int]) -> torch.Tensor:
 def _group_scale(amax: torch.Tensor, fmt: Dtype, scale_dtype: Dtype) -> torch.Tensor:
     if scale_dtype is Dtype.FLOAT8_E8M0FNU:
         return _power_of_two_scale(amax, fmt)
-    return (amax / fmt.quant_max).clamp_(min=scale_floor(fmt))
+    return (amax / _quant_max(fmt, amax)).clamp_(min=scale_floor(fmt))
 
 
 def quantize(
