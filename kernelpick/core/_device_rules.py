@@ -172,7 +172,10 @@ class NeedsLibrary:
     def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
         if self.library in caps.libraries:
             return None
-        found = f"{self.library} is not usable (not installed, or no driver)"
+        found = (
+            f"{self.library} is not usable "
+            "(not installed, no driver, or NVRTC cannot compile a kernel)"
+        )
         return Reason(RejectCode.LIBRARY_UNAVAILABLE, self.library, found)
 
     def render(self) -> str:

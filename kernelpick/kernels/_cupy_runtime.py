@@ -3,8 +3,8 @@
 cupy has no type information and its first real use raises without a GPU, so it is
 imported lazily, inside these functions only, never at ``import kernelpick``. Compiled
 kernels are cached per (source, device). A launch runs inside the device's context on
-torch's current stream (wrapped as a cupy ``ExternalStream``), so it is ordered with torch
-work and is captured with it in a CUDA graph.
+torch's current stream (wrapped as a cupy stream), so it is ordered with torch work and
+is captured with it in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,10 +23,19 @@ import torch
 from kernelpick.core import InvalidValueError
 from kernelpick.kernels._torch import reject
 
-__all__ = ["Grid", "cuda_device", "cupy_usable", "launch"]
+__all__ = ["Grid", "cuda_device", "cupy_unusable_reason", "cupy_usable", "launch"]
 
-# cupy's CUDA errors subclass RuntimeError; a missing libcuda or libnvrtc is an OSError.
+LOGGER = logging.getLogger("kernelpick.kernels")
+
+# All RuntimeError: cupy's CUDA errors, NVRTC's (NVRTCError), and a library cupy cannot
+# find (cupy 14: cuda.pathfinder's DynamicLibNotFoundError; cupy 13: "CuPy failed to
+# load ..."). ctypes' own loading raises OSError.
 _CUPY_ERRORS = (ImportError, RuntimeError, OSError)
+
+# NVRTC's options for every cupy kernel here, and for the probe's kernel: the smallest
+# that proves NVRTC loads and compiles.
+_NVRTC_OPTIONS = ("--std=c++14",)
+_PROBE_SOURCE = 'extern "C" __global__ void kp_probe(float* out) { out[threadIdx.x] = 0.0f; }'
 
 
 def _cupy() -> Any:
@@ -33,14 +43,58 @@ def _cupy() -> Any:
 
 
 def cupy_usable() -> bool:
-    """Whether cupy imports and a CUDA driver answers it with at least one device."""
+    """Whether the cupy kernels can run here (``cupy_unusable_reason`` is None)."""
+    return cupy_unusable_reason() is None
+
+
+@functools.cache
+def cupy_unusable_reason() -> str | None:
+    """Why the cupy kernels cannot run in this process, or None when they can: cupy
+    imports, a CUDA driver answers it with at least one device, and NVRTC (which compiles
+    every cupy kernel at first use) compiles a kernel. Probed once per process; the reason
+    is logged to ``kernelpick.kernels``."""
+    reason, level = _unusable_reason()
+    if reason is not None:
+        LOGGER.log(level, "cupy is not usable: %s", reason)
+    return reason
+
+
+def _unusable_reason() -> tuple[str | None, int]:
+    """The reason and the level it is logged at: no cupy or no GPU is the ordinary case of
+    a CPU host (debug); a GPU that cupy sees but cannot compile for is a broken install."""
     try:
         if importlib.util.find_spec("cupy") is None:
-            return False
-        count = _cupy().cuda.runtime.getDeviceCount()
-    except _CUPY_ERRORS:
-        return False
-    return isinstance(count, int) and count > 0
+            return "cupy is not installed", logging.DEBUG
+        cupy = _cupy()
+        count = cupy.cuda.runtime.getDeviceCount()
+    except _CUPY_ERRORS as error:
+        return f"no CUDA driver answers cupy ({_first_line(error)})", logging.DEBUG
+    if not isinstance(count, int) or count < 1:
+        return "the CUDA driver sees no device", logging.DEBUG
+    try:
+        compiled = _nvrtc_compiles(cupy.cuda.nvrtc)
+    except _CUPY_ERRORS as error:
+        return f"NVRTC cannot compile a kernel ({_first_line(error)})", logging.WARNING
+    if not compiled:
+        return "NVRTC cannot compile a kernel (it returned no PTX)", logging.WARNING
+    return None, logging.DEBUG
+
+
+def _nvrtc_compiles(nvrtc: Any) -> bool:
+    # cupy's NVRTC binding itself: cupy's compiler front end asks the driver for the
+    # device's arch first, and NVRTC needs neither a device nor a context.
+    program = nvrtc.createProgram(_PROBE_SOURCE, "kp_probe.cu", (), ())
+    try:
+        nvrtc.compileProgram(program, _NVRTC_OPTIONS)
+        return bool(nvrtc.getPTX(program))
+    finally:
+        nvrtc.destroyProgram(program)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    name = type(error).__name__
+    return f"{name}: {text.splitlines()[0]}" if text else name
 
 
 def cuda_device(name: str, tensor: torch.Tensor) -> torch.device:
@@ -64,7 +118,7 @@ def _compiled(name: str, source: str, device_index: int) -> Any:
     cupy = _cupy()
     with cupy.cuda.Device(device_index):
         # NVRTC: no include path is needed, the source decodes its own element types.
-        kernel = cupy.RawKernel(source, name, options=("--std=c++14",))
+        kernel = cupy.RawKernel(source, name, options=_NVRTC_OPTIONS)
         kernel.compile()
     return kernel
 
@@ -104,6 +158,7 @@ def launch(
 def _torch_stream(cupy: Any, device: torch.device) -> Any:
     """torch's current stream on ``device`` as a cupy stream (usable as a context)."""
     stream = torch.cuda.current_stream(device)
-    if hasattr(cupy.cuda.Stream, "from_external"):  # cupy >= 14: the CUDA stream protocol
+    # from_external (cupy 14, cupy#9567) needs __cuda_stream__ (torch 2.10, pytorch#163614).
+    if hasattr(cupy.cuda.Stream, "from_external") and hasattr(stream, "__cuda_stream__"):
         return cupy.cuda.Stream.from_external(stream)
     return cupy.cuda.ExternalStream(stream.cuda_stream, device.index)

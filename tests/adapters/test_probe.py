@@ -32,7 +32,7 @@ from kernelpick.core import (
     RocmArch,
     Version,
 )
-from kernelpick.kernels._cupy_runtime import cupy_usable
+from kernelpick.kernels._cupy_runtime import cupy_unusable_reason, cupy_usable
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "devices"
 META_KEYS = ("_source", "platform")
@@ -88,15 +88,15 @@ def test_the_cpu_fixture_has_exactly_the_keys_read_properties_returns() -> None:
 Example = tuple[str, kp.Platform, Arch, Dtype, Version, set[str], set[str], str]
 EXAMPLES: list[Example] = [
     # stem, platform, arch, fp8, toolkit, libraries, features, profile
-    ("t4", kp.Platform.CUDA, CudaArch(7, 5), FN, Version(12, 8), {"cupy"}, set(), "t4"),
-    ("a100", kp.Platform.CUDA, CudaArch(8, 0), FN, Version(12, 8), {"cupy"}, set(), "a100"),
-    ("h100", kp.Platform.CUDA, CudaArch(9, 0), FN, Version(12, 8), {"cupy"}, set(), "h100"),
+    ("t4", kp.Platform.CUDA, CudaArch(7, 5), FN, Version(13, 0), {"cupy"}, set(), "t4"),
+    ("a100", kp.Platform.CUDA, CudaArch(8, 0), FN, Version(13, 0), {"cupy"}, set(), "a100"),
+    ("h100", kp.Platform.CUDA, CudaArch(9, 0), FN, Version(13, 0), {"cupy"}, set(), "h100"),
     (
         "mi300x",
         kp.Platform.ROCM,
         RocmArch("gfx942"),
         FNUZ,
-        Version(7, 0, 51831),
+        Version(7, 2, 26015),
         set(),
         set(),
         "mi300x",
@@ -106,7 +106,7 @@ EXAMPLES: list[Example] = [
         kp.Platform.ROCM,
         RocmArch("gfx950"),
         FN,
-        Version(7, 0, 51831),
+        Version(7, 2, 26015),
         set(),
         set(),
         "mi355x",
@@ -467,8 +467,8 @@ def _install(monkeypatch: pytest.MonkeyPatch, stems: list[str], torch_version: s
 
 
 def test_cuda_read_properties_reads_the_index_it_is_given(fake_gpus: pytest.MonkeyPatch) -> None:
-    _install(fake_gpus, ["a100", "t4"], "2.13.0+cu128")
-    fake_gpus.setattr(torch.version, "cuda", "12.8")
+    _install(fake_gpus, ["a100", "t4"], "2.13.0+cu130")
+    fake_gpus.setattr(torch.version, "cuda", "13.0")
     fake_gpus.setattr(cuda_device, "cupy_usable", lambda: True)
     assert cuda_device.read_properties(1) == _props("t4")
     assert cuda_device.probe(1) == _translate("t4")
@@ -479,8 +479,8 @@ def test_cuda_read_properties_reads_the_index_it_is_given(fake_gpus: pytest.Monk
 
 
 def test_probe_device_routes_the_current_gpu_to_cuda(fake_gpus: pytest.MonkeyPatch) -> None:
-    _install(fake_gpus, ["a100", "t4"], "2.13.0+cu128")
-    fake_gpus.setattr(torch.version, "cuda", "12.8")
+    _install(fake_gpus, ["a100", "t4"], "2.13.0+cu130")
+    fake_gpus.setattr(torch.version, "cuda", "13.0")
     fake_gpus.setattr(torch.version, "hip", None)
     fake_gpus.setattr(cuda_device, "cupy_usable", lambda: True)
     fake_gpus.setattr(torch.cuda, "is_available", lambda: True)
@@ -493,8 +493,8 @@ def test_probe_device_routes_the_current_gpu_to_cuda(fake_gpus: pytest.MonkeyPat
 
 
 def test_probe_device_routes_the_current_gpu_to_rocm(fake_gpus: pytest.MonkeyPatch) -> None:
-    _install(fake_gpus, ["mi355x", "mi300x"], "2.13.0+rocm7.0")
-    fake_gpus.setattr(torch.version, "hip", "7.0.51831")
+    _install(fake_gpus, ["mi355x", "mi300x"], "2.13.0+rocm7.2")
+    fake_gpus.setattr(torch.version, "hip", "7.2.26015")
     fake_gpus.setattr(torch.cuda, "is_available", lambda: True)
     fake_gpus.setattr(torch.cuda, "current_device", lambda: 1)
     assert rocm_device.read_properties(1) == _props("mi300x")
@@ -508,7 +508,7 @@ def test_probe_device_routes_the_current_gpu_to_rocm(fake_gpus: pytest.MonkeyPat
 def test_gpu_read_properties_rejects_an_index_out_of_range(
     fake_gpus: pytest.MonkeyPatch, module: types.ModuleType, bad: object
 ) -> None:
-    _install(fake_gpus, ["t4", "t4"], "2.13.0+cu128")
+    _install(fake_gpus, ["t4", "t4"], "2.13.0+cu130")
     with pytest.raises(kp.InvalidValueError, match=r"from 0 to 1") as info:
         module.read_properties(bad)
     assert info.value.value == bad
@@ -524,14 +524,31 @@ def test_gpu_read_properties_without_a_gpu_says_none_is_visible() -> None:
         rocm_device.read_properties(0)
 
 
-# --- cupy: usable only when it imports and a driver answers; never imported eagerly ------------
+# --- cupy: usable only when it imports, a driver answers and NVRTC compiles; never eager ----------
+# (NVRTC failures: tests/kernels/test_cupy_runtime.py)
+
+
+class _CompilingNvrtc:
+    """cupy's NVRTC binding (cupy.cuda.nvrtc) where NVRTC compiles."""
+
+    def createProgram(self, *args: object) -> int:
+        return 1
+
+    def compileProgram(self, program: int, options: tuple[str, ...]) -> None:
+        pass
+
+    def getPTX(self, program: int) -> bytes:
+        return b".version 8.0\n.target sm_75\n"
+
+    def destroyProgram(self, program: int) -> None:
+        pass
 
 
 def _fake_cupy(get_device_count: Callable[[], int]) -> types.ModuleType:
     cupy = types.ModuleType("cupy")
     cupy.__spec__ = importlib.machinery.ModuleSpec("cupy", None)
     runtime = types.SimpleNamespace(getDeviceCount=get_device_count)
-    cupy.cuda = types.SimpleNamespace(runtime=runtime)  # type: ignore[attr-defined]
+    cupy.cuda = types.SimpleNamespace(runtime=runtime, nvrtc=_CompilingNvrtc())  # type: ignore[attr-defined]
     return cupy
 
 
@@ -539,6 +556,15 @@ def _no_driver() -> int:
     raise RuntimeError("cudaErrorNoDevice: no CUDA-capable device is detected")
 
 
+@pytest.fixture
+def fresh_cupy_probe() -> Iterator[None]:
+    """The cupy probe is cached per process: forget it before and after."""
+    cupy_unusable_reason.cache_clear()
+    yield
+    cupy_unusable_reason.cache_clear()
+
+
+@pytest.mark.usefixtures("fresh_cupy_probe")
 @pytest.mark.parametrize(
     ("count", "usable"), [(lambda: 2, True), (lambda: 0, False), (_no_driver, False)]
 )
@@ -549,9 +575,11 @@ def test_cupy_usable_asks_the_driver(
     assert cupy_usable() is usable
 
 
+@pytest.mark.usefixtures("fresh_cupy_probe")
 def test_cupy_unusable_when_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     assert cupy_usable() is False
+    assert cupy_unusable_reason() == "cupy is not installed"
 
 
 def test_importing_the_probes_does_not_import_cupy() -> None:
