@@ -1,6 +1,6 @@
 """Device profiles: named DeviceCaps for real products, so selection is testable anywhere.
 
-A profile describes a current stack: torch 2.13, CUDA 12.9, ROCm 7.0, cupy usable on
+A profile describes a current stack: torch 2.13, CUDA 13.0, ROCm 7.2, cupy usable on
 the CUDA profiles, and a C++ toolchain on the CPU profile
 (docs/design.md#device-profiles). ``attrs.evolve`` changes any fact, e.g.
 ``attrs.evolve(kp.device_profile("a100"), libraries=frozenset())`` for an A100 without cupy.
@@ -22,9 +22,10 @@ from kernelpick.core._errors import UnknownNameError
 __all__ = ["device_profile", "device_profiles"]
 
 TORCH = "2.13.0"
-# torch 2.13's CUDA 12.9 wheels: the first CUDA with cuBLASLt's block-wise FP8 scaling.
-CUDA = "12.9"
-ROCM = "7.0"
+# torch 2.13's builds (PyTorch's RELEASE.md): CUDA 12.6 and 13.0, 13.0 the default wheel's;
+# ROCm 7.2. 13.0 meets every toolkit rule (block-wise FP8 on SM 9.x needs 12.9).
+CUDA = "13.0"
+ROCM = "7.2"
 CUPY = ("cupy",)
 
 
