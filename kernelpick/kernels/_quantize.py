@@ -71,13 +71,15 @@ def _quant_max(fmt: Dtype, like: torch.Tensor) -> torch.Tensor:
     which is 1 ulp off the exact quotient for about a third of amaxes and flips FP8 ties.
     A divisor on the data's own device is divided exactly on every device, as the cupy
     quantizer does."""
-    return torch.tensor(fmt.quant_max, dtype=torch.float32, device=like.device)
+    # A fill on the device, not a copy from the host: no sync, and a CUDA graph captures it.
+    return torch.full((), fmt.quant_max, dtype=torch.float32, device=like.device)
 
 
 def _scaled(t: torch.Tensor, scale: torch.Tensor, fp8: Dtype) -> torch.Tensor:
-    """``t / scale`` in fp32, clamped to the FP8 range: one copy, then in place."""
+    """``t / scale`` in fp32, clamped to the FP8 range: one copy, then in place. A scale on
+    another device moves to ``t``'s first: CUDA divides by a CPU 0-dim one inexactly."""
     limit = fp8.quant_max
-    return t.to(torch.float32, copy=True).div_(scale).clamp_(-limit, limit)
+    return t.to(torch.float32, copy=True).div_(scale.to(t.device)).clamp_(-limit, limit)
 
 
 def _cast(t: torch.Tensor, scale: torch.Tensor, fmt: Dtype) -> torch.Tensor:
