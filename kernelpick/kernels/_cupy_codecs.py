@@ -12,9 +12,13 @@ from kernelpick.core import Dtype, InvalidValueError
 
 __all__ = [
     "CODECS",
+    "FP8_DECODE",
+    "FP8_ENCODE",
     "LOAD",
     "STORE",
     "render_codecs",
+    "render_fp8_decode",
+    "render_fp8_encode",
     "storage_type",
 ]
 
@@ -129,3 +133,106 @@ def storage_type(dtype: Dtype, what: str) -> str:
     if dtype not in _STORAGE:
         raise InvalidValueError(what, dtype.value, "bfloat16, float16 or float32")
     return _STORAGE[dtype]
+
+
+# ---- FP8 decode for the GEMV: two bytes a 32-bit op, branch-free (issue 26, item 7) ----
+# Not part of CODECS: it is rendered by ``render_fp8_decode`` after it, so it adds nothing
+# to kernels that do not decode FP8 in bulk.
+FP8_DECODE = r"""
+/* Bytes 0 and 2 (even) or 1 and 3 (odd) of w as fp16 bits in the low and high lanes,
+   worth value / KP_FP8_DECODE_FOLD. Software: the fp8 exponent and mantissa move under
+   fp16's (bias 15) and the sign to bit 15, subnormals included, so each value is scaled by
+   2^-8 (e4m3fn, bias 7) or 2^-7 (e4m3fnuz, bias 8); the caller multiplies the final sum by
+   KP_FP8_DECODE_FOLD, exactly. No NaN survives this path (0x7F reads 480, 0x80 in e4m3fnuz
+   -0): the layer's accept step refuses NaN bytes (check_fp8_finite) and makes -0 canonical
+   (+0) before a weight reaches a kernel. On sm_89+ e4m3fn uses the hardware conversion,
+   which is exact (fold 1) and keeps NaN; its upper input byte goes to the upper lane. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890 && !KP_FP8_FNUZ
+#define KP_FP8_HW_DECODE 1
+#define KP_FP8_DECODE_FOLD 1.0f
+KP_HD u32 kp_e4m3x2_to_f16x2(u32 pair) {
+    u32 d; u16 a = (u16)pair;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(d) : "h"(a));
+    return d;
+}
+KP_HD u32 kp_fp8x4_even(u32 w) { return kp_e4m3x2_to_f16x2(__byte_perm(w, 0u, 0x0020u)); }
+KP_HD u32 kp_fp8x4_odd(u32 w) { return kp_e4m3x2_to_f16x2(__byte_perm(w, 0u, 0x0031u)); }
+#else
+#define KP_FP8_HW_DECODE 0
+#define KP_FP8_DECODE_FOLD KP_FP8_F16_FOLD
+KP_HD u32 kp_fp8x4_even(u32 w) { return ((w << 7) & 0x3F803F80u) | ((w << 8) & 0x80008000u); }
+KP_HD u32 kp_fp8x4_odd(u32 w) { return ((w >> 1) & 0x3F803F80u) | (w & 0x80008000u); }
+#endif
+#ifdef __CUDA_ARCH__
+KP_HD float kp_f16_lo(u32 h2) {
+    float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((u16)h2)); return f;
+}
+KP_HD float kp_f16_hi(u32 h2) {
+    float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((u16)(h2 >> 16))); return f;
+}
+#else
+KP_HD float kp_f16_lo(u32 h2) { return kp_f16_to_f32((u16)h2); }
+KP_HD float kp_f16_hi(u32 h2) { return kp_f16_to_f32((u16)(h2 >> 16)); }
+#endif
+"""
+
+
+def render_fp8_decode(fp8: Dtype, *, device: bool = True) -> str:
+    """The codecs and the bulk FP8 decode for ``fp8`` (NVRTC, or host C++ where the
+    software path is the one compiled)."""
+    fold = 2.0 ** (15 - _FP8[fp8][0]) if fp8 in _FP8 else 0.0  # fp16's bias less fp8's
+    return f"{render_codecs(fp8, device=device)}#define KP_FP8_F16_FOLD {fold!r}f\n{FP8_DECODE}"
+
+
+# ---- FP8 encode for the per-token quantizer (issue 26, items 2 and 8) ----
+# Not part of CODECS: rendered by ``render_fp8_encode`` after it, for the quantizer only.
+FP8_ENCODE = r"""
+/* max that propagates NaN from either side, as torch's amax does (fmaxf drops it). */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+KP_HD float kp_nanmax(float a, float b) {
+    float m; asm("max.NaN.f32 %0, %1, %2;" : "=f"(m) : "f"(a), "f"(b)); return m;
+}
+#else
+KP_HD float kp_nanmax(float a, float b) { return a != a ? a : (b != b ? b : fmaxf(a, b)); }
+#endif
+
+/* A row's scale, max(amax / qmax, floor): the one IEEE division of the row. NaN stays NaN
+   and an infinite amax gives an infinite scale, as in torch. */
+KP_HD float kp_row_scale(float amax) { return kp_nanmax(amax / KP_QMAX, KP_FLOOR); }
+
+/* Per row: r = 1 / scale, correctly rounded (the row's second and last division). */
+KP_HD float kp_recip(float scale) { return 1.0f / scale; }
+
+/* v / scale, correctly rounded from the reciprocal (Markstein): q0 = v*r, then one
+   correction with the exact residual. A zero q0 is kept as it is: the correction would
+   turn -0 into +0 (and 0 * inf into NaN for an infinite scale, where x / inf is +-0).
+   Checked against v / scale, byte for byte, on the host. */
+KP_HD float kp_div_by_scale(float v, float r, float s) {
+    const float q0 = v * r;
+    const float q = fmaf(fmaf(-q0, s, v), r, q0);
+    return q0 == 0.0f ? q0 : q;
+}
+
+/* Clamp to +-KP_QMAX, then round to nearest even; NaN stays NaN (0x7F with its sign for
+   e4m3fn, 0x80 for e4m3fnuz). Two values, first in the low byte. On sm_89+ e4m3fn, the
+   hardware conversion: satfinite is the clamp (KP_QMAX is e4m3fn's largest value). */
+KP_HD u16 kp_quant2(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890 && !KP_FP8_FNUZ
+    u16 d; asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(d) : "f"(hi), "f"(lo));
+    return d;
+#else
+    if (lo == lo) lo = fminf(fmaxf(lo, -KP_QMAX), KP_QMAX);
+    if (hi == hi) hi = fminf(fmaxf(hi, -KP_QMAX), KP_QMAX);
+    return (u16)(kp_f32_to_fp8(lo) | ((u32)kp_f32_to_fp8(hi) << 8));
+#endif
+}
+"""
+
+
+def render_fp8_encode(fp8: Dtype, *, device: bool = True) -> str:
+    """The codecs and the quantizer's encode for ``fp8`` (NVRTC, or host C++ where the
+    software path is the one compiled)."""
+    from kernelpick.kernels._quantize import scale_floor  # here: no import cycle at load
+
+    defines = f"#define KP_QMAX {fp8.quant_max!r}f\n#define KP_FLOOR {scale_floor(fp8)!r}f\n"
+    return f"{render_codecs(fp8, device=device)}{defines}{FP8_ENCODE}"

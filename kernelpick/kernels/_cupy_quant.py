@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from kernelpick.core import Dtype, InvalidValueError
-from kernelpick.kernels._cupy_codecs import LOAD, render_codecs, storage_type
+from kernelpick.kernels._cupy_codecs import LOAD, render_fp8_encode, storage_type
 from kernelpick.kernels._cupy_runtime import Grid, cuda_device, launch
 from kernelpick.kernels._quantize import scale_floor
 from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
@@ -49,33 +49,28 @@ class QuantSpec:
 def render_quant_per_token(spec: QuantSpec) -> str:
     """Dynamic per-token quantization, one block per row: amax, scale, clamp, cast.
 
-    The formula of ``kernels._quantize`` (docs/design.md#quantization-numerics):
-    scale = max(amax / fp8_max, scale_floor(fp8)); values are clamped to the FP8 range
-    before the cast and NaN stays NaN.
+    The formula of ``kernels._quantize`` (docs/design.md#quantization-numerics), byte for
+    byte: scale = max(amax / fp8_max, scale_floor(fp8)) with one IEEE division per row,
+    each element's exact quotient from the row's reciprocal (``kp_div_by_scale``), clamped
+    to the FP8 range and rounded to nearest even. As in torch, a NaN in a row makes the
+    row's scale and every byte NaN, and an infinite amax an infinite scale.
     """
     storage = storage_type(spec.in_dtype, "quantizer input dtype")
     if spec.vec not in (1, 8) or (spec.vec == 8 and storage != "u16"):
         raise InvalidValueError("vec", spec.vec, "8 (16-bit input) or 1")
-    qmax = spec.fp8.quant_max
     load = LOAD[spec.in_dtype]
-    return f"""{render_codecs(spec.fp8)}
-#define KP_QMAX {qmax!r}f
-#define KP_FLOOR {scale_floor(spec.fp8)!r}f
+    return f"""{render_fp8_encode(spec.fp8)}
 #define KP_VEC {spec.vec}
 typedef {storage} in_t;
 
 __device__ __forceinline__ float kp_warp_max(float v) {{
     for (int offset = 16; offset > 0; offset >>= 1)
-        v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, offset));
+        v = kp_nanmax(v, __shfl_xor_sync(0xFFFFFFFFu, v, offset));
     return v;
 }}
 
-__device__ __forceinline__ u8 kp_quant(float v, float scale) {{
-    float q = v / scale;
-    if (q == q) q = fminf(fmaxf(q, -KP_QMAX), KP_QMAX);  /* clamp, but keep NaN as NaN */
-    return kp_f32_to_fp8(q);
-}}
-
+/* The element loops are "#pragma unroll 1": one iteration is one step of KP_VEC elements,
+   which the static SASS count (benchmarks/gpu_static.py) relies on. */
 extern "C" __global__ void {spec.name}(
     const in_t* __restrict__ x, u8* __restrict__ q, float* __restrict__ scales,
     int rows, int cols, long long x_row_stride)
@@ -89,13 +84,17 @@ extern "C" __global__ void {spec.name}(
     float amax = 0.0f;
 #if KP_VEC == 8
     const int vecs = cols / 8;
+#pragma unroll 1
     for (int i = threadIdx.x; i < vecs; i += blockDim.x) {{
         uint4 packed = reinterpret_cast<const uint4*>(xr)[i];
         const u16* h = reinterpret_cast<const u16*>(&packed);
-        for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf({load}(h[j])));
+#pragma unroll
+        for (int j = 0; j < 8; ++j) amax = kp_nanmax(amax, fabsf({load}(h[j])));
     }}
 #else
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) amax = fmaxf(amax, fabsf({load}(xr[i])));
+#pragma unroll 1
+    for (int i = threadIdx.x; i < cols; i += blockDim.x)
+        amax = kp_nanmax(amax, fabsf({load}(xr[i])));
 #endif
     amax = kp_warp_max(amax);
     if (lane == 0) warp_max[warp] = amax;
@@ -106,19 +105,27 @@ extern "C" __global__ void {spec.name}(
         if (lane == 0) warp_max[0] = amax;
     }}
     __syncthreads();
-    const float scale = fmaxf(warp_max[0] / KP_QMAX, KP_FLOOR);
+    const float scale = kp_row_scale(warp_max[0]);
     if (threadIdx.x == 0) scales[row] = scale;
+    const float r = kp_recip(scale), s = scale;
 #if KP_VEC == 8
+#pragma unroll 1
     for (int i = threadIdx.x; i < vecs; i += blockDim.x) {{
         uint4 packed = reinterpret_cast<const uint4*>(xr)[i];
         const u16* h = reinterpret_cast<const u16*>(&packed);
-        uint2 out;
-        u8* o = reinterpret_cast<u8*>(&out);
-        for (int j = 0; j < 8; ++j) o[j] = kp_quant({load}(h[j]), scale);
-        reinterpret_cast<uint2*>(qr)[i] = out;
+        u32 out[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+            out[j] = (u32)kp_quant2(kp_div_by_scale({load}(h[4 * j]), r, s),
+                                    kp_div_by_scale({load}(h[4 * j + 1]), r, s))
+                     | ((u32)kp_quant2(kp_div_by_scale({load}(h[4 * j + 2]), r, s),
+                                       kp_div_by_scale({load}(h[4 * j + 3]), r, s)) << 16);
+        reinterpret_cast<uint2*>(qr)[i] = make_uint2(out[0], out[1]);
     }}
 #else
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) qr[i] = kp_quant({load}(xr[i]), scale);
+#pragma unroll 1
+    for (int i = threadIdx.x; i < cols; i += blockDim.x)
+        qr[i] = (u8)kp_quant2(kp_div_by_scale({load}(xr[i]), r, s), 0.0f);
 #endif
 }}
 """
