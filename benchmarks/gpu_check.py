@@ -1,239 +1,310 @@
-"""Every GPU check in one script: each CUDA kernel's error and speed, and the GPU figures.
+"""Every GPU check in one script, for the machine it runs on; a case that fails loses nothing.
 
-    PYTHONPATH=. python benchmarks/gpu_check.py --json gpu.json   # on a machine with a GPU
-    python benchmarks/gpu_check.py --dry-run                     # anywhere: print the plan
+    cd <repo> && PYTHONPATH=. python3 benchmarks/gpu_check.py --out "$OUT"   # the GPU machine
+    python benchmarks/gpu_check.py --dry-run                   # anywhere: every case, in order
 
-It installs nothing and runs from the source tree. For every CUDA kernel of the catalog at
-M in 1, 16 and 2048 with N = K = 8192 it measures the relative error against an fp32
-reference of the same quantized operands, and the time against a bf16 ``torch.matmul`` of
-the same shape, with CUDA events, in the same run. Then the benchmark figures:
+It installs nothing and needs no network. Cases run most important first: the machine
+record, selection, ``pytest tests/gpu``, the fused quantizer's byte agreement, block FP8 at
+small M, the three benchmark figures, the GEMV crossover, every CUDA kernel of the catalog
+on every shape, dtype and bias variant, then a compute-sanitizer memcheck pass.
 
-- ``gpu_ptpc_vs_bf16_8192``: the selected PTPC layer (row-wise, activation quantization
-  included) / bf16 matmul, at M = N = K = 8192;
-- ``gpu_quant_bw_fraction``: the fused per-token quantizer's bandwidth / a device-to-device
-  copy's, over 8192 x 8192 bf16;
-- ``gpu_w8a16_gemv_vs_bf16``: ``cuda_w8a16_cupy`` at M = 1, N = K = 8192 / bf16 GEMV.
-
-Sized to finish well within 4 minutes on one H200.
+Each case runs in its own try block, and DIR/gpu_check.json is rewritten atomically before
+and after each one, so a killed run keeps what it measured and names the case it died in
+("running"). A case's status is ok, failed (it ran and its check did not hold), rejected
+(the selector turned the kernel down; its reasons), skipped (it cannot run here; why),
+error (it raised: type, message and traceback tail) or pending (not reached). A case that
+leaves the CUDA context unusable restarts the script in a fresh process (``--resume``),
+which keeps every record so far. GPU work is timed with CUDA graphs or events, on operands
+rotated past the L2 cache, against ``F.linear`` in the same run (benchmarks/gpu_common.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
+import os
 import sys
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from typing import Any
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, NoReturn
 
-# Every CUDA kernel of the catalog, with a scheme it serves. A case the device cannot run
-# is reported with the selector's reasons instead of a time: block FP8 off SM 9.0, MXFP8
-# off SM 10.x/12.x, and int8 at M <= 16 (torch._int_mm on a GPU needs M > 16).
-KERNELS = {
-    "cuda_rowwise_scaled_mm": "fp8_per_channel",
-    "cuda_block_scaled_mm": "fp8_block",
-    "cuda_mxfp8_scaled_mm": "mxfp8",
-    "cuda_tensorwise_scaled_mm": "fp8_per_tensor",
-    "cuda_channelwise_unfused": "fp8_per_channel",
-    "cuda_int8_int_mm": "int8_per_channel",
-    "cuda_int8_int_mm_padded": "int8_per_channel",
-    "cuda_w8a16_cupy": "fp8_weight_only",
-    "cuda_w8a16_torch": "fp8_weight_only",
-}
-# Kernels whose rules turn down some of the cases on every device, or on most.
-_NOTES = {
-    "cuda_block_scaled_mm": "SM 9.0 only",
-    "cuda_mxfp8_scaled_mm": "SM 10.x / 12.x only",
-    "cuda_int8_int_mm": "M > 16 only",
-}
-TOKENS = (1, 16, 2048)
-SIZE = 8192
+# Run as a script, Python puts benchmarks/ itself on the path, not the repository root.
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.gpu_common import Context, Skip  # noqa: E402
+from benchmarks.gpu_plan import FIGURES, Case, plan  # noqa: E402
+from kernelpick.kernels import cupy_usable  # noqa: E402
+
+__all__ = ["main"]
+
+SCHEMA_VERSION = 1
+JSON_NAME = "gpu_check.json"
+MAX_RESTARTS = 3
 
 
-@dataclass(frozen=True)
-class Case:
-    kernel: str
-    scheme: str
-    m: int
-    n: int
-    k: int
+@functools.cache
+def _missing(need: str) -> str | None:
+    """Why ``need`` is not met here, or None."""
+    if need == "cuda":
+        import torch
+
+        if torch.version.hip is not None or not torch.cuda.is_available():
+            return "no NVIDIA GPU here (torch.cuda.is_available() is False, or a ROCm torch)"
+    if need == "cupy" and not cupy_usable():
+        return "cupy is not usable here (kernelpick.kernels.cupy_usable() is False)"
+    return None
 
 
-def plan() -> list[Case]:
-    return [Case(k, s, m, SIZE, SIZE) for k, s in KERNELS.items() for m in TOKENS]
+def _context_lost() -> bool:
+    """Whether CUDA still answers after a case raised (a sticky error ends the context)."""
+    if _missing("cuda"):
+        return False
+    import torch
+
+    try:
+        torch.cuda.synchronize()
+        torch.zeros(1, device="cuda").add_(1).cpu()
+    except Exception:  # any error here means the context is gone
+        return True
+    return False
+
+
+def _error(error: BaseException) -> dict[str, Any]:
+    lines = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    return {
+        "type": type(error).__name__,
+        "message": str(error)[:4000],
+        "traceback": lines.splitlines()[-12:],
+    }
+
+
+def _write(path: Path, doc: dict[str, Any]) -> None:
+    """The whole record, replaced atomically: a reader never sees half a file."""
+    doc["updated_at"] = time.time()
+    fd, tmp = tempfile.mkstemp(prefix=".gpu_check.", suffix=".json", dir=path.parent)
+    with os.fdopen(fd, "w") as out:
+        json.dump(doc, out, indent=1, default=str)
+        out.flush()
+        os.fsync(out.fileno())
+    os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide it from whoever collects the results
+    os.replace(tmp, path)
+
+
+def _document(cases: list[Case], path: Path, argv: list[str], resume: bool) -> dict[str, Any]:
+    old: dict[str, Any] = json.loads(path.read_text()) if resume and path.exists() else {}
+    kept = {r["name"]: r for r in old.get("cases", ())}
+    fresh = {
+        "schema": SCHEMA_VERSION,
+        "argv": argv,
+        "started_at": time.time(),
+        "restarts": 0,
+        "finished": False,
+        "machine": {},
+        "figures": {},
+    }
+    doc = {**fresh, **{k: v for k, v in old.items() if k != "cases"}}
+    doc["cases"] = [
+        kept.get(c.name)
+        or {"name": c.name, "params": c.params, "needs": list(c.needs), "status": "pending"}
+        for c in cases
+    ]
+    return doc
+
+
+def _hooks(specs: list[str], names: set[str]) -> dict[str, str]:
+    """--fail-case NAME[:exit|:lost] as {name: mode}; an unknown name is refused."""
+    hooks = {}
+    for spec in specs:
+        name, _, mode = (
+            spec.rpartition(":") if spec.endswith((":exit", ":lost")) else (spec, "", "")
+        )
+        if name not in names:
+            raise SystemExit(f"gpu_check: --fail-case {spec!r}: no case is named {name!r}")
+        hooks[name] = mode or "raise"
+    return hooks
+
+
+def _say(line: str) -> None:
+    """Progress on stdout; a closed stdout (``| head``) must not end the run."""
+    with contextlib.suppress(OSError):
+        print(line, flush=True)
+
+
+def _headline(rec: dict[str, Any]) -> str:
+    result, bits = rec.get("result", {}), []
+    if "vs_baseline" in result:
+        bits.append(f"{result['vs_baseline']:.3f} x {result['baseline']}")
+    if result.get("reasons"):
+        bits.append(result["reasons"][0][:120])
+    if "error_vs_reference" in result:
+        bits.append(f"err {result['error_vs_reference']:.2e}")
+    if "error" in rec:
+        bits.append(f"{rec['error']['type']}: {rec['error']['message'][:120]}")
+    if "reason" in rec:
+        bits.append(rec["reason"][:120])
+    return "  ".join(bits)
+
+
+def _run_one(case: Case, rec: dict[str, Any], ctx: Context, hook: str | None) -> bool:
+    """Run one case into ``rec``; True when it left the CUDA context unusable."""
+    start = time.monotonic()
+    lost = False
+    try:
+        if hook == "exit":
+            os._exit(3)
+        if hook:
+            raise RuntimeError(f"injected failure (--fail-case {case.name})")
+        for need in case.needs:
+            if why := _missing(need):
+                raise Skip(why)
+        result = case.run(ctx, **case.params)
+        rec.update(status=result.pop("status", "ok"), result=result)
+    except Skip as why:
+        rec.update(status="skipped", reason=str(why))
+    except Exception as error:  # the case's record, and on to the next
+        rec.update(status="error", error=_error(error))
+        lost = hook == "lost" or ("cuda" in case.needs and _context_lost())
+        rec["cuda_context_lost"] = lost
+    rec["seconds"] = time.monotonic() - start
+    rec["over_limit"] = rec["seconds"] > case.limit_s
+    if "cuda" in case.needs and not _missing("cuda") and not lost:
+        import torch
+
+        torch.cuda.empty_cache()  # the next case's rings start from free memory
+    return lost
+
+
+def _settled(rec: dict[str, Any]) -> bool:
+    """Whether a record (kept from an earlier process by --resume) needs no run."""
+    if rec["status"] == "running":  # that process ended inside this case
+        message = "the process ended during this case"
+        rec.update(status="error", error={"type": "ProcessEnded", "message": message})
+    return str(rec["status"]) != "pending"
+
+
+def _why_not(case: Case, args: argparse.Namespace, started: float) -> str | None:
+    if case.name == "pytest" and args.skip_pytest:
+        return "--skip-pytest"
+    if case.name != "machine" and time.time() - started > args.budget:
+        return f"over the run's time budget (--budget {args.budget:g} s)"
+    return None
+
+
+def _restart(argv: list[str], out_dir: Path) -> NoReturn:
+    """The same run in a fresh process (a fresh CUDA context), keeping the records."""
+    script = str(Path(__file__).resolve())
+    os.execv(sys.executable, [sys.executable, script, *argv, "--out", str(out_dir), "--resume"])
+
+
+def run(cases: list[Case], args: argparse.Namespace, out_dir: Path, argv: list[str]) -> int:
+    """Every case in order, the JSON rewritten around each; 1 if any errored or failed."""
+    path = out_dir / JSON_NAME
+    doc = _document(cases, path, argv, args.resume)
+    hooks = _hooks(args.fail_case, {c.name for c in cases})
+    records = {r["name"]: r for r in doc["cases"]}
+    for case in cases:
+        rec = records[case.name]
+        if _settled(rec):
+            continue
+        if why := _why_not(case, args, doc["started_at"]):
+            rec.update(status="skipped", reason=why)
+        else:
+            rec.update(status="running", process=doc["restarts"])  # 0, then 1 after a restart
+            _write(path, doc)
+            ctx = Context(ROOT, out_dir, time.monotonic() + case.limit_s)
+            lost = _run_one(case, rec, ctx, hooks.get(case.name))
+            doc["figures"].update(rec.get("result", {}).get("figures", {}))
+            if case.name == "machine":
+                doc["machine"] = rec.get("result", {})
+            if lost and doc["restarts"] < MAX_RESTARTS:
+                doc["restarts"] += 1
+                _write(path, doc)
+                _say(f"gpu_check: {case.name} left CUDA unusable; restarting")
+                _restart(argv, out_dir)
+        elapsed = time.time() - doc["started_at"]
+        _say(f"[{elapsed:6.1f} s] {rec['status']:<8} {case.name}  {_headline(rec)}")
+        _write(path, doc)
+    doc["finished"] = True
+    statuses = [r["status"] for r in doc["cases"]]
+    doc["summary"] = {s: statuses.count(s) for s in sorted(set(statuses))}
+    _write(path, doc)
+    _say(f"gpu_check: {doc['summary']}; figures {doc['figures']}; wrote {path}")
+    return 1 if {"error", "failed"} & set(statuses) else 0
 
 
 def _print_plan(cases: list[Case]) -> None:
-    print(f"{len(cases)} kernel cases (error vs fp32 reference, time vs bf16 torch.matmul):")
-    for case in cases:
-        note = _NOTES.get(case.kernel, "")
-        line = f"  {case.kernel:<28} {case.scheme:<16} M={case.m:<5} N={case.n} K={case.k}"
-        print(f"{line}  ({note})" if note else line)
-    print("figures: gpu_ptpc_vs_bf16_8192, gpu_quant_bw_fraction, gpu_w8a16_gemv_vs_bf16")
+    print(f"{len(cases)} cases, in the order they run:")
+    for i, case in enumerate(cases, 1):
+        params = " ".join(f"{k}={v}" for k, v in case.params.items())
+        needs = f"  [needs {', '.join(case.needs)}]" if case.needs else ""
+        print(f"{i:4d}. {case.name:<52} {params}{needs}")
+    print(f"figures: {', '.join(FIGURES)}")
 
 
-def _timer(repeats: int) -> Callable[[Callable[[], object]], float]:
-    """A median-of-``repeats`` timer in milliseconds on the current GPU: CUDA events around
-    each run, the same timer as ``kernelpick bench``."""
-    import torch
-
-    from kernelpick.bench import median_seconds
-
-    device = torch.device("cuda", torch.cuda.current_device())
-
-    def median_ms(run: Callable[[], object]) -> float:
-        return median_seconds(run, repeats, device) * 1e3
-
-    return median_ms
-
-
-Timer = Callable[[Callable[[], object]], float]
-
-
-def _run_case(case: Case, caps: Any, median_ms: Timer) -> dict[str, Any]:
-    import torch
-
-    import kernelpick as kp
-    from kernelpick.kernels import bind, dequantize_weight, quantize_canonical
-
-    record: dict[str, Any] = asdict(case)
-    # Each call passes case.m rows, which a kernel with a floor on M (int8) reads.
-    config = kp.quant_config(case.scheme, weight_shape=(case.n, case.k), min_tokens=case.m)
-    decision = kp.choose(caps, config, kp.Policy(force=case.kernel))
-    if isinstance(decision, kp.Rejected):
-        why = [r.render() for r in decision.reasons if r.kernel == case.kernel]
-        record["status"] = "rejected: " + "; ".join(why)
-        return record
-    device = torch.device("cuda", torch.cuda.current_device())
-    generator = torch.Generator(device=device).manual_seed(case.m)
-    x = torch.randn(case.m, case.k, device=device, generator=generator).to(torch.bfloat16)
-    w = torch.randn(case.n, case.k, device=device, generator=generator) / case.k**0.5
-    kernel = bind(case.kernel, config, caps, device)
-    fp8_weight, scale = quantize_canonical(w, config)
-    bundle = kernel.prepare_weights(fp8_weight, scale)
-    out = kernel.apply(x, bundle).float()
-    # The reference multiplies the same quantized operands in fp32.
-    w_deq = dequantize_weight(fp8_weight, scale, config)
-    x_deq = _activation_reference(x, config, caps)
-    reference = x_deq @ w_deq.t()
-    exact = x.float() @ w.t()
-    w_bf16 = w.to(torch.bfloat16)
-    kernel_ms = median_ms(lambda: kernel.apply(x, bundle))
-    bf16_ms = median_ms(lambda: torch.matmul(x, w_bf16.t()))
-    record.update(
-        status="ok",
-        error_vs_reference=float(torch.linalg.norm(out - reference) / torch.linalg.norm(reference)),
-        error_vs_unquantized=float(torch.linalg.norm(out - exact) / torch.linalg.norm(exact)),
-        kernel_ms=kernel_ms,
-        bf16_matmul_ms=bf16_ms,
-        vs_bf16=kernel_ms / bf16_ms,
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        default=None,
+        help="where gpu_check.json goes (default: $OUT, else ./gpu_check_out)",
     )
-    return record
-
-
-def _activation_reference(x: Any, config: Any, caps: Any) -> Any:
-    """The activation as the kernel should see it, quantized with torch ops (so the fused
-    cupy quantizer is checked too) and dequantized to fp32."""
-    from kernelpick.core import Dtype, GroupShape
-    from kernelpick.kernels._quantize import (
-        dequantize,
-        quantize,
-        quantize_per_tensor,
-        quantize_per_token,
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list every case and its parameters, in order; needs no GPU",
     )
-
-    act = config.activation
-    if act is None:
-        return x.float()
-    fmt = Dtype.INT8 if act.dtype is Dtype.INT8 else caps.fp8_format
-    group = act.scale.group
-    if group in (GroupShape.PER_TOKEN, GroupShape.PER_TENSOR):
-        per_token = group == GroupShape.PER_TOKEN
-        xq, x_scale = (quantize_per_token if per_token else quantize_per_tensor)(x, fmt)
-        return xq.float() * x_scale
-    shape = (group.rows, group.cols)
-    xq, x_scale = quantize(x, shape, fmt, act.scale.dtype)
-    return dequantize(xq, x_scale, shape)
-
-
-def _figures(caps: Any, median_ms: Timer) -> dict[str, Any]:
-    import torch
-
-    from kernelpick.core import Dtype
-    from kernelpick.kernels._cupy_quant import quantize_per_token_cupy
-    from kernelpick.kernels._cupy_runtime import cupy_usable
-
-    figures: dict[str, Any] = {}
-    device = torch.device("cuda", torch.cuda.current_device())
-    x = torch.randn(SIZE, SIZE, device=device).to(torch.bfloat16)
-    ptpc_case = Case("cuda_rowwise_scaled_mm", "fp8_per_channel", SIZE, SIZE, SIZE)
-    ptpc = _run_case(ptpc_case, caps, median_ms)
-    if ptpc["status"] == "ok":
-        figures["gpu_ptpc_vs_bf16_8192"] = ptpc["vs_bf16"]
-    if cupy_usable():
-        fp8 = Dtype.FLOAT8_E4M3FN
-        quant_ms = median_ms(lambda: quantize_per_token_cupy(x, fp8))
-        moved = x.numel() * (2 + 1) + SIZE * 4  # read bf16, write FP8 and the scales
-        copy_dst = torch.empty_like(x)
-        copy_ms = median_ms(lambda: copy_dst.copy_(x))
-        copy_moved = 2 * x.numel() * 2  # read and write bf16
-        figures["gpu_quant_bw_fraction"] = (moved / quant_ms) / (copy_moved / copy_ms)
-        figures["gpu_quant_gbps"] = moved / quant_ms / 1e6
-        figures["gpu_copy_gbps"] = copy_moved / copy_ms / 1e6
-        gemv = _run_case(Case("cuda_w8a16_cupy", "fp8_weight_only", 1, SIZE, SIZE), caps, median_ms)
-        if gemv["status"] == "ok":
-            figures["gpu_w8a16_gemv_vs_bf16"] = gemv["vs_bf16"]
-    return figures
-
-
-def _table(records: list[dict[str, Any]]) -> str:
-    head = ("kernel", "M", "kernel ms", "bf16 ms", "vs bf16", "err/ref", "err/exact")
-    lines = ["{:<28} {:>5} {:>10} {:>9} {:>8} {:>9} {:>9}".format(*head)]
-    for r in records:
-        if r["status"] != "ok":
-            lines.append(f"{r['kernel']:<28} {r['m']:>5} {r['status']}")
-            continue
-        times = f"{r['kernel_ms']:>10.4f} {r['bf16_matmul_ms']:>9.4f} {r['vs_bf16']:>8.3f}"
-        errors = f"{r['error_vs_reference']:>9.2e} {r['error_vs_unquantized']:>9.2e}"
-        lines.append(f"{r['kernel']:<28} {r['m']:>5} {times} {errors}")
-    return "\n".join(lines)
+    parser.add_argument(
+        "--only",
+        metavar="NAME[,NAME]",
+        default=None,
+        help="only the cases whose names contain one of these (and machine)",
+    )
+    parser.add_argument("--skip-pytest", action="store_true", help="do not run pytest tests/gpu")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=330.0,
+        metavar="S",
+        help="start no case after S seconds of the run (default 330)",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep DIR's records and run the pending cases (used after a lost CUDA context)",
+    )
+    parser.add_argument(
+        "--fail-case",
+        action="append",
+        default=[],
+        metavar="NAME[:exit|:lost]",
+        help="for testing the harness: case NAME raises inside its try block; "
+        "with :exit the process ends there (os._exit(3)); with :lost the "
+        "CUDA context counts as lost, so the run restarts",
+    )
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--json", metavar="PATH", help="write the results here")
-    parser.add_argument("--dry-run", action="store_true", help="print the plan; needs no GPU")
-    parser.add_argument("--repeats", type=int, default=20)
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = _parser().parse_args(argv)
     cases = plan()
+    if args.only:
+        wanted = [w for w in args.only.split(",") if w]
+        cases = [c for c in cases if c.name == "machine" or any(w in c.name for w in wanted)]
     if args.dry_run:
         _print_plan(cases)
         return 0
-    import torch
-
-    import kernelpick as kp
-
-    if not torch.cuda.is_available() or torch.version.hip is not None:
-        print("gpu_check: needs an NVIDIA GPU; torch.cuda.is_available() is False", file=sys.stderr)
-        return 1
-    caps = kp.probe("cuda")
-    print(f"device: {caps.render()}")
-    median_ms = _timer(args.repeats)
-    records = [_run_case(case, caps, median_ms) for case in cases]
-    print(_table(records))
-    figures = _figures(caps, median_ms)
-    for name, value in figures.items():
-        print(f"{name}: {value:.3f}")
-    machine = {
-        "device": caps.render(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "libraries": sorted(caps.libraries),
-    }
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump({"machine": machine, "cases": records, "figures": figures}, out, indent=2)
-    return 0
+    _hooks(args.fail_case, {c.name for c in cases})  # a misspelt name stops the run here
+    out_dir = Path(args.out or os.environ.get("OUT") or "gpu_check_out").resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return run(cases, args, out_dir, argv)
 
 
 if __name__ == "__main__":

@@ -238,18 +238,6 @@ def test_with_cupy_installed_and_no_gpu_it_is_unusable_and_never_imported_early(
         assert second == "False"
 
 
-def test_gpu_check_prints_its_plan_without_a_gpu() -> None:
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--dry-run"],
-        capture_output=True, text=True, check=False, cwd=ROOT,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    for kernel in kp.default_catalog().ids_for("cuda"):
-        for m in (1, 16, 2048):
-            assert any(kernel in line and f"M={m} " in line for line in result.stdout.splitlines())
-    assert "gpu_w8a16_gemv_vs_bf16" in result.stdout
-
-
 def test_each_layout_is_a_view_of_the_canonical_weight_with_the_same_values() -> None:
     from kernelpick.kernels._canonical import dequantize_weight
 
@@ -269,77 +257,3 @@ def test_each_layout_is_a_view_of_the_canonical_weight_with_the_same_values() ->
         stored = bundle.weight if bundle.weight.shape == (48, 32) else bundle.weight.t()
         values = stored.float() * bundle.scale
         assert torch.equal(values, dequantize_weight(weight, scale, config)), kernel
-
-
-class _FakeCupy:
-    """Records what the launch glue does with cupy: contexts entered, and the launch."""
-
-    def __init__(self) -> None:
-        self.events: list[object] = []
-        fake = self
-
-        class Context:
-            def __init__(self, label: str) -> None:
-                self.label = label
-
-            def __enter__(self) -> None:
-                fake.events.append(("enter", self.label))
-
-            def __exit__(self, *exc: object) -> None:
-                fake.events.append(("exit", self.label))
-
-        class Kernel:
-            def __init__(self, source: str, name: str, options: tuple[str, ...]) -> None:
-                fake.events.append(("compile", name, options))
-
-            def compile(self) -> None:
-                pass
-
-            def __call__(self, grid: object, block: object, args: tuple[object, ...]) -> None:
-                fake.events.append(("launch", grid, block, args))
-
-        class Stream:
-            @staticmethod
-            def from_external(stream: object) -> Context:
-                return Context(f"stream {stream}")
-
-        class Cuda:
-            def Device(self, index: int) -> Context:
-                return Context(f"device {index}")
-
-        Cuda.Stream = Stream  # type: ignore[attr-defined]
-        self.RawKernel = Kernel
-        self.cuda = Cuda()
-
-
-def test_a_launch_runs_on_torchs_stream_inside_the_device_context(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    import numpy as np
-
-    from kernelpick.kernels import _cupy_runtime as cupy_runtime
-
-    fake = _FakeCupy()
-    monkeypatch.setattr(cupy_runtime, "_cupy", lambda: fake)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: f"torch-stream-{device}")
-    cupy_runtime._compiled.cache_clear()
-    tensor = torch.zeros(4)
-    geometry = cupy_runtime.Grid((3, 1, 1), (128, 1, 1))
-    args = (tensor, None, np.int32(7), np.int64(2**40))
-    cupy_runtime.launch("k", "source", geometry, args, torch.device("cuda", 1))
-    cupy_runtime.launch("k", "source", geometry, args, torch.device("cuda", 1))
-    cupy_runtime._compiled.cache_clear()
-    compiles = [e for e in fake.events if isinstance(e, tuple) and e[0] == "compile"]
-    assert len(compiles) == 1  # compiled once per device
-    launch = next(e for e in fake.events if isinstance(e, tuple) and e[0] == "launch")
-    order = fake.events.index(launch)
-    entered = [e for e in fake.events[:order] if isinstance(e, tuple) and e[0] == "enter"]
-    assert ("enter", "device 1") in entered
-    assert ("enter", "stream torch-stream-cuda:1") in entered
-    _, grid, block, passed = launch
-    assert (grid, block) == ((3, 1, 1), (128, 1, 1))
-    assert passed[0] == np.uint64(tensor.data_ptr())  # tensors travel as pointers
-    assert passed[1] == np.uint64(0)  # None is NULL
-    assert (type(passed[2]), type(passed[3])) == (np.int32, np.int64)
-    with pytest.raises(kp.InvalidValueError, match="indexed CUDA device"):
-        cupy_runtime.launch("k", "source", geometry, args, torch.device("cpu"))
