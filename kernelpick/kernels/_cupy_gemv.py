@@ -13,7 +13,7 @@ import torch
 
 from kernelpick.core import Dtype, InvalidValueError
 from kernelpick.kernels._cupy_codecs import LOAD, STORE, render_codecs, storage_type
-from kernelpick.kernels._cupy_runtime import Grid, cuda_device, launch
+from kernelpick.kernels._cupy_runtime import HALF_DTYPES, Grid, cuda_device, launch
 from kernelpick.kernels._torch import check_tensor, reject
 
 __all__ = [
@@ -33,7 +33,6 @@ __all__ = [
 GEMV_MAX_M = 16
 GEMV_M_TILE = 8
 GEMV_WARPS = 4
-_HALF = (torch.bfloat16, torch.float16)
 
 
 @attrs.frozen
@@ -166,7 +165,7 @@ def w8a16_gemv_cupy(
 
     ``scale`` is fp32, one per output channel (``[N, 1]``/``[N]``) or one value.
     """
-    check_tensor("x", x, dtypes=_HALF, shape=(None, None))
+    check_tensor("x", x, dtypes=HALF_DTYPES, shape=(None, None))
     device = cuda_device("x", x)
     m, k = x.shape
     check_tensor(

@@ -15,7 +15,7 @@ import torch
 
 from kernelpick.core import Dtype, InvalidValueError
 from kernelpick.kernels._cupy_codecs import LOAD, render_fp8_encode, storage_type
-from kernelpick.kernels._cupy_runtime import Grid, cuda_device, launch
+from kernelpick.kernels._cupy_runtime import HALF_DTYPES, Grid, cuda_device, launch
 from kernelpick.kernels._quantize import scale_floor
 from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
 
@@ -30,7 +30,6 @@ __all__ = [
 ]
 
 QUANT_MAX_THREADS = 256
-_HALF = (torch.bfloat16, torch.float16)
 
 
 @attrs.frozen
@@ -147,7 +146,7 @@ _quant_source = functools.lru_cache(maxsize=64)(render_quant_per_token)
 def quant_vec(dtype: torch.dtype, cols: int, row_stride: int, address: int) -> int:
     """8 elements per load (16 bytes of a 16-bit input) when rows allow it, else 1."""
     aligned = cols % 8 == 0 and row_stride % 8 == 0 and address % 16 == 0
-    return 8 if dtype in _HALF and aligned else 1
+    return 8 if dtype in HALF_DTYPES and aligned else 1
 
 
 def quant_launch(rows: int, cols: int, vec: int) -> Grid:
@@ -159,7 +158,7 @@ def quant_launch(rows: int, cols: int, vec: int) -> Grid:
 
 def quantize_per_token_cupy(x: torch.Tensor, fp8: Dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [M, K]`` -> (FP8 ``[M, K]``, fp32 scales ``[M, 1]``), as ``quantize_per_token``."""
-    check_tensor("x", x, dtypes=(*_HALF, torch.float32), shape=(None, None))
+    check_tensor("x", x, dtypes=(*HALF_DTYPES, torch.float32), shape=(None, None))
     device = cuda_device("x", x)
     if x.stride(1) != 1:
         raise reject("x", x, "rows stored contiguously (stride 1 along K)")

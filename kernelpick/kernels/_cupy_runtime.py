@@ -23,7 +23,7 @@ import torch
 from kernelpick.core import InvalidValueError
 from kernelpick.kernels._torch import reject
 
-__all__ = ["Grid", "cuda_device", "cupy_unusable_reason", "cupy_usable", "launch"]
+__all__ = ["HALF_DTYPES", "Grid", "cuda_device", "cupy_unusable_reason", "cupy_usable", "launch"]
 
 LOGGER = logging.getLogger("kernelpick.kernels")
 
@@ -95,6 +95,10 @@ def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     name = type(error).__name__
     return f"{name}: {text.splitlines()[0]}" if text else name
+
+
+# The 16-bit float inputs the cupy kernels read with 16-byte loads.
+HALF_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def cuda_device(name: str, tensor: torch.Tensor) -> torch.device:
