@@ -16,6 +16,7 @@ from kernelpick.integration import ModelConversionError, quantize_model
 from kernelpick.kernels import LAUNCHES, KernelBase
 from kernelpick.kernels._canonical import quantize_canonical
 from tests.support.snapshots import snapshot
+from tests.support.torch_cpu import FNUZ_REFUSED, refuses_fnuz
 
 CPU = kp.device_profile("cpu")
 FP8 = [Dtype.FLOAT8_E4M3FN, Dtype.FLOAT8_E4M3FNUZ]
@@ -181,16 +182,6 @@ def _scheme(kernel: str) -> str:
     )  # fmt: skip
 
 
-def _tensorwise_takes_fnuz() -> bool:
-    a = torch.zeros(16, 16).to(torch.float8_e4m3fnuz)
-    one = torch.ones((), dtype=torch.float32)
-    try:
-        torch._scaled_mm(a, a.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
-    except RuntimeError:
-        return False
-    return True
-
-
 def _runs_here(kernel: str) -> bool:
     config = kp.quant_config(_scheme(kernel), weight_shape=(16, 32))
     return isinstance(kp.choose(HOST, config, kp.Policy(force=kernel)), kp.Selected)
@@ -202,10 +193,8 @@ def test_no_input_gives_nan_or_inf_in_a_quantized_weight_or_activation(
 ) -> None:
     if kernel in COMPILED and not _runs_here(kernel):
         pytest.skip(f"{kernel} needs an x86 CPU with AVX2+FMA+F16C and a C++ toolchain")
-    if fp8 is Dtype.FLOAT8_E4M3FNUZ and "tensorwise" in kernel and not _tensorwise_takes_fnuz():
-        # A CPU computes in e4m3fn (DeviceCaps.fp8_format), so no selection reaches this;
-        # oneDNN on an AMX CPU refuses e4m3fnuz operands ("itensor_view_from_dense").
-        pytest.skip("this CPU's tensor-wise torch._scaled_mm refuses e4m3fnuz operands")
+    if refuses_fnuz(kernel, fp8):
+        pytest.skip(FNUZ_REFUSED)
     width = 32
     config = kp.quant_config(_scheme(kernel), weight_shape=(16, width), out_dtype="float32")
     spec = kp.default_catalog().kernel(kernel)

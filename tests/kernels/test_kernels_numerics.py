@@ -27,6 +27,7 @@ from kernelpick.kernels._canonical import quantize_canonical
 from kernelpick.kernels._cpu_build import ISA_LEVELS
 from tests.support.cpu_levels import NEEDS_INT8_DOT, caps_at, skip_unless_runs, with_int8_dot
 from tests.support.emulation import Emulated, assert_within_bound, emulated
+from tests.support.torch_cpu import skip_where_fnuz_is_refused
 
 PER_CHANNEL, PER_TENSOR = "fp8_per_channel", "fp8_per_tensor"
 STATIC, WEIGHT_ONLY = "fp8_per_tensor_static", "fp8_weight_only"
@@ -64,6 +65,15 @@ UNALIGNED_OK = {
 COMPILED = {"cpu_fp8_gemm", "cpu_fp8_w8a16_gemm"}
 CASES = [(kernel, scheme) for kernel, schemes in IMPLEMENTS.items() for scheme in schemes]
 
+
+def _marks(kernel: str) -> list[pytest.MarkDecorator]:
+    # The ROCm families run here on e4m3fnuz CPU tensors, which some torch CPU ops refuse.
+    if kernel == "cpu_int8_int_mm":
+        return [NEEDS_INT8_DOT]
+    fp8 = kp.device_profile(DEVICE[kernel.split("_")[0]]).fp8_format
+    return [skip_where_fnuz_is_refused(kernel, fp8)]
+
+
 # Each case with its ISA level: every level for a compiled kernel, else None.
 LEVEL_CASES = [
     pytest.param(
@@ -75,7 +85,7 @@ LEVEL_CASES = [
 ] + [
     pytest.param(
         kernel, scheme, None, id=f"{kernel}-{scheme}",
-        marks=[NEEDS_INT8_DOT] if kernel == "cpu_int8_int_mm" else [],
+        marks=_marks(kernel),
     )
     for kernel, scheme in CASES
     if kernel not in COMPILED
