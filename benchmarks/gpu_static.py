@@ -9,7 +9,7 @@ with nvcc to a cubin, and disassembled with cuobjdump (on PATH, or from the
 target to the branch; an innermost loop holds no other loop. The figures:
 
 - the W8A16 GEMV: instructions of its innermost loop per weight byte a thread consumes per
-  iteration (``GemvSpec.vec``), for the M = 1 specialization;
+  iteration (``GemvSpec.weight_bytes_per_step``), for the M = 1 specialization;
 - the per-token quantizer: the sum over its innermost loops (the amax pass and the quantize
   pass) of instructions per element (``QuantSpec.vec`` elements per iteration).
 
@@ -138,15 +138,15 @@ def _cases() -> list[tuple[str, str, str, list[int]]]:
     """(name, source, what, units) of each kernel as its op renders it for M = 1, bf16/fp16,
     aligned rows (16-byte loads)."""
     from kernelpick.core import Dtype
-    from kernelpick.kernels._cupy_gemv import GEMV_M_TILE, GEMV_WARPS, GemvSpec, render_gemv
+    from kernelpick.kernels._cupy_gemv import GemvSpec, gemv_m_tile, render_gemv
     from kernelpick.kernels._cupy_quant import QuantSpec, render_quant_per_token
 
     bf16, fp16, fn = Dtype.BFLOAT16, Dtype.FLOAT16, Dtype.FLOAT8_E4M3FN
     cases = []
     for x in (bf16, fp16):
-        # One 16-byte weight load per lane per iteration of the k loop.
-        spec = GemvSpec(x, x, fn, 16, GEMV_M_TILE, GEMV_WARPS)
-        cases.append((spec.name, render_gemv(spec), "gemv", [spec.vec]))
+        # 16-byte weight loads; one iteration of the K loop is one chunk of K.
+        spec = GemvSpec(x, x, fn, 16, gemv_m_tile(1))
+        cases.append((spec.name, render_gemv(spec), "gemv", [spec.weight_bytes_per_step]))
     for x in (bf16, fp16):
         quant = QuantSpec(x, fn, 8)
         cases.append((quant.name, render_quant_per_token(quant), "quant", [quant.vec]))

@@ -139,36 +139,48 @@ def storage_type(dtype: Dtype, what: str) -> str:
 # Not part of CODECS: it is rendered by ``render_fp8_decode`` after it, so it adds nothing
 # to kernels that do not decode FP8 in bulk.
 FP8_DECODE = r"""
-/* Bytes 0 and 2 (even) or 1 and 3 (odd) of w as fp16 bits in the low and high lanes,
-   worth value / KP_FP8_DECODE_FOLD. Software: the fp8 exponent and mantissa move under
-   fp16's (bias 15) and the sign to bit 15, subnormals included, so each value is scaled by
-   2^-8 (e4m3fn, bias 7) or 2^-7 (e4m3fnuz, bias 8); the caller multiplies the final sum by
-   KP_FP8_DECODE_FOLD, exactly. No NaN survives this path (0x7F reads 480, 0x80 in e4m3fnuz
-   -0): the layer's accept step refuses NaN bytes (check_fp8_finite) and makes -0 canonical
-   (+0) before a weight reaches a kernel. On sm_89+ e4m3fn uses the hardware conversion,
-   which is exact (fold 1) and keeps NaN; its upper input byte goes to the upper lane. */
+/* The four FP8 bytes of w as two f16x2 words a and b, worth value / KP_FP8_DECODE_FOLD;
+   KP_FP8_LANE(word, half) is the byte (0..3) that lane `half` (0 low, 1 high) of word a (0)
+   or b (1) holds. On sm_89+ e4m3fn, the hardware conversion: exact (fold 1), two bytes an
+   instruction, a = bytes 0 and 1, b = bytes 2 and 3 (the upper input byte goes to the upper
+   lane); it keeps NaN. Otherwise fp16 bits: the fp8 exponent and mantissa move under fp16's
+   (bias 15) and the sign to bit 15, subnormals included, so each value is scaled by 2^-8
+   (e4m3fn, bias 7) or 2^-7 (e4m3fnuz, bias 8), and the caller multiplies the final sum by
+   KP_FP8_DECODE_FOLD, exactly; one shift and mask serves two lanes, so a = bytes 0 and 2,
+   b = bytes 1 and 3. No NaN survives that path (0x7F reads 480, 0x80 in e4m3fnuz -0): the
+   layer's accept step refuses NaN bytes (check_fp8_finite) and makes -0 canonical (+0)
+   before a weight reaches a kernel. */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890 && !KP_FP8_FNUZ
 #define KP_FP8_HW_DECODE 1
 #define KP_FP8_DECODE_FOLD 1.0f
-KP_HD u32 kp_e4m3x2_to_f16x2(u32 pair) {
-    u32 d; u16 a = (u16)pair;
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(d) : "h"(a));
-    return d;
+#define KP_FP8_LANE(word, half) (2 * (word) + (half))
+KP_HD void kp_fp8x4_split(u32 w, u32& a, u32& b) {
+    asm("{ .reg .b16 lo, hi;\n\t mov.b32 {lo, hi}, %2;\n\t"
+        " cvt.rn.f16x2.e4m3x2 %0, lo;\n\t cvt.rn.f16x2.e4m3x2 %1, hi; }"
+        : "=r"(a), "=r"(b) : "r"(w));
 }
-KP_HD u32 kp_fp8x4_even(u32 w) { return kp_e4m3x2_to_f16x2(__byte_perm(w, 0u, 0x0020u)); }
-KP_HD u32 kp_fp8x4_odd(u32 w) { return kp_e4m3x2_to_f16x2(__byte_perm(w, 0u, 0x0031u)); }
 #else
 #define KP_FP8_HW_DECODE 0
 #define KP_FP8_DECODE_FOLD KP_FP8_F16_FOLD
-KP_HD u32 kp_fp8x4_even(u32 w) { return ((w << 7) & 0x3F803F80u) | ((w << 8) & 0x80008000u); }
-KP_HD u32 kp_fp8x4_odd(u32 w) { return ((w >> 1) & 0x3F803F80u) | (w & 0x80008000u); }
+#define KP_FP8_LANE(word, half) ((word) + 2 * (half))
+KP_HD void kp_fp8x4_split(u32 w, u32& a, u32& b) {
+    a = ((w << 7) & 0x3F803F80u) | ((w << 8) & 0x80008000u);
+    b = ((w >> 1) & 0x3F803F80u) | (w & 0x80008000u);
+}
 #endif
 #ifdef __CUDA_ARCH__
+/* The halves of a 32-bit register are named, not shifted out: ptxas reads either one. */
 KP_HD float kp_f16_lo(u32 h2) {
-    float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((u16)h2)); return f;
+    float f;
+    asm("{ .reg .b16 lo, hi;\n\t mov.b32 {lo, hi}, %1;\n\t cvt.f32.f16 %0, lo; }"
+        : "=f"(f) : "r"(h2));
+    return f;
 }
 KP_HD float kp_f16_hi(u32 h2) {
-    float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((u16)(h2 >> 16))); return f;
+    float f;
+    asm("{ .reg .b16 lo, hi;\n\t mov.b32 {lo, hi}, %1;\n\t cvt.f32.f16 %0, hi; }"
+        : "=f"(f) : "r"(h2));
+    return f;
 }
 #else
 KP_HD float kp_f16_lo(u32 h2) { return kp_f16_to_f32((u16)h2); }

@@ -12,27 +12,32 @@ import numpy as np
 import torch
 
 from kernelpick.core import Dtype, InvalidValueError
-from kernelpick.kernels._cupy_codecs import LOAD, STORE, render_codecs, storage_type
+from kernelpick.kernels._cupy_codecs import STORE, render_fp8_decode, storage_type
 from kernelpick.kernels._cupy_runtime import HALF_DTYPES, Grid, cuda_device, launch
 from kernelpick.kernels._torch import check_tensor, reject
 
 __all__ = [
+    "GEMV_CHANNELS_PER_WARP",
     "GEMV_MAX_M",
-    "GEMV_M_TILE",
+    "GEMV_M_TILES",
     "GEMV_WARPS",
     "GemvSpec",
     "gemv_launch",
+    "gemv_m_tile",
     "gemv_specializations",
     "gemv_vec",
     "render_gemv",
     "w8a16_gemv_cupy",
 ]
 
-# Up to 16 rows the GEMV reads the FP8 weight at most twice (two passes of 8 rows), which
-# beats dequantizing it to 16 bits and calling cuBLAS; past that the GEMM wins.
+# Up to 16 rows the GEMV reads the FP8 weight at most twice (two passes of 8 rows), and a
+# dequantize + cuBLAS GEMM reads it once but writes and reads a 16-bit copy (5 bytes a
+# weight). A first estimate: the device check's gemv_crossover cases (benchmarks/gpu_plan.py)
+# record the M from which dequantize + cuBLAS wins; this takes that figure once measured.
 GEMV_MAX_M = 16
-GEMV_M_TILE = 8
+GEMV_M_TILES = (1, 8)  # rows one pass serves: decode (M = 1), and up to 8 rows
 GEMV_WARPS = 4
+GEMV_CHANNELS_PER_WARP = 2  # each activation value read from shared memory serves two
 
 
 @attrs.frozen
@@ -42,9 +47,10 @@ class GemvSpec:
     in_dtype: Dtype
     out_dtype: Dtype
     fp8: Dtype
-    vec: int  # FP8 weights per lane per step: 16 (one 16-byte load), 4 or 1
+    vec: int  # FP8 weights per lane per load: 16 (one 16-byte load), 4 or 1
     m_tile: int  # activation rows served by one pass over the weight
-    warps: int  # output channels per block, one warp each
+    warps: int = GEMV_WARPS
+    channels: int = GEMV_CHANNELS_PER_WARP  # output channels per warp
 
     @property
     def name(self) -> str:
@@ -53,74 +59,182 @@ class GemvSpec:
             f"_v{self.vec}_m{self.m_tile}"
         )
 
+    @property
+    def weight_bytes_per_step(self) -> int:
+        """FP8 weight bytes one lane consumes per iteration of the kernel's K loop (two loads
+        of ``vec`` bytes for each of its channels)."""
+        return _STEPS * self.vec * self.channels
+
+
+_STEPS = 2  # loads of each channel's weights per lane per chunk of K
+# (C type, 16-bit values) a lane stages or reads activations in, by vec: as wide as allowed.
+_X_UNIT = {16: ("uint4", 8), 4: ("uint2", 4), 1: ("u16", 1)}
+_W_UNIT = {16: "uint4", 4: "u32", 1: "u8"}
+# Two 16-bit activations of a 32-bit word as fp32: bf16 is the upper half of an fp32.
+_X_PAIR = {
+    Dtype.BFLOAT16: ("kp_bits_to_f32(v << 16)", "kp_bits_to_f32(v & 0xFFFF0000u)"),
+    Dtype.FLOAT16: ("kp_f16_lo(v)", "kp_f16_hi(v)"),
+}
+
 
 def render_gemv(spec: GemvSpec) -> str:
-    """``y[m, n] = scale[n] * sum_k x[m, k] * fp8(w[n, k]) (+ bias[n])``, one warp per n.
+    """``y[m, n] = scale[n] * sum_k x[m, k] * fp8(w[n, k]) (+ bias[n])``, a warp per
+    ``channels`` output channels, ``m_tile`` rows a pass.
 
-    The FP8 weight is read once per ``m_tile`` rows and never materialized in 16 bits.
+    K is walked in chunks of ``32 * vec * 2``: each lane loads its weights for the chunk,
+    then the block stages the chunk's activations in shared memory (both loads in flight at
+    once), then each lane decodes its weights (``FP8_DECODE``: in hardware on sm_89+
+    e4m3fn) and accumulates in fp32. The FP8 weight is read once per pass and never
+    materialized in 16 bits.
     """
-    storage = storage_type(spec.in_dtype, "W8A16 input dtype")
-    out_storage = storage_type(spec.out_dtype, "W8A16 output dtype")
-    if storage != "u16":
+    if storage_type(spec.in_dtype, "W8A16 input dtype") != "u16":
         raise InvalidValueError("W8A16 input dtype", spec.in_dtype.value, "bfloat16 or float16")
-    if spec.vec not in (1, 4, 16) or not 1 <= spec.m_tile <= 16 or not 1 <= spec.warps <= 32:
-        raise InvalidValueError("GEMV spec", spec, "vec 1/4/16, m_tile 1..16, warps 1..32")
-    load, store = LOAD[spec.in_dtype], STORE[spec.out_dtype]
-    # Activations load as wide as the weights (16 bf16 are two 16-byte loads) into vector
-    # registers, then read as 16-bit lanes: a u16 array cast to uint4* would be misaligned.
-    x_load = {
-        16: "            uint4 xv[2];\n"
-        "            xv[0] = reinterpret_cast<const uint4*>(xr)[0];\n"
-        "            xv[1] = reinterpret_cast<const uint4*>(xr)[1];",
-        4: "            uint2 xv[1];\n            xv[0] = reinterpret_cast<const uint2*>(xr)[0];",
-        1: "            in_t xv[1];\n            xv[0] = xr[0];",
-    }[spec.vec]
-    weight_load = {
-        16: "uint4 wp = *reinterpret_cast<const uint4*>(wr + k);",
-        4: "u32 wp = *reinterpret_cast<const u32*>(wr + k);",
-        1: "u8 wp = wr[k];",
-    }[spec.vec]
-    return f"""{render_codecs(spec.fp8)}
+    out_storage = storage_type(spec.out_dtype, "W8A16 output dtype")
+    if (
+        spec.vec not in _W_UNIT
+        or spec.m_tile not in GEMV_M_TILES
+        or not 1 <= spec.warps <= 32
+        or not 1 <= spec.channels <= 8
+    ):
+        expected = f"vec 1/4/16, m_tile in {GEMV_M_TILES}, warps 1..32, channels 1..8"
+        raise InvalidValueError("GEMV spec", spec, expected)
+    x_unit, x_per_unit = _X_UNIT[spec.vec]
+    x_lo, x_hi = _X_PAIR[spec.in_dtype]
+    return f"""{render_fp8_decode(spec.fp8)}
 #define KP_VEC {spec.vec}
 #define KP_M_TILE {spec.m_tile}
 #define KP_WARPS {spec.warps}
+#define KP_CPW {spec.channels}
+#define KP_STEPS {_STEPS}
+#define KP_KC (32 * KP_VEC * KP_STEPS)
+#define KP_X_PER_UNIT {x_per_unit}
+#define KP_X_UNITS (KP_KC / KP_X_PER_UNIT)
+#define KP_THREADS (32 * KP_WARPS)
+#define KP_STAGE ((KP_M_TILE * KP_X_UNITS + KP_THREADS - 1) / KP_THREADS)
 typedef u16 in_t;
 typedef {out_storage} out_t;
+#define KP_STORE {STORE[spec.out_dtype]}
+typedef {_W_UNIT[spec.vec]} w_unit;
+typedef {x_unit} x_unit;
 
-extern "C" __global__ void {spec.name}(
+KP_HD float kp_x_lo(u32 v) {{ return {x_lo}; }}
+KP_HD float kp_x_hi(u32 v) {{ return {x_hi}; }}
+
+/* Word i of a lane's weight load (a lone byte is word 0). */
+KP_HD u32 kp_w_word(const uint4& v, int i) {{ return (&v.x)[i]; }}
+KP_HD u32 kp_w_word(u32 v, int) {{ return v; }}
+KP_HD u32 kp_w_word(u8 v, int) {{ return (u32)v; }}
+
+/* VEC weights of one load as fp32 values / KP_FP8_DECODE_FOLD, in K order. */
+KP_HD void kp_decode(w_unit v, float* out) {{
+#pragma unroll
+    for (int i = 0; i < (KP_VEC + 3) / 4; ++i) {{
+        u32 h2[2];
+        kp_fp8x4_split(kp_w_word(v, i), h2[0], h2[1]);
+#pragma unroll
+        for (int word = 0; word < 2; ++word) {{
+            const int lo = 4 * i + KP_FP8_LANE(word, 0), hi = 4 * i + KP_FP8_LANE(word, 1);
+            if (lo < KP_VEC) out[lo] = kp_f16_lo(h2[word]);
+            if (hi < KP_VEC) out[hi] = kp_f16_hi(h2[word]);
+        }}
+    }}
+}}
+
+/* VEC activations from shared memory as fp32, in K order. */
+KP_HD void kp_load_x(const in_t* xs, float* out) {{
+#if KP_VEC == 1
+    out[0] = kp_x_lo((u32)xs[0]);
+#else
+    const u32* words = reinterpret_cast<const u32*>(xs);
+#pragma unroll
+    for (int i = 0; i < KP_VEC / 2; ++i) {{
+        const u32 v = words[i];
+        out[2 * i] = kp_x_lo(v);
+        out[2 * i + 1] = kp_x_hi(v);
+    }}
+#endif
+}}
+
+extern "C" __global__ void __launch_bounds__(KP_THREADS) {spec.name}(
     const in_t* __restrict__ x, const u8* __restrict__ w, const float* __restrict__ scale,
     int scale_per_channel, const float* __restrict__ bias, int has_bias,
     out_t* __restrict__ y, int M, int N, int K)
 {{
+    __shared__ __align__(16) in_t xs[KP_M_TILE][KP_KC];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int n = blockIdx.x * KP_WARPS + warp;
+    const int n0 = (blockIdx.x * KP_WARPS + warp) * KP_CPW;
     const int m0 = blockIdx.y * KP_M_TILE;
-    if (n >= N) return;
-    const u8* wr = w + (long long)n * K;
-    float acc[KP_M_TILE];
-    for (int t = 0; t < KP_M_TILE; ++t) acc[t] = 0.0f;
-    for (int k = lane * KP_VEC; k < K; k += 32 * KP_VEC) {{
-        {weight_load}
-        const u8* wb = reinterpret_cast<const u8*>(&wp);
-        float wf[KP_VEC];
-        for (int j = 0; j < KP_VEC; ++j) wf[j] = kp_fp8_to_f32(wb[j]);
-        for (int t = 0; t < KP_M_TILE; ++t) {{
-            if (m0 + t >= M) break;
-            const in_t* xr = x + (long long)(m0 + t) * K + k;
-{x_load}
-            const in_t* xh = reinterpret_cast<const in_t*>(xv);
-            float sum = 0.0f;
-            for (int j = 0; j < KP_VEC; ++j) sum += {load}(xh[j]) * wf[j];
-            acc[t] += sum;
+    const int rows = min(KP_M_TILE, M - m0);
+    const in_t* xt = x + (long long)m0 * K;
+    /* A channel past N reads channel N - 1 and stores nothing: every warp stays in the
+       block's barriers. */
+    const u8* wr[KP_CPW];
+#pragma unroll
+    for (int c = 0; c < KP_CPW; ++c) wr[c] = w + (long long)min(n0 + c, N - 1) * K;
+    float acc[KP_M_TILE][KP_CPW][2];
+#pragma unroll
+    for (int t = 0; t < KP_M_TILE; ++t)
+#pragma unroll
+        for (int c = 0; c < KP_CPW; ++c) acc[t][c][0] = acc[t][c][1] = 0.0f;
+#pragma unroll 1
+    for (int k0 = 0; k0 < K; k0 += KP_KC) {{
+        w_unit wv[KP_STEPS][KP_CPW];
+#pragma unroll
+        for (int s = 0; s < KP_STEPS; ++s) {{
+            const int k = k0 + (s * 32 + lane) * KP_VEC;  /* K % KP_VEC == 0: all or none */
+#pragma unroll
+            for (int c = 0; c < KP_CPW; ++c)
+                wv[s][c] = k < K ? *reinterpret_cast<const w_unit*>(wr[c] + k) : w_unit();
+        }}
+        __syncthreads();  /* the last chunk's activations are read */
+#pragma unroll
+        for (int i = 0; i < KP_STAGE; ++i) {{
+            /* Unit u of the tile is row u / KP_X_UNITS, element e of the chunk; zeros past
+               M and K. x has fewer than 2^31 elements (the host checks), so offsets fit. */
+            const int u = threadIdx.x + i * KP_THREADS;
+            const int t = u / KP_X_UNITS, e = (u % KP_X_UNITS) * KP_X_PER_UNIT;
+            if (KP_STAGE * KP_THREADS == KP_M_TILE * KP_X_UNITS || u < KP_M_TILE * KP_X_UNITS) {{
+                x_unit v = x_unit();
+                if (t < rows && k0 + e < K)
+                    v = *reinterpret_cast<const x_unit*>(xt + t * K + k0 + e);
+                reinterpret_cast<x_unit*>(&xs[0][0])[u] = v;
+            }}
+        }}
+        __syncthreads();
+#pragma unroll
+        for (int s = 0; s < KP_STEPS; ++s) {{
+            const int e = (s * 32 + lane) * KP_VEC;
+            float wf[KP_CPW][KP_VEC];
+#pragma unroll
+            for (int c = 0; c < KP_CPW; ++c) kp_decode(wv[s][c], wf[c]);
+#pragma unroll
+            for (int t = 0; t < KP_M_TILE; ++t) {{
+                if (t >= rows) break;
+                float xf[KP_VEC];
+                kp_load_x(&xs[t][e], xf);
+#pragma unroll
+                for (int c = 0; c < KP_CPW; ++c)
+#pragma unroll
+                    for (int j = 0; j < KP_VEC; ++j)
+                        acc[t][c][j & 1] = fmaf(xf[j], wf[c][j], acc[t][c][j & 1]);
+            }}
         }}
     }}
-    const float s = scale[scale_per_channel ? n : 0];
-    const float b = has_bias ? bias[n] : 0.0f;
+#pragma unroll
     for (int t = 0; t < KP_M_TILE; ++t) {{
-        float v = acc[t];
-        for (int offset = 16; offset > 0; offset >>= 1)
-            v += __shfl_xor_sync(0xFFFFFFFFu, v, offset);
-        if (lane == 0 && m0 + t < M) y[(long long)(m0 + t) * N + n] = {store}(v * s + b);
+        if (t >= rows) break;
+#pragma unroll
+        for (int c = 0; c < KP_CPW; ++c) {{
+            float v = acc[t][c][0] + acc[t][c][1];
+#pragma unroll
+            for (int offset = 16; offset > 0; offset >>= 1)
+                v += __shfl_xor_sync(0xFFFFFFFFu, v, offset);
+            const int n = n0 + c;
+            if (lane == 0 && n < N) {{
+                const float s = scale[scale_per_channel ? n : 0], b = has_bias ? bias[n] : 0.0f;
+                y[(long long)(m0 + t) * N + n] = KP_STORE(v * KP_FP8_DECODE_FOLD * s + b);
+            }}
+        }}
     }}
 }}
 """
@@ -129,15 +243,16 @@ extern "C" __global__ void {spec.name}(
 def gemv_specializations() -> tuple[GemvSpec, ...]:
     """Every specialization ``w8a16_gemv_cupy`` can launch."""
     return tuple(
-        GemvSpec(x, out, fp8, vec, GEMV_M_TILE, GEMV_WARPS)
+        GemvSpec(x, out, fp8, vec, m_tile)
         for fp8 in (Dtype.FLOAT8_E4M3FN, Dtype.FLOAT8_E4M3FNUZ)
         for x in (Dtype.BFLOAT16, Dtype.FLOAT16)
         for out in (Dtype.BFLOAT16, Dtype.FLOAT16, Dtype.FLOAT32)
         for vec in (16, 4, 1)
+        for m_tile in GEMV_M_TILES
     )
 
 
-_gemv_source = functools.lru_cache(maxsize=64)(render_gemv)
+_gemv_source = functools.lru_cache(maxsize=128)(render_gemv)
 
 
 def gemv_vec(k: int, x_address: int, w_address: int) -> int:
@@ -149,9 +264,16 @@ def gemv_vec(k: int, x_address: int, w_address: int) -> int:
     return 1
 
 
-def gemv_launch(m: int, n: int, m_tile: int = GEMV_M_TILE, warps: int = GEMV_WARPS) -> Grid:
-    """A warp per output channel, ``warps`` channels a block, ``m_tile`` rows a pass."""
-    return Grid((-(-n // warps), -(-m // m_tile), 1), (32 * warps, 1, 1))
+def gemv_m_tile(m: int) -> int:
+    """Rows one pass serves: 1 for decode (its accumulators alone in registers), else 8."""
+    return GEMV_M_TILES[0] if m <= GEMV_M_TILES[0] else GEMV_M_TILES[-1]
+
+
+def gemv_launch(m: int, n: int, spec: GemvSpec) -> Grid:
+    """``spec.channels`` output channels a warp, ``spec.warps`` warps a block, and
+    ``spec.m_tile`` rows a pass (blocks along y)."""
+    per_block = spec.warps * spec.channels
+    return Grid((-(-n // per_block), -(-m // spec.m_tile), 1), (32 * spec.warps, 1, 1))
 
 
 def w8a16_gemv_cupy(
@@ -176,6 +298,8 @@ def w8a16_gemv_cupy(
     check_tensor("weight scale", scale, dtypes=(torch.float32,), device=device)
     if scale.numel() not in (1, n):
         raise reject("weight scale", scale, f"one value, or one per output channel ({n})")
+    if m * k >= 2**31:  # the kernel stages x with 32-bit offsets
+        raise reject("x", x, "fewer than 2^31 elements")
     if not x.is_contiguous() or not weight.is_contiguous():
         bad = ("x", x) if not x.is_contiguous() else ("weight", weight)
         raise reject(*bad, "a contiguous tensor")
@@ -187,10 +311,10 @@ def w8a16_gemv_cupy(
         return y
     vec = gemv_vec(k, x.data_ptr(), weight.data_ptr())
     fp8 = Dtype.parse(weight.dtype)
-    spec = GemvSpec(Dtype.parse(x.dtype), Dtype.parse(out_dtype), fp8, vec, GEMV_M_TILE, GEMV_WARPS)
+    spec = GemvSpec(Dtype.parse(x.dtype), Dtype.parse(out_dtype), fp8, vec, gemv_m_tile(m))
     args = (
         x, weight, scale.contiguous(), np.int32(scale.numel() == n),
         bias, np.int32(bias is not None), y, np.int32(m), np.int32(n), np.int32(k),
     )  # fmt: skip
-    launch(spec.name, _gemv_source(spec), gemv_launch(m, n), args, device)
+    launch(spec.name, _gemv_source(spec), gemv_launch(m, n, spec), args, device)
     return y
