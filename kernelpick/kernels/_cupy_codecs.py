@@ -45,6 +45,14 @@ KP_HD u16 kp_f32_to_bf16(float f) {
     return (u16)(x >> 16);
 }
 
+#ifdef __CUDA_ARCH__
+/* fp16 -> fp32 is exact: the hardware conversion, one instruction (HADD2.F32). */
+KP_HD float kp_f16_to_f32(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+#else
 KP_HD float kp_f16_to_f32(u16 h) {
     u32 sign = ((u32)(h & 0x8000u)) << 16, exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
     if (exp == 0) {                                   /* zero or subnormal: man * 2^-24 */
@@ -54,6 +62,7 @@ KP_HD float kp_f16_to_f32(u16 h) {
     if (exp == 31) return kp_bits_to_f32(sign | 0x7F800000u | (man << 13));
     return kp_bits_to_f32(sign | ((exp + 112u) << 23) | (man << 13));
 }
+#endif
 
 KP_HD u16 kp_f32_to_f16(float f) {
     u32 x = kp_f32_to_bits(f), sign = (x >> 16) & 0x8000u, ax = x & 0x7FFFFFFFu;
