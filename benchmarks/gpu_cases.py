@@ -31,6 +31,7 @@ from kernelpick.kernels import bind, dequantize_weight, quantize_canonical
 
 __all__ = [
     "gemv_crossover_case",
+    "group_quant_case",
     "kernel_case",
     "quant_agreement_case",
     "quant_bandwidth_case",
@@ -315,5 +316,65 @@ def quant_agreement_case(ctx: Context) -> dict[str, Any]:
         "fp8": fp8.value,
         "rows": rows_out,
         "totals": totals,
+        "status": "ok" if agree else "failed",
+    }
+
+
+def _differ_bytes(a: torch.Tensor, b: torch.Tensor) -> int:
+    """FP8 bytes that differ, NaN against NaN aside (its sign bit may differ)."""
+    both_nan = torch.isnan(a.float()) & torch.isnan(b.float())
+    return int(((a.view(torch.uint8) != b.view(torch.uint8)) & ~both_nan).sum())
+
+
+def group_quant_case(ctx: Context, *, rows: int, cols: int) -> dict[str, Any]:
+    """The fused 1x128 group quantizer against ``quantize(x, (1, 128), fp8)`` on the GPU:
+    differing bytes and scales (random, zero, outlier and NaN rows; K = 4224 and 200 have a
+    short last group), then both one's bandwidth (bf16 in, FP8 and scales out) over a copy's."""
+    from kernelpick.kernels._cupy_group_quant import quantize_groups_cupy
+    from kernelpick.kernels._quantize import quantize
+
+    fp8 = kp.probe().fp8_format
+    checks: list[dict[str, Any]] = []
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for shape in ((64, 4224), (17, 200)):
+            for kind in ("random", "zero_row", "outlier", "nan_row"):
+                x = _agreement_input(kind, *shape, dtype)
+                fused, fused_scale = quantize_groups_cupy(x, fp8)
+                ref, ref_scale = quantize(x, (1, 128), fp8)
+                checks.append(
+                    {
+                        "dtype": str(dtype)[6:],
+                        "shape": list(shape),
+                        "kind": kind,
+                        "bytes": _differ_bytes(fused, ref),
+                        "scales": _differ(fused_scale, ref_scale),
+                    }
+                )
+    device = cuda_device()
+    inputs = [
+        torch.randn(rows, cols, device=device).to(torch.bfloat16)
+        for _ in range(copies(2 * rows * cols))
+    ]
+    target = torch.empty_like(inputs[0])
+    times = time_paired(
+        {
+            "fused": [functools.partial(quantize_groups_cupy, x, fp8) for x in inputs],
+            "unfused": [functools.partial(quantize, x, (1, 128), fp8) for x in inputs],
+            "copy": [functools.partial(target.copy_, x) for x in inputs],
+        },
+        ctx.deadline,
+    )
+    moved = rows * cols * (2 + 1) + rows * -(-cols // 128) * 4
+    gbps = {n: (4 * rows * cols if n == "copy" else moved) / t.ms / 1e6 for n, t in times.items()}
+    agree = not any(c["bytes"] or c["scales"] for c in checks)
+    return {
+        "fp8": fp8.value,
+        "checks": checks,
+        "gbps": gbps,
+        "timing": {name: t.record() for name, t in times.items()},
+        "figures": {
+            "gpu_group_quant_bw_fraction": gbps["fused"] / gbps["copy"],
+            "gpu_group_quant_unfused_bw_fraction": gbps["unfused"] / gbps["copy"],
+        },
         "status": "ok" if agree else "failed",
     }

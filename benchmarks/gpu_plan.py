@@ -80,13 +80,14 @@ def _host() -> list[Case]:
 
 
 def _targeted() -> list[Case]:
-    """The fused quantizer's bytes, block FP8 at small M, the figures, the GEMV crossover."""
+    """The fused quantizers' bytes, block FP8 at small M, the figures, the GEMV crossover."""
     block = {"kernel": "cuda_block_scaled_mm", "scheme": "fp8_block", "n": 7168, "k": 2304}
     ptpc = {"kernel": None, "scheme": "fp8_per_channel", "m": 8192, **_SQUARE}
     gemv = {"kernel": "cuda_w8a16_cupy", "scheme": "fp8_weight_only", "m": 1, **_SQUARE}
     quant = {"rows": 8192, "cols": 8192}
     return [
         Case("quant_agreement", gpu_cases.quant_agreement_case, needs=_CUPY),
+        Case("group_quant", gpu_cases.group_quant_case, quant, _CUPY),
         *(_kernel(f"block_fp8/m{m}", m=m, **block) for m in BLOCK_FP8_TOKENS),
         _kernel(f"figure/{FIGURES[0]}", figure=FIGURES[0], **ptpc),
         Case(f"figure/{FIGURES[1]}", gpu_cases.quant_bandwidth_case, quant, _CUPY),

@@ -32,6 +32,7 @@ from kernelpick.kernels._canonical import (
     check_positive_finite,
     quantize_canonical,
 )
+from kernelpick.kernels._cupy_group_quant import GROUP, quantize_groups_cupy
 from kernelpick.kernels._cupy_quant import quantize_per_token_cupy
 from kernelpick.kernels._fnuz import as_fnuz
 from kernelpick.kernels._quantize import (
@@ -57,9 +58,9 @@ class KernelBase:
     catalog row (its id, and the alignment its requirements state). ``fp8_format`` is the
     device's e4m3 flavour (e4m3fnuz on gfx94x). ``fused_bias`` lists the output dtypes for
     which ``torch._scaled_mm`` takes the bias itself; for the others the bias is added after
-    the op. ``fused_quant`` quantizes per-token activations with the cupy kernel (one pass
-    per row) instead of torch ops. ``isa`` is the CPU's probed ISA flags (empty on a GPU),
-    for families compiled per instruction set.
+    the op. ``fused_quant`` quantizes per-token and 1x128 group activations with the cupy
+    kernels (one pass) instead of torch ops. ``isa`` is the CPU's probed ISA flags (empty
+    on a GPU), for families compiled per instruction set.
     """
 
     # Whether the family quantizes activations (W8A8) or only weights (W8A16). A family
@@ -222,6 +223,10 @@ class KernelBase:
             return quantize_per_token(x, fp8)
         if group == GroupShape.PER_TENSOR and act.scale.dtype is Dtype.FLOAT32:
             return quantize_per_tensor(x, fp8)
+        fused_groups = group == GroupShape.per_group(GROUP) and act.scale.dtype is Dtype.FLOAT32
+        if fused_groups and self.fused_quant and fp8.is_fp8:
+            # Scales come back outer-dim-major (strides (1, M)), as cuBLASLt reads them.
+            return quantize_groups_cupy(x if x.stride(-1) == 1 else x.contiguous(), fp8)
         return quantize(x, (group.rows, group.cols), fp8, act.scale.dtype)
 
     def apply(

@@ -55,7 +55,10 @@ def block_activation_scales(scale: torch.Tensor) -> torch.Tensor:
 
     Written into explicit strides: ``t().contiguous().t()`` keeps a one-row scale's strides
     ``(ceil(K/128), 1)`` (a size-1 dimension counts as contiguous either way), which torch's
-    fake-tensor check of ``scaled_mm`` refuses."""
+    fake-tensor check of ``scaled_mm`` refuses. Scales already in that layout (the fused
+    cupy quantizer writes them so) are returned as they are, without a copy."""
+    if scale.stride() == (1, scale.shape[0]):
+        return scale
     out = torch.empty_strided(
         scale.shape, (1, scale.shape[0]), dtype=scale.dtype, device=scale.device
     )

@@ -64,7 +64,8 @@ class Launch:
     ``family``: a ``KernelBase`` subclass whose ``KIND`` is the catalog row's kind.
     ``fused_bias``: the output dtypes for which the op takes the bias itself (others get it
     added after the op); names such as ``"bfloat16"`` are parsed. ``fused_quant``: quantize
-    per-token activations with the cupy kernel, used only where the device's cupy is usable.
+    per-token and 1x128 group activations with the cupy kernels, used only where the
+    device's cupy is usable.
     """
 
     family: type[KernelBase] = attrs.field(validator=_family)
@@ -91,8 +92,9 @@ class Launch:
 BIAS_IN_16_BIT = frozenset({Dtype.BFLOAT16, Dtype.FLOAT16})
 
 # Every id of kp.default_catalog(), by platform in catalog order. CPU _scaled_mm takes a
-# bias in every output dtype. The CUDA W8A8 kernels quantize per-token activations with
-# the fused cupy kernel when cupy is usable (one pass per row instead of several torch ops).
+# bias in every output dtype. The CUDA W8A8 kernels quantize per-token (and 1x128 group)
+# activations with the fused cupy kernels when cupy is usable (one pass instead of several
+# torch ops).
 LAUNCHES: Mapping[str, Launch] = MappingProxyType(
     {
         "cuda_rowwise_scaled_mm": Launch(
@@ -100,7 +102,8 @@ LAUNCHES: Mapping[str, Launch] = MappingProxyType(
         ),
         # No bias in-op with 128-block scales: torch's block-scaled tests never pass one and
         # cuBLASLt's bias epilogue with VEC128/BLK128x128 scales is unverified; added in fp32.
-        "cuda_block_scaled_mm": Launch(BlockScaledMM, fused_bias=()),
+        # Its 1x128 activation groups are quantized by the fused cupy group kernel.
+        "cuda_block_scaled_mm": Launch(BlockScaledMM, fused_bias=(), fused_quant=True),
         # A bf16 bias in-op with MX scales (pytorch#152665, test_mx_fp8_bias).
         "cuda_mxfp8_scaled_mm": Launch(MxScaledMM, fused_bias=BIAS_IN_16_BIT),
         "cuda_tensorwise_scaled_mm": Launch(TensorwiseScaledMM, fused_bias=BIAS_IN_16_BIT),

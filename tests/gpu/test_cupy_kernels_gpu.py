@@ -3,15 +3,17 @@ cupy is not usable there)."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
 
 import kernelpick as kp
 from kernelpick.core import Dtype
 from kernelpick.kernels._cupy_gemv import GEMV_MAX_M, w8a16_gemv_cupy
+from kernelpick.kernels._cupy_group_quant import quantize_groups_cupy
 from kernelpick.kernels._cupy_quant import quantize_per_token_cupy
 from kernelpick.kernels._cupy_runtime import cupy_usable
-from kernelpick.kernels._quantize import quantize_per_token
+from kernelpick.kernels._quantize import quantize, quantize_per_token
 from tests.support.emulation import BOUND, relative_error
 
 pytestmark = [
@@ -40,6 +42,56 @@ def test_fused_quantizer_matches_the_torch_quantizer(dtype: torch.dtype, m: int,
     torch.testing.assert_close(scale, scale_ref, rtol=0, atol=0)
     # Same formula, IEEE division on both sides: every byte should agree.
     assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+
+
+@pytest.mark.parametrize("fp8", [FN, Dtype.FLOAT8_E4M3FNUZ])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("k", [128, 4096, 4224, 200, 7])
+@pytest.mark.parametrize("m", [1, 17, 300])
+def test_fused_group_quantizer_matches_the_torch_quantizer_byte_for_byte(
+    fp8: Dtype, dtype: torch.dtype, k: int, m: int
+) -> None:
+    x = (torch.randn(m, k, device=_device()) * 3).to(dtype)
+    x[0, : min(k, 130)] = 0  # an all-zero group keeps the scale floor
+    if m > 2:
+        x[1, k // 2] = float("nan")  # that group's scale and every byte NaN
+        x[2, 0] = float("inf")  # an infinite scale: finite values 0, inf NaN
+        x[-1, ::11] = 1e4  # outliers: most other quotients subnormal
+    # Also views whose row stride is not K: 16-byte loads (K - 8) and scalar ones (K - 1).
+    for rows in (x, *((x[:, : k - 8], x[:, : k - 1]) if k > 16 else ())):
+        q, scale = quantize_groups_cupy(rows, fp8)
+        q_ref, scale_ref = quantize(rows, (1, 128), fp8)
+        assert scale.stride() == (1, rows.shape[0])
+        nan = torch.isnan(scale_ref)
+        assert torch.equal(torch.isnan(scale), nan)
+        assert torch.equal(scale[~nan].view(torch.int32), scale_ref[~nan].view(torch.int32))
+        nan_bytes = torch.isnan(q_ref.float())
+        assert torch.equal(torch.isnan(q.float()), nan_bytes)
+        assert torch.equal(q.view(torch.uint8)[~nan_bytes], q_ref.view(torch.uint8)[~nan_bytes])
+
+
+def test_block_fp8_forward_with_the_fused_group_quantizer_matches_torch_ops() -> None:
+    from kernelpick.kernels import bind
+    from kernelpick.kernels._canonical import quantize_canonical
+
+    caps = kp.probe("cuda")
+    config = kp.quant_config("fp8_block", weight_shape=(512, 1024))
+    try:
+        kernel = bind("cuda_block_scaled_mm", config, caps, _device())
+    except kp.KernelpickError as error:
+        pytest.skip(f"block FP8 does not run here: {error}")
+    assert kernel.fused_quant
+    bundle = kernel.prepare_weights(
+        *quantize_canonical(torch.randn(512, 1024, device=_device()) * 0.05, config)
+    )
+    x = torch.randn(33, 1024, device=_device()).to(torch.bfloat16)
+    q, scale = kernel.quantize_input(x, bundle)
+    q_ref, scale_ref = quantize(x, (1, 128), FN)
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+    assert torch.equal(scale, scale_ref)
+    # The same GEMM on the torch quantizer's bytes and scales: the very same output.
+    unfused = attrs.evolve(kernel, fused_quant=False)
+    assert torch.equal(kernel.apply(x, bundle), unfused.apply(x, bundle))
 
 
 def test_fused_quantizer_runs_on_a_side_stream_and_under_graph_capture() -> None:
