@@ -11,7 +11,6 @@ from __future__ import annotations
 import shutil
 import struct
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import attrs
@@ -39,26 +38,10 @@ from kernelpick.kernels._quantize import quantize
 FN, FNUZ = Dtype.FLOAT8_E4M3FN, Dtype.FLOAT8_E4M3FNUZ
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the CUDA toolkit)")
-def test_every_specialization_compiles_for_turing_through_hopper(tmp_path: Path) -> None:
-    def compile_one(item: tuple[int, GroupQuantSpec]) -> str:
-        index, spec = item
-        path = tmp_path / f"g{index}.cu"
-        path.write_text(render_quant_groups(spec))
-        errors = []
-        for arch in ("sm_75", "sm_90"):
-            command = ["nvcc", "-cubin", f"-arch={arch}", "-o", f"{path}.{arch}", str(path)]
-            result = subprocess.run(command, capture_output=True, text=True, check=False)
-            if result.returncode:
-                errors.append(f"{spec.name} [{arch}]:\n{result.stderr}")
-        return "\n".join(errors)
-
+def test_the_specializations_have_unique_names() -> None:
+    # Each compiles for sm_75 and sm_90 with the others (tests/kernels/test_cupy_kernels.py).
     specs = group_quant_specializations()
     assert len({spec.name for spec in specs}) == len(specs) == 10
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        failures = [e for e in pool.map(compile_one, enumerate(specs)) if e]
-    assert not failures, "\n".join(failures)
 
 
 def test_the_kernel_reuses_the_per_token_encode_helpers_and_no_copy_of_them() -> None:

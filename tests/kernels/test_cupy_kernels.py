@@ -32,6 +32,7 @@ from kernelpick.kernels._cupy_gemv import (
     render_gemv,
     w8a16_gemv_cupy,
 )
+from kernelpick.kernels._cupy_group_quant import group_quant_specializations, render_quant_groups
 from kernelpick.kernels._cupy_quant import (
     quant_launch,
     quant_specializations,
@@ -48,7 +49,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _specializations() -> list[tuple[str, str]]:
     quant = [(spec.name, render_quant_per_token(spec)) for spec in quant_specializations()]
-    return quant + [(spec.name, render_gemv(spec)) for spec in gemv_specializations()]
+    groups = [(spec.name, render_quant_groups(spec)) for spec in group_quant_specializations()]
+    return quant + groups + [(spec.name, render_gemv(spec)) for spec in gemv_specializations()]
 
 
 @pytest.mark.slow

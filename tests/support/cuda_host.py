@@ -37,6 +37,10 @@ CUDA_HOST_SHIM = r"""
 struct kp_dim3 { unsigned x, y, z; };
 struct uint4 { unsigned x, y, z, w; };
 struct uint2 { unsigned x, y; };
+static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) {
+    return uint4{x, y, z, w};
+}
+static inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
 static thread_local kp_dim3 threadIdx, blockIdx;
 static kp_dim3 blockDim, gridDim;
 static std::barrier<>* kp_block_barrier;
