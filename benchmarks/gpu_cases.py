@@ -1,6 +1,6 @@
 """The GPU cases of gpu_check.py: each CUDA kernel's error and time, block FP8 at small M,
-the benchmark figures, the GEMV's crossover with dequantize + cuBLAS, and the fused
-quantizer's bandwidth and byte agreement.
+the benchmark figures and the GEMV's crossover with dequantize + cuBLAS (the fused
+quantizers' cases are in gpu_quant_cases.py).
 
 Each returns its record (a dict; ``status`` defaults to ok), or raises. The runner skips
 those that need CUDA or cupy where there is none. The cupy modules, which change often,
@@ -29,13 +29,7 @@ from benchmarks.gpu_common import (
 )
 from kernelpick.kernels import bind, dequantize_weight, quantize_canonical
 
-__all__ = [
-    "gemv_crossover_case",
-    "group_quant_case",
-    "kernel_case",
-    "quant_agreement_case",
-    "quant_bandwidth_case",
-]
+__all__ = ["gemv_crossover_case", "kernel_case"]
 
 # Relative error allowed against the fp32 reference of the same quantized operands: four
 # units of the coarsest type the kernel computes or writes in (GPU GEMMs sum in their own
@@ -216,165 +210,4 @@ def gemv_crossover_case(ctx: Context, *, n: int, k: int, ms: tuple[int, ...]) ->
         "dequant_linear_wins_from_m": min(loses, default=None),
         "figures": {f"gpu_gemv_wins_through_m_{n}x{k}": wins_through},
         "status": "ok" if len(timed) == len(points) else "failed",
-    }
-
-
-def quant_bandwidth_case(ctx: Context, *, rows: int, cols: int) -> dict[str, Any]:
-    """The fused per-token quantizer's bandwidth (bf16 in, FP8 and fp32 scales out) over a
-    device-to-device copy's, and the unfused torch quantizer's, on rotated inputs."""
-    from kernelpick.kernels._cupy_quant import quantize_per_token_cupy
-    from kernelpick.kernels._quantize import quantize_per_token
-
-    device, fp8 = cuda_device(), kp.probe().fp8_format
-    inputs = [
-        torch.randn(rows, cols, device=device).to(torch.bfloat16)
-        for _ in range(copies(2 * rows * cols))
-    ]
-    target = torch.empty_like(inputs[0])
-    times = time_paired(
-        {
-            "fused": [functools.partial(quantize_per_token_cupy, x, fp8) for x in inputs],
-            "unfused": [functools.partial(quantize_per_token, x, fp8) for x in inputs],
-            "copy": [functools.partial(target.copy_, x) for x in inputs],
-        },
-        ctx.deadline,
-    )
-    moved = rows * cols * (2 + 1) + rows * 4  # read bf16, write FP8 and the row scales
-    copied = 2 * rows * cols * 2
-    gbps = {name: (copied if name == "copy" else moved) / t.ms / 1e6 for name, t in times.items()}
-    return {
-        "rows": rows,
-        "cols": cols,
-        "gbps": gbps,
-        "timing": {name: t.record() for name, t in times.items()},
-        "figures": {
-            "gpu_quant_bw_fraction": gbps["fused"] / gbps["copy"],
-            "gpu_quant_unfused_bw_fraction": gbps["unfused"] / gbps["copy"],
-            "gpu_quant_gbps": gbps["fused"],
-            "gpu_copy_gbps": gbps["copy"],
-        },
-    }
-
-
-def _agreement_input(kind: str, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
-    x = torch.randn(rows, cols, device=cuda_device()) * 3
-    if kind == "zero_row":
-        x[1] = 0
-    elif kind == "outlier":
-        x[1, cols // 2] = 1e4
-    elif kind == "nan_row":
-        x[1, cols // 3] = float("nan")
-    return x.to(dtype)
-
-
-def _differ(a: torch.Tensor, b: torch.Tensor) -> int:
-    both_nan = torch.isnan(a) & torch.isnan(b)
-    return int((~((a == b) | both_nan)).sum())
-
-
-def quant_agreement_case(ctx: Context) -> dict[str, Any]:
-    """Fused (cupy) and unfused (torch) per-token quantizers on the GPU, and torch on the
-    CPU: differing FP8 bytes and row scales, on random, zero, outlier and NaN rows."""
-    from kernelpick.kernels._cupy_quant import quantize_per_token_cupy
-    from kernelpick.kernels._quantize import quantize_per_token
-
-    fp8 = kp.probe().fp8_format
-    rows_out: list[dict[str, Any]] = []
-    for dtype in (torch.bfloat16, torch.float16, torch.float32):
-        for rows, cols in ((64, 4096), (33, 1000)):
-            for kind in ("random", "zero_row", "outlier", "nan_row"):
-                row: dict[str, Any] = {"dtype": str(dtype)[6:], "shape": [rows, cols], "kind": kind}
-                try:
-                    x = _agreement_input(kind, rows, cols, dtype)
-                    fused, fused_scale = quantize_per_token_cupy(x, fp8)
-                    torch_q, torch_scale = quantize_per_token(x, fp8)
-                    cpu_q, cpu_scale = quantize_per_token(x.cpu(), fp8)
-                    row.update(
-                        fused_vs_torch_bytes=_differ(
-                            fused.view(torch.uint8), torch_q.view(torch.uint8)
-                        ),
-                        fused_vs_torch_scales=_differ(fused_scale, torch_scale),
-                        torch_gpu_vs_cpu_bytes=_differ(
-                            torch_q.view(torch.uint8).cpu(), cpu_q.view(torch.uint8)
-                        ),
-                        torch_gpu_vs_cpu_scales=_differ(torch_scale.cpu(), cpu_scale),
-                        fused_nan_rows=int(torch.isnan(fused_scale).sum()),
-                        torch_nan_rows=int(torch.isnan(torch_scale).sum()),
-                    )
-                except Exception as error:  # one input failing keeps the others
-                    row["error"] = f"{type(error).__name__}: {error}"
-                rows_out.append(row)
-    counts = (
-        "fused_vs_torch_bytes",
-        "fused_vs_torch_scales",
-        "torch_gpu_vs_cpu_bytes",
-        "torch_gpu_vs_cpu_scales",
-    )
-    agree = all("error" not in r and not any(r[c] for c in counts) for r in rows_out)
-    totals = {c: sum(r.get(c, 0) for r in rows_out) for c in counts}
-    return {
-        "fp8": fp8.value,
-        "rows": rows_out,
-        "totals": totals,
-        "status": "ok" if agree else "failed",
-    }
-
-
-def _differ_bytes(a: torch.Tensor, b: torch.Tensor) -> int:
-    """FP8 bytes that differ, NaN against NaN aside (its sign bit may differ)."""
-    both_nan = torch.isnan(a.float()) & torch.isnan(b.float())
-    return int(((a.view(torch.uint8) != b.view(torch.uint8)) & ~both_nan).sum())
-
-
-def group_quant_case(ctx: Context, *, rows: int, cols: int) -> dict[str, Any]:
-    """The fused 1x128 group quantizer against ``quantize(x, (1, 128), fp8)`` on the GPU:
-    differing bytes and scales (random, zero, outlier and NaN rows; K = 4224 and 200 have a
-    short last group), then both one's bandwidth (bf16 in, FP8 and scales out) over a copy's."""
-    from kernelpick.kernels._cupy_group_quant import quantize_groups_cupy
-    from kernelpick.kernels._quantize import quantize
-
-    fp8 = kp.probe().fp8_format
-    checks: list[dict[str, Any]] = []
-    for dtype in (torch.bfloat16, torch.float16, torch.float32):
-        for shape in ((64, 4224), (17, 200)):
-            for kind in ("random", "zero_row", "outlier", "nan_row"):
-                x = _agreement_input(kind, *shape, dtype)
-                fused, fused_scale = quantize_groups_cupy(x, fp8)
-                ref, ref_scale = quantize(x, (1, 128), fp8)
-                checks.append(
-                    {
-                        "dtype": str(dtype)[6:],
-                        "shape": list(shape),
-                        "kind": kind,
-                        "bytes": _differ_bytes(fused, ref),
-                        "scales": _differ(fused_scale, ref_scale),
-                    }
-                )
-    device = cuda_device()
-    inputs = [
-        torch.randn(rows, cols, device=device).to(torch.bfloat16)
-        for _ in range(copies(2 * rows * cols))
-    ]
-    target = torch.empty_like(inputs[0])
-    times = time_paired(
-        {
-            "fused": [functools.partial(quantize_groups_cupy, x, fp8) for x in inputs],
-            "unfused": [functools.partial(quantize, x, (1, 128), fp8) for x in inputs],
-            "copy": [functools.partial(target.copy_, x) for x in inputs],
-        },
-        ctx.deadline,
-    )
-    moved = rows * cols * (2 + 1) + rows * -(-cols // 128) * 4
-    gbps = {n: (4 * rows * cols if n == "copy" else moved) / t.ms / 1e6 for n, t in times.items()}
-    agree = not any(c["bytes"] or c["scales"] for c in checks)
-    return {
-        "fp8": fp8.value,
-        "checks": checks,
-        "gbps": gbps,
-        "timing": {name: t.record() for name, t in times.items()},
-        "figures": {
-            "gpu_group_quant_bw_fraction": gbps["fused"] / gbps["copy"],
-            "gpu_group_quant_unfused_bw_fraction": gbps["unfused"] / gbps["copy"],
-        },
-        "status": "ok" if agree else "failed",
     }

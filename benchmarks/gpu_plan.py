@@ -1,5 +1,6 @@
 """What gpu_check.py runs, in order: most important first, so a run cut short loses the
-least. The case bodies are in gpu_host.py (no GPU of their own) and gpu_cases.py."""
+least. The case bodies are in gpu_host.py (no GPU of their own), gpu_cases.py and
+gpu_quant_cases.py."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 import attrs
 
 import kernelpick as kp
-from benchmarks import gpu_cases, gpu_host
+from benchmarks import gpu_cases, gpu_host, gpu_quant_cases
 from benchmarks.gpu_common import Context
 
 __all__ = ["FIGURES", "KERNELS", "VARIANTS", "Case", "plan"]
@@ -86,11 +87,11 @@ def _targeted() -> list[Case]:
     gemv = {"kernel": "cuda_w8a16_cupy", "scheme": "fp8_weight_only", "m": 1, **_SQUARE}
     quant = {"rows": 8192, "cols": 8192}
     return [
-        Case("quant_agreement", gpu_cases.quant_agreement_case, needs=_CUPY),
-        Case("group_quant", gpu_cases.group_quant_case, quant, _CUPY),
+        Case("quant_agreement", gpu_quant_cases.quant_agreement_case, needs=_CUPY),
+        Case("group_quant", gpu_quant_cases.group_quant_case, quant, _CUPY),
         *(_kernel(f"block_fp8/m{m}", m=m, **block) for m in BLOCK_FP8_TOKENS),
         _kernel(f"figure/{FIGURES[0]}", figure=FIGURES[0], **ptpc),
-        Case(f"figure/{FIGURES[1]}", gpu_cases.quant_bandwidth_case, quant, _CUPY),
+        Case(f"figure/{FIGURES[1]}", gpu_quant_cases.quant_bandwidth_case, quant, _CUPY),
         _kernel(f"figure/{FIGURES[2]}", figure=FIGURES[2], **gemv),
         *(Case(f"gemv_crossover/{n}x{k}", gpu_cases.gemv_crossover_case,
                {"n": n, "k": k, "ms": GEMV_TOKENS}, _CUPY, 60.0) for n, k in GEMV_SHAPES),
