@@ -221,19 +221,21 @@ extern "C" __global__ void __launch_bounds__(KP_THREADS) {spec.name}(
         }}
     }}
 #pragma unroll
-    for (int t = 0; t < KP_M_TILE; ++t) {{
-        if (t >= rows) break;
+    for (int c = 0; c < KP_CPW; ++c) {{
+        const int n = min(n0 + c, N - 1);  /* the row read; stored only if n0 + c < N */
+        const float s = scale[scale_per_channel ? n : 0];
+        const float b = has_bias ? bias[n] : 0.0f;
 #pragma unroll
-        for (int c = 0; c < KP_CPW; ++c) {{
+        for (int t = 0; t < KP_M_TILE; ++t) {{
+            if (t >= rows) break;
             float v = acc[t][c][0] + acc[t][c][1];
 #pragma unroll
             for (int offset = 16; offset > 0; offset >>= 1)
                 v += __shfl_xor_sync(0xFFFFFFFFu, v, offset);
-            const int n = n0 + c;
-            if (lane == 0 && n < N) {{
-                const float s = scale[scale_per_channel ? n : 0], b = has_bias ? bias[n] : 0.0f;
+            /* The fold first: v * fold is the sum the exact decode gives, and a scale near
+               fp32's top times the fold would overflow on its own. */
+            if (lane == 0 && n0 + c < N)
                 y[(long long)(m0 + t) * N + n] = KP_STORE(v * KP_FP8_DECODE_FOLD * s + b);
-            }}
         }}
     }}
 }}
@@ -287,22 +289,29 @@ def w8a16_gemv_cupy(
 
     ``scale`` is fp32, one per output channel (``[N, 1]``/``[N]``) or one value.
     """
+    # Shapes and extents first (on any device, so they are checked without a GPU), then
+    # the device.
     check_tensor("x", x, dtypes=HALF_DTYPES, shape=(None, None))
-    device = cuda_device("x", x)
     m, k = x.shape
     check_tensor(
         "weight", weight, dtypes=(torch.float8_e4m3fn, torch.float8_e4m3fnuz),
-        shape=(None, k), device=device,
+        shape=(None, k), device=x.device,
     )  # fmt: skip
     n = weight.shape[0]
-    check_tensor("weight scale", scale, dtypes=(torch.float32,), device=device)
-    if scale.numel() not in (1, n):
-        raise reject("weight scale", scale, f"one value, or one per output channel ({n})")
-    if m * k >= 2**31:  # the kernel stages x with 32-bit offsets
-        raise reject("x", x, "fewer than 2^31 elements")
+    check_tensor("weight scale", scale, dtypes=(torch.float32,), device=x.device)
+    if tuple(scale.shape) not in {(), (1,), (n,), (n, 1)}:
+        expected = f"one value ([] or [1]), or one per output channel ([{n}] or [{n}, 1])"
+        raise reject("weight scale", scale, expected)
+    # 32-bit offsets stage x and walk K (a chunk past K must not wrap), and grid.y counts
+    # passes of m_tile rows.
+    most_m = 65535 * GEMV_M_TILES[-1]
+    if m * k >= 2**31 or k >= 2**31 - 1024 or m > most_m:
+        expected = f"fewer than 2^31 elements, K below 2^31 - 1024, M at most {most_m}"
+        raise reject("x", x, expected)
     if not x.is_contiguous() or not weight.is_contiguous():
         bad = ("x", x) if not x.is_contiguous() else ("weight", weight)
         raise reject(*bad, "a contiguous tensor")
+    device = cuda_device("x", x)
     if bias is not None:
         check_tensor("bias", bias, shape=(n,), device=device)
         bias = bias.to(torch.float32).contiguous()

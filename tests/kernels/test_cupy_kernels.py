@@ -196,6 +196,15 @@ def test_inputs_are_checked_before_any_launch() -> None:
         w8a16_gemv_cupy(x.float(), weight, torch.ones(32, 1), None, torch.bfloat16)
     with pytest.raises(kp.KernelInputError, match="expected a CUDA tensor"):
         w8a16_gemv_cupy(x, weight, torch.ones(32, 1), None, torch.bfloat16)
+    # 32 scales of a [2, 16] block grid are not 32 per-channel ones.
+    with pytest.raises(kp.KernelInputError, match=r"weight scale: .*\[32\] or \[32, 1\]"):
+        w8a16_gemv_cupy(x, weight, torch.ones(2, 16), None, torch.bfloat16)
+    # The kernel's 32-bit offsets and grid.y bound what it takes (expanded: no memory).
+    for m, k in ((1, 2**31 - 1024), (2**16, 2**15), (65535 * 8 + 1, 1)):
+        big = torch.zeros((), dtype=torch.bfloat16).expand(m, k)
+        w = torch.zeros((), dtype=torch.float8_e4m3fn).expand(4, k)
+        with pytest.raises(kp.KernelInputError, match="fewer than 2\\^31 elements"):
+            w8a16_gemv_cupy(big, w, torch.ones(()), None, torch.bfloat16)
     assert "cupy" not in sys.modules or not cupy_usable()
 
 
