@@ -10,8 +10,9 @@ order rotating) and each figure is the median of per-repeat ratios.
   recorded), bound with ``kp.bind`` and run with ``apply``, bf16 in and out:
   ``block`` (``fp8_block``: 1 x 128 dynamic activation groups, 128 x 128 weight blocks),
   ``block_w8a16`` (128 x 128 weight blocks, weight-only), ``int8`` (``int8_per_channel``:
-  per-token int8 activations, per-channel int8 weights) and, for comparison in the same
-  repeats, ``ptpc`` (``fp8_per_channel``).
+  per-token int8 activations, per-channel int8 weights), ``per_tensor``
+  (``fp8_per_tensor``: one dynamic activation scale, one weight scale) and, for comparison
+  in the same repeats, ``ptpc`` (``fp8_per_channel``).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ CANDIDATES: dict[str, str] = {
     "block": "fp8_block",
     "block_w8a16": "fp8 128x128 blocks, weight-only",
     "int8": "int8_per_channel",
+    "per_tensor": "fp8_per_tensor",
     "ptpc": "fp8_per_channel",
 }
 SCHEME_TOKENS = (1, 16, 256)

@@ -18,8 +18,8 @@ from kernelpick.core._catalog_facts import (
     BLOCK_128,
     BLOCK_OUT,
     CPP_TOOLCHAIN,
-    CPU_FP8_DYNAMIC,
     CPU_FP8_ISA,
+    CPU_FP8_W8A8,
     CPU_FP8_WEIGHTS,
     DEQUANT_ANY,
     E4M3,
@@ -165,9 +165,10 @@ _CPU = (
         "cpu_fp8_gemm",
         CPU,
         W8A8,
-        (CPU_FP8_ISA, CPP_TOOLCHAIN, *CPU_FP8_DYNAMIC, ANY_OUT),
+        (CPU_FP8_ISA, CPP_TOOLCHAIN, *CPU_FP8_W8A8, ANY_OUT),
         "FP8 weights decoded in registers (AVX2/AVX-512 C++): GEMV for small M, bf16/fp32 "
-        "tiles for large M, per-token or 1x128-group quantization fused",
+        "tiles for large M, per-token, 1x128-group or per-tensor (dynamic or static) "
+        "quantization fused",
     ),
     KernelSpec(
         "cpu_fp8_w8a16_gemm",

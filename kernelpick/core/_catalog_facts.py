@@ -42,8 +42,9 @@ __all__ = [
     "CPP_TOOLCHAIN",
     "CPU_FP8_ACTIVATIONS",
     "CPU_FP8_BLOCK",
-    "CPU_FP8_DYNAMIC",
     "CPU_FP8_ISA",
+    "CPU_FP8_STATIC",
+    "CPU_FP8_W8A8",
     "CPU_FP8_WEIGHTS",
     "DEQUANT_ANY",
     "E4M3",
@@ -178,20 +179,22 @@ CPU_FP8_ISA = CpuIsa(frozenset({"avx2", "fma", "f16c"}))
 INT8_DOT_ISA = CpuIsaAnyOf(frozenset({"avx512_vnni", "avx_vnni", "amx_int8"}))
 # Compiled at first use by torch.utils.cpp_extension, which needs a C++ compiler and ninja.
 CPP_TOOLCHAIN = NeedsToolchain()
-# The C++ kernel quantizes activations itself, fused into the GEMM: dynamic scales, per
-# token or per 1x128 group; it reads per-tensor, per-channel or 128x128 block weight scales
-# in every mix (each group's partial sum is scaled, kernels/_cpu_fp8_scales.h). Its tail
-# path serves any N and K, so no Alignment rule; other block sizes go to the reference
-# (the op takes any multiple of 64, untested). The CPU families read these three.
+# The C++ kernel quantizes activations itself, fused into the GEMM: dynamic scales per
+# token, per 1x128 group or per tensor, or one stored (static) per-tensor scale; it reads
+# per-tensor, per-channel or 128x128 block weight scales in every mix (each group's partial
+# sum is scaled, kernels/_cpu_fp8_scales.h). Its tail path serves any N and K, so no
+# Alignment rule; other block sizes go to the reference (the op takes any multiple of 64,
+# untested). The CPU families read these.
 CPU_FP8_BLOCK = 128
 CPU_FP8_WEIGHTS = WeightScales(TENSOR_OR_CHANNEL | {GroupShape.block(CPU_FP8_BLOCK)})
 CPU_FP8_ACTIVATIONS = ActivationScales(
-    frozenset({GroupShape.PER_TOKEN, GroupShape.per_group(CPU_FP8_BLOCK)})
+    frozenset({GroupShape.PER_TOKEN, GroupShape.PER_TENSOR, GroupShape.per_group(CPU_FP8_BLOCK)})
 )
-CPU_FP8_DYNAMIC: tuple[Requirement, ...] = (
+CPU_FP8_STATIC = DynamicActivationScales(frozenset({GroupShape.PER_TENSOR}))
+CPU_FP8_W8A8: tuple[Requirement, ...] = (
     E4M3,
     CPU_FP8_ACTIVATIONS,
-    DynamicActivationScales(),
+    CPU_FP8_STATIC,
     CPU_FP8_WEIGHTS,
 )
 # The CPU reference quantizes and dequantizes in fp32, so any W8A8 scale mix, shape and

@@ -114,19 +114,36 @@ def _unless_fp32(dtypes: frozenset[Dtype]) -> str:
     return "" if dtypes == FP32_SCALES else f" ({listed(dtypes)} scales)"
 
 
+def _static_groups(value: object) -> frozenset[GroupShape]:
+    # Empty is the rule's usual form (no static scale at all), not a set that matches nothing.
+    if isinstance(value, frozenset) and not value:
+        return value
+    return group_shapes(value, "DynamicActivationScales static_groups")
+
+
 @attrs.frozen
 class DynamicActivationScales:
     """A W8A8 kernel that computes activation scales itself, on every call: it has no way to
-    take a static (calibrated) scale."""
+    take a static (calibrated) scale, except for the groups in ``static_groups`` (a kernel
+    that also takes one stored per-tensor scale names ``per_tensor`` there)."""
+
+    static_groups: frozenset[GroupShape] = attrs.field(
+        default=frozenset(), converter=_static_groups
+    )
 
     def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
         act = config.activation
         # A weight-only config is judged by the kind rule, not here.
-        if act is None or not act.scale.static:
+        if act is None or not act.scale.static or act.scale.group in self.static_groups:
             return None
-        return Reason(RejectCode.ACTIVATION_SCALES, "dynamic", act.scale.render())
+        needed = "dynamic"
+        if self.static_groups:
+            needed = f"dynamic, or static {listed(self.static_groups)}"
+        return Reason(RejectCode.ACTIVATION_SCALES, needed, act.scale.render())
 
     def render(self) -> str:
+        if self.static_groups:
+            return f"activation scales dynamic (static: {listed(self.static_groups)})"
         return "activation scales dynamic"
 
 

@@ -74,30 +74,44 @@ inline void row_to_f32(const T* x, int64_t k, float* out) {
   for (; i < k; ++i) out[i] = static_cast<float>(x[i]);
 }
 
-// Per-token dynamic quantization of one row: scale = max(amax / 448, floor), then
-// clamp(x / scale, -448, 448) rounded to e4m3, written as fp32 values. Same formula and
-// the same fp32 operations as kernelpick.kernels._quantize (division, not a reciprocal).
-inline float quantize_row(float* v, int64_t k) {
-  __m256 amax8 = _mm256_setzero_ps();
+// The largest |v| of k fp32 values, NaN if any is NaN (as torch's amax): max_ps returns its
+// second operand where either is NaN, so NaN lanes are tracked apart.
+inline float row_amax(const float* v, int64_t k) {
+  __m256 amax8 = _mm256_setzero_ps(), nan8 = _mm256_setzero_ps();
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   int64_t i = 0;
-  // A NaN may drop out of the amax (max_ps returns its second operand when one is NaN),
-  // but it passes the clamp below as the second operand into the dot product: as with
-  // torch's quantizer, a row holding a NaN gives NaN outputs.
-  for (; i + 8 <= k; i += 8) amax8 = _mm256_max_ps(amax8, _mm256_and_ps(_mm256_loadu_ps(v + i), abs_mask));
+  for (; i + 8 <= k; i += 8) {
+    const __m256 a = _mm256_and_ps(_mm256_loadu_ps(v + i), abs_mask);
+    amax8 = _mm256_max_ps(amax8, a);
+    nan8 = _mm256_or_ps(nan8, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+  }
   float lanes[8];
   _mm256_storeu_ps(lanes, amax8);
   float amax = 0.0f;
-  for (float lane : lanes) amax = (lane != lane || lane > amax) ? lane : amax;
+  for (float lane : lanes) amax = lane > amax ? lane : amax;
+  bool nan = _mm256_movemask_ps(nan8) != 0;
   for (; i < k; ++i) {
     const float a = v[i] < 0 ? -v[i] : v[i];
-    amax = (a != a || a > amax) ? a : amax;
+    nan = nan || a != a;
+    amax = a > amax ? a : amax;
   }
-  float scale = amax / kFp8Max;
-  scale = scale < kScaleFloor ? kScaleFloor : scale;  // NaN stays NaN
+  return nan ? __builtin_nanf("") : amax;
+}
+
+// The dynamic scale of values whose largest magnitude is ``amax``: max(amax / 448, floor),
+// NaN for a NaN amax, inf for an infinite one (kernelpick.kernels._quantize's formula).
+inline float dynamic_scale(float amax) {
+  const float scale = amax / kFp8Max;
+  return scale < kScaleFloor ? kScaleFloor : scale;  // NaN stays NaN
+}
+
+// k fp32 values quantized with ``scale``: clamp(v / scale, -448, 448) rounded to e4m3, kept
+// as fp32 values. The same fp32 operations as kernelpick.kernels._quantize (a division, not
+// a reciprocal), so the same values.
+inline void quantize_with(float* v, int64_t k, float scale) {
   const __m256 s8 = _mm256_set1_ps(scale);
   const __m256 lo = _mm256_set1_ps(-kFp8Max), hi = _mm256_set1_ps(kFp8Max);
-  i = 0;
+  int64_t i = 0;
   for (; i + 8 <= k; i += 8) {
     // min/max with the constant first: a NaN value (the second operand) passes through.
     __m256 q = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_div_ps(_mm256_loadu_ps(v + i), s8)));
@@ -110,6 +124,13 @@ inline float quantize_row(float* v, int64_t k) {
     _mm256_storeu_ps(tail, round_e4m3(q));
     std::memcpy(v + i, tail, sizeof(float) * (k - i));
   }
+}
+
+// Dynamic quantization of one group of k values (a token's row, or 1 x b of it): its scale
+// from its own amax, returned.
+inline float quantize_row(float* v, int64_t k) {
+  const float scale = dynamic_scale(row_amax(v, k));
+  quantize_with(v, k, scale);
   return scale;
 }
 

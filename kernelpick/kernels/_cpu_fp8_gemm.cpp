@@ -1,4 +1,4 @@
-// kernelpick's CPU FP8 GEMM: y = (x quantized per token or per 1 x b group, or x as is)
+// kernelpick's CPU FP8 GEMM: y = (x quantized per token, per 1 x b group or per tensor, or x as is)
 // @ (W_fp8 * scale)^T + bias, the weight scaled per tensor, per channel or per b x b block.
 //
 // Built by kernelpick/kernels/_cpu_build.py at one ISA level (KP_LEVEL: avx2, avx512 or
@@ -36,43 +36,76 @@ constexpr int64_t kPanelBytes = int64_t(4) << 20;
 // Activation preparation: fp32 rows (quantized to e4m3 values, or as given), padded to a
 // multiple of ``step``; the per-token or per-group scales go to ``scales``.
 
-// The activations as the kernel reads them: rows of fp32 (``bf16`` false) or of bf16 bits,
-// quantized to e4m3 values when ``quantize`` (their scales into ``scales``: [M] per token,
-// [M][ceil(K / group)] per ``group`` elements), padded with zeros to a multiple of
-// ``step``. Each row goes through one fp32 row buffer per thread.
-at::Tensor prepare_rows(const at::Tensor& x, bool quantize, int64_t group, bool bf16,
-                        int64_t step, float* scales) {
+// Activation scale groups along K, as the op's act_group names them: per token (0), per
+// 1 x act_group group (> 0), or one scale for the whole tensor (kPerTensor).
+constexpr int64_t kPerTensor = -1;
+
+// Calls ``body(r0, r1, row)`` over the rows of x in parallel, row being one fp32 buffer per
+// thread of kp values, zeros beyond K; body converts row r with ``to_f32(r, row)``.
+template <class Body>
+void for_rows(const at::Tensor& x, int64_t kp, const Body& body) {
   const int64_t m = x.size(0), k = x.size(1);
-  const int64_t kp = (k + step - 1) / step * step;
-  at::Tensor out = at::empty({m, kp}, x.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
-  auto rows = [&](auto* src) {
+  auto each = [&](auto* src) {
     at::parallel_for(0, m, 1, [&](int64_t r0, int64_t r1) {
       thread_local std::vector<float> row;
       row.assign(kp, 0.0f);
-      for (int64_t r = r0; r < r1; ++r) {
-        row_to_f32(src + r * k, k, row.data());
-        if (quantize && group == 0) scales[r] = quantize_row(row.data(), k);
-        if (quantize && group > 0) {
-          const int64_t groups = (k + group - 1) / group;
-          for (int64_t g = 0; g < groups; ++g)
-            scales[r * groups + g] =
-                quantize_row(row.data() + g * group, std::min(group, k - g * group));
-        }
-        if (bf16) {
-          auto* dst = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()) + r * kp;
-          f32_to_bf16_exact(row.data(), kp, dst);
-        } else {
-          std::memcpy(out.data_ptr<float>() + r * kp, row.data(), sizeof(float) * kp);
-        }
-      }
+      body(r0, r1, row.data(), [&](int64_t r, float* out) { row_to_f32(src + r * k, k, out); });
     });
   };
   switch (x.scalar_type()) {
-    case at::kFloat: rows(x.data_ptr<float>()); break;
-    case at::kBFloat16: rows(x.data_ptr<at::BFloat16>()); break;
-    case at::kHalf: rows(x.data_ptr<at::Half>()); break;
+    case at::kFloat: each(x.data_ptr<float>()); break;
+    case at::kBFloat16: each(x.data_ptr<at::BFloat16>()); break;
+    case at::kHalf: each(x.data_ptr<at::Half>()); break;
     default: TORCH_CHECK(false, "kernelpick fp8_gemm: x must be float32, bfloat16 or float16");
   }
+}
+
+// The dynamic per-tensor scale of x: one amax over every row (NaN if any value is NaN).
+float tensor_scale(const at::Tensor& x) {
+  const int64_t m = x.size(0), k = x.size(1);
+  std::vector<float> amax(m);
+  for_rows(x, k, [&](int64_t r0, int64_t r1, float* row, const auto& to_f32) {
+    for (int64_t r = r0; r < r1; ++r) {
+      to_f32(r, row);
+      amax[r] = row_amax(row, k);
+    }
+  });
+  float all = 0.0f;
+  for (float a : amax) all = (a != a || a > all) ? a : all;
+  return dynamic_scale(all);
+}
+
+// The activations as the kernel reads them: rows of fp32 (``bf16`` false) or of bf16 bits,
+// quantized to e4m3 values when ``quantize`` (their scales into ``scales``: [M] per token
+// or per tensor, [M][ceil(K / group)] per ``group`` elements), padded with zeros to a
+// multiple of ``step``. Per tensor (group kPerTensor) every row is quantized with
+// ``fixed``, the tensor's one scale, which every token's entry of ``scales`` holds.
+at::Tensor prepare_rows(const at::Tensor& x, bool quantize, int64_t group, bool bf16,
+                        int64_t step, float* scales, float fixed) {
+  const int64_t m = x.size(0), k = x.size(1);
+  const int64_t kp = (k + step - 1) / step * step;
+  at::Tensor out = at::empty({m, kp}, x.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
+  for_rows(x, kp, [&](int64_t r0, int64_t r1, float* row, const auto& to_f32) {
+    for (int64_t r = r0; r < r1; ++r) {
+      to_f32(r, row);
+      if (quantize && group == kPerTensor) {
+        quantize_with(row, k, fixed);
+        scales[r] = fixed;
+      }
+      if (quantize && group == 0) scales[r] = quantize_row(row, k);
+      if (quantize && group > 0) {
+        const int64_t groups = (k + group - 1) / group;
+        for (int64_t g = 0; g < groups; ++g)
+          scales[r * groups + g] = quantize_row(row + g * group, std::min(group, k - g * group));
+      }
+      if (bf16) {
+        auto* dst = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()) + r * kp;
+        f32_to_bf16_exact(row, kp, dst);
+      } else {
+        std::memcpy(out.data_ptr<float>() + r * kp, row, sizeof(float) * kp);
+      }
+    }
+  });
   return out;
 }
 
@@ -120,11 +153,13 @@ bool bf16_compute_available() {
 KGroups scale_groups(const at::Tensor& weight, const at::Tensor& weight_scale, bool quantize_input,
                      int64_t act_group, int64_t weight_block) {
   const int64_t n = weight.size(0), k = weight.size(1);
-  TORCH_CHECK(act_group >= 0 && act_group % 64 == 0 && weight_block >= 0 && weight_block % 64 == 0,
-              "kernelpick fp8_gemm: act_group and weight_block must be 0 or multiples of 64");
+  TORCH_CHECK((act_group == kPerTensor || (act_group >= 0 && act_group % 64 == 0)) &&
+                  weight_block >= 0 && weight_block % 64 == 0,
+              "kernelpick fp8_gemm: act_group must be -1 (per tensor), 0 (per token) or a "
+              "multiple of 64, weight_block 0 or a multiple of 64");
   TORCH_CHECK(act_group == 0 || quantize_input,
               "kernelpick fp8_gemm: act_group needs quantize_input");
-  TORCH_CHECK(act_group == 0 || weight_block == 0 || act_group == weight_block,
+  TORCH_CHECK(act_group <= 0 || weight_block == 0 || act_group == weight_block,
               "kernelpick fp8_gemm: act_group and weight_block must be equal where both are set");
   TORCH_CHECK(weight_scale.scalar_type() == at::kFloat && weight_scale.is_contiguous(),
               "kernelpick fp8_gemm: weight_scale must be contiguous fp32");
@@ -149,9 +184,11 @@ KGroups scale_groups(const at::Tensor& weight, const at::Tensor& weight_scale, b
 
 const float kOne = 1.0f;
 
+// ``input_scale``: the static per-tensor activation scale (act_group kPerTensor), or none.
 at::Tensor fp8_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& weight_scale,
                     const std::optional<at::Tensor>& bias, bool quantize_input,
-                    at::ScalarType out_dtype, int64_t act_group, int64_t weight_block) {
+                    at::ScalarType out_dtype, int64_t act_group, int64_t weight_block,
+                    const std::optional<at::Tensor>& input_scale) {
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 2, "kernelpick fp8_gemm: x [M, K] and weight [N, K]");
   TORCH_CHECK(weight.scalar_type() == at::kFloat8_e4m3fn, "kernelpick fp8_gemm: weight must be float8_e4m3fn");
   TORCH_CHECK(weight.is_contiguous(), "kernelpick fp8_gemm: weight must be contiguous [N, K]");
@@ -163,7 +200,19 @@ at::Tensor fp8_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Ten
   const int64_t m = x.size(0), k = x.size(1), n = weight.size(0);
   at::Tensor out = at::empty({m, n}, x.options().dtype(out_dtype));
   if (m == 0 || n == 0) return out;
+  TORCH_CHECK(!input_scale.has_value() || act_group == kPerTensor,
+              "kernelpick fp8_gemm: input_scale needs act_group -1 (per tensor)");
   at::Tensor xs = x.contiguous();
+  float fixed = 0.0f;  // the per-tensor scale, static or of this x
+  if (quantize_input && act_group == kPerTensor) {
+    if (input_scale.has_value()) {
+      TORCH_CHECK(input_scale->numel() == 1 && input_scale->scalar_type() == at::kFloat,
+                  "kernelpick fp8_gemm: input_scale must be one fp32 value");
+      fixed = input_scale->item<float>();
+    } else {
+      fixed = tensor_scale(xs);
+    }
+  }
   at::Tensor bias_f32;
   if (bias.has_value()) {
     TORCH_CHECK(bias->numel() == n, "kernelpick fp8_gemm: bias must have N values");
@@ -195,7 +244,7 @@ at::Tensor fp8_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Ten
   // apart or too small for that (groups_in_range) go to the fp32 panels below instead.
 #if defined(__AVX512BF16__)
   if (bf16_exact && !vendor_bf16) {
-    at::Tensor xb = prepare_rows(xs, quantize_input, act_group, true, Bf16x64::kStep, scales);
+    at::Tensor xb = prepare_rows(xs, quantize_input, act_group, true, Bf16x64::kStep, scales, fixed);
     if (!grouped || groups_in_range(kg, m, n)) {
       epi.decode_scale = 1.0f;
       gemv<Bf16x64>(reinterpret_cast<const uint16_t*>(xb.data_ptr<at::BFloat16>()), m,
@@ -210,7 +259,7 @@ at::Tensor fp8_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Ten
 #else
     using V = F32x8;
 #endif
-    at::Tensor f32 = prepare_rows(xs, quantize_input, act_group, false, V::kStep, scales);
+    at::Tensor f32 = prepare_rows(xs, quantize_input, act_group, false, V::kStep, scales, fixed);
     if (!grouped || groups_in_range(kg, m, n)) {
       gemv<V>(f32.data_ptr<float>(), m, f32.size(1), w, n, k, epi, kg);
       return out;
@@ -226,7 +275,7 @@ at::Tensor fp8_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Ten
   if (!quantize_input && bf16) {
     xc = xs;
   } else {
-    xc = prepare_rows(xs, quantize_input, act_group, bf16, 1, scales);
+    xc = prepare_rows(xs, quantize_input, act_group, bf16, 1, scales, fixed);
   }
   if (grouped && quantize_input) scale_activation_groups(xc.data_ptr<float>(), m, k, k, kg);
   panels(xc, w, n, k, bf16, epi, kg);
@@ -237,7 +286,8 @@ at::Tensor fp8_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Ten
 
 TORCH_LIBRARY_FRAGMENT(kernelpick, m) {
   m.def(KP_OP "(Tensor x, Tensor weight, Tensor weight_scale, Tensor? bias, bool quantize_input, "
-              "ScalarType out_dtype, int act_group, int weight_block) -> Tensor");
+              "ScalarType out_dtype, int act_group, int weight_block, Tensor? input_scale) "
+              "-> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(kernelpick, CPU, m) { m.impl(KP_OP, &fp8_gemm); }

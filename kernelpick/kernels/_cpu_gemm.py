@@ -1,11 +1,11 @@
-"""The compiled CPU FP8 kernels: W8A8 (per-token or 1 x 128 group activations) and W8A16,
-one custom op each ISA.
+"""The compiled CPU FP8 kernels: W8A8 (per-token, 1 x 128 group or per-tensor activations,
+the last dynamic or static) and W8A16, one custom op each ISA.
 
 The math is in ``_cpu_fp8_gemm.cpp``: the FP8 weight is decoded exactly in registers
 (never as a whole-weight copy) with a GEMV path for small M and decoded panels handed to
-torch's GEMM for large M; dynamic activation quantization, per token or per 1 x 128 group,
-is fused into the same call. Weights are scaled per tensor, per channel or per 128 x 128
-block (block FP8: DeepSeek-V3, Qwen3 FP8).
+torch's GEMM for large M; activation quantization (dynamic per token, per 1 x 128 group or
+per tensor, or with a stored per-tensor scale) is fused into the same call. Weights are
+scaled per tensor, per channel or per 128 x 128 block (block FP8: DeepSeek-V3, Qwen3 FP8).
 The op is a ``torch.library`` custom op with a fake (meta) implementation, so
 ``torch.compile(fullgraph=True)`` traces it as one node.
 """
@@ -20,6 +20,7 @@ import torch
 from kernelpick.core import (
     CPU_FP8_ACTIVATIONS,
     CPU_FP8_BLOCK,
+    CPU_FP8_STATIC,
     CPU_FP8_WEIGHTS,
     Dtype,
     GroupShape,
@@ -51,6 +52,7 @@ class _Op(Protocol):
         out_dtype: torch.dtype,
         act_group: int,
         weight_block: int,
+        input_scale: torch.Tensor | None,
     ) -> torch.Tensor: ...
 
 
@@ -63,6 +65,7 @@ def _fake(
     out_dtype: torch.dtype,
     act_group: int,
     weight_block: int,
+    input_scale: torch.Tensor | None,
 ) -> torch.Tensor:
     # What the op returns, for tracing: [M, N] in out_dtype, on x's device.
     return x.new_empty((x.shape[0], weight.shape[0]), dtype=out_dtype)
@@ -100,9 +103,14 @@ def _custom_op(level: str) -> _Op:
         return op
 
 
+# The op's act_group for one scale over the whole activation (dynamic, or the stored one).
+PER_TENSOR_GROUP = -1
+
+
 def _scale_groups(kernel_id: str, config: QuantConfig, quantize: bool) -> tuple[int, int]:
-    """The op's ``act_group`` and ``weight_block`` for ``config`` (0: per token, per tensor
-    or per channel), or ``InvalidValueError`` for a scale layout the op would misread."""
+    """The op's ``act_group`` (0: per token, -1: per tensor, else the group's K extent) and
+    ``weight_block`` (0: per tensor or per channel) for ``config``, or
+    ``InvalidValueError`` for a scale layout the op would misread."""
     weight = config.weight.scale
     if weight.group not in _WEIGHT_GROUPS or weight.dtype not in CPU_FP8_WEIGHTS.dtypes:
         # The op reads fp32 scales, one per tensor, row or 128 x 128 block.
@@ -114,23 +122,26 @@ def _scale_groups(kernel_id: str, config: QuantConfig, quantize: bool) -> tuple[
         return 0, weight_block
     if (
         act is None
-        or act.scale.static
         or act.scale.group not in _ACTIVATION_GROUPS
         or act.scale.dtype not in CPU_FP8_ACTIVATIONS.dtypes
+        or (act.scale.static and act.scale.group not in CPU_FP8_STATIC.static_groups)
     ):
-        # The op quantizes per token or per 1 x 128 group itself: any other activation
-        # config would run as if it were one of those, silently.
+        # The op quantizes per token, per 1 x 128 group or per tensor itself: any other
+        # activation config would run as if it were one of those, silently.
         found = "none" if act is None else act.render()
         expected = (
-            "dynamic per-token or per-group (1, 128) activation quantization with fp32 scales"
+            "dynamic per-token, per-group (1, 128) or per-tensor activation quantization, "
+            "or a static per-tensor scale, with fp32 scales"
         )
         raise InvalidValueError(f"{kernel_id} activation config", found, expected)
-    return (BLOCK if act.scale.group == GroupShape.per_group(BLOCK) else 0), weight_block
+    act_group = {GroupShape.PER_TOKEN: 0, GroupShape.PER_TENSOR: PER_TENSOR_GROUP}
+    return act_group.get(act.scale.group, BLOCK), weight_block
 
 
 @attrs.frozen
 class CpuFp8Gemm(RowMajorKernel):
-    """W8A8 on the CPU: dynamic FP8 activations per token or per 1 x 128 group, FP8 weights
+    """W8A8 on the CPU: FP8 activations per token, per 1 x 128 group or per tensor (dynamic,
+    or a stored per-tensor scale), FP8 weights
     per channel, per tensor or per 128 x 128 block, any N and K; products in fp32 (or exact
     in bf16 with AVX512-BF16), block scales applied group by group along K.
 
@@ -172,9 +183,11 @@ class CpuFp8Gemm(RowMajorKernel):
         self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None
     ) -> torch.Tensor:
         act_group, weight_block = self._groups
+        # A static config's bundle holds its stored scale (prepare_weights checked it).
+        static = bundle.input_scale if self._QUANTIZE else None
         return self._op(
             x, bundle.weight, bundle.scale, bias, self._QUANTIZE, self.out_dtype,
-            act_group, weight_block,
+            act_group, weight_block, static,
         )  # fmt: skip
 
 

@@ -165,14 +165,12 @@ def test_unaligned_shape_is_served_by_the_compiled_kernel_never_by_scaled_mm() -
     assert _selected(kp.choose(caps, config)).kernel == "cpu_dequant_reference"
 
 
-def test_per_tensor_on_cpu_prefers_w8a8_over_the_degraded_compiled_w8a16() -> None:
-    for scheme, kernel in [
-        ("fp8_per_tensor", "cpu_tensorwise_scaled_mm"),
-        ("fp8_per_tensor_static", "cpu_tensorwise_scaled_mm"),
-    ]:
+def test_per_tensor_on_cpu_selects_the_compiled_w8a8_gemm_before_the_scaled_mm_emulation() -> None:
+    for scheme in ("fp8_per_tensor", "fp8_per_tensor_static"):
         decision = _selected(_choose("cpu", scheme))
-        assert (decision.kernel, decision.degraded) == (kernel, False)
+        assert (decision.kernel, decision.degraded) == ("cpu_fp8_gemm", False)
         assert _verdict(decision, "cpu_fp8_w8a16_gemm").ok
+        assert _verdict(decision, "cpu_tensorwise_scaled_mm").ok
 
 
 def test_weight_only_on_cpu_selects_the_compiled_w8a16_gemm() -> None:

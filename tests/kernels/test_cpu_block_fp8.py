@@ -30,7 +30,11 @@ from tests.support.emulation import assert_within_bound, emulated
 
 DTYPES = ["float32", "bfloat16", "float16"]
 FP8 = Dtype.FLOAT8_E4M3FN
-ACTIVATIONS = {"per-token": GroupShape.PER_TOKEN, "1x128": GroupShape.per_group(128)}
+ACTIVATIONS = {
+    "per-token": GroupShape.PER_TOKEN,
+    "per-tensor": GroupShape.PER_TENSOR,
+    "1x128": GroupShape.per_group(128),
+}
 WEIGHTS = {
     "per-tensor": GroupShape.PER_TENSOR,
     "per-channel": GroupShape.PER_CHANNEL,
@@ -250,7 +254,7 @@ def test_another_block_size_is_refused_by_the_family(kind: type[CpuFp8Gemm]) -> 
     [
         ScaleSpec(GroupShape.per_group(128), static=True),  # a stored scale per group
         ScaleSpec(GroupShape.per_group(64), static=False),  # groups unlike the op's
-        ScaleSpec(GroupShape.PER_TENSOR, static=False),
+        ScaleSpec(GroupShape.PER_TOKEN, static=True),  # a stored scale per token
         ScaleSpec(GroupShape.per_group(128), static=False, dtype=Dtype.FLOAT8_E8M0FNU),
     ],
 )
@@ -287,7 +291,7 @@ def test_the_op_refuses_a_scale_grid_of_the_wrong_shape() -> None:
     with pytest.raises(kp.KernelInputError, match="shape"):
         impl.prepare_weights(weight, torch.ones(3, 2))
     with pytest.raises(RuntimeError, match="ceil"):
-        impl._op(x, weight, torch.ones(3, 2), None, True, torch.float32, 128, 128)
+        impl._op(x, weight, torch.ones(3, 2), None, True, torch.float32, 128, 128, None)
 
 
 def test_a_block_scale_in_another_layout_is_read_as_its_values() -> None:

@@ -117,16 +117,21 @@ def test_every_fp8_byte_decodes_exactly(level: str) -> None:
     assert torch.equal(got[:, 0], weight[0].float())
 
 
+# Each kernel's schemes as the threads test runs them: per-tensor activations take one
+# amax over every row, reduced across the threads.
+THREADED = [*KERNELS.items(), ("cpu_fp8_gemm", "fp8_per_tensor")]
+
+
 @pytest.mark.parametrize("level", LEVELS)
-@pytest.mark.parametrize("kernel", sorted(KERNELS))
+@pytest.mark.parametrize(("kernel", "scheme"), THREADED)
 @pytest.mark.parametrize("m", [1, 7, 200])
 @pytest.mark.parametrize(("out", "bias"), [("bfloat16", False), ("float32", True)])
 def test_one_and_two_threads_agree_exactly(
-    kernel: str, level: str, m: int, out: str, bias: bool
+    kernel: str, scheme: str, level: str, m: int, out: str, bias: bool
 ) -> None:
     # Every path: one token, a few, torch's GEMM on panels (bf16, no bias) and the decoded
     # panels (fp32 or a bias); N = 97 leaves a partial block of rows.
-    config = kp.quant_config(KERNELS[kernel], weight_shape=(97, 160), out_dtype=out, bias=bias)
+    config = kp.quant_config(scheme, weight_shape=(97, 160), out_dtype=out, bias=bias)
     impl = _bind(kernel, level, config)
     bundle = impl.quantize_weights(torch.randn(97, 160))
     x = torch.randn(m, 160).to(getattr(torch, out))
@@ -149,8 +154,15 @@ def test_compiles_with_fullgraph_as_one_custom_op(kernel: str) -> None:
 
 
 def test_an_activation_config_the_op_does_not_quantize_is_refused() -> None:
-    # Per-tensor activations run through this family would be quantized per token: silent.
-    config = kp.quant_config("fp8_per_tensor", weight_shape=(16, 16))
+    # A stored per-token scale run through this family would be computed again: silent.
+    fp8 = Dtype.FLOAT8_E4M3FN
+    config = kp.QuantConfig(
+        weight=QuantKey(fp8, ScaleSpec(GroupShape.PER_CHANNEL, static=True)),
+        activation=QuantKey(fp8, ScaleSpec(GroupShape.PER_TOKEN, static=True)),
+        weight_shape=(16, 16),
+        input_dtype=Dtype.BFLOAT16,
+        out_dtype=Dtype.BFLOAT16,
+    )
     spec = kp.default_catalog().kernel("cpu_fp8_gemm")
     with pytest.raises(kp.InvalidValueError, match="per-token"):
         CpuFp8Gemm(spec, config, torch.device("cpu"), Dtype.FLOAT8_E4M3FN, isa=HOST_ISA)

@@ -35,7 +35,7 @@ BLOCK, INT8, MXFP8 = "fp8_block", "int8_per_channel", "mxfp8"
 # What each kernel implements (W8A16 kernels take per-tensor and block activation configs
 # degraded).
 IMPLEMENTS = {
-    "cpu_fp8_gemm": (PER_CHANNEL, BLOCK),
+    "cpu_fp8_gemm": (PER_CHANNEL, BLOCK, PER_TENSOR, STATIC),
     "cpu_fp8_w8a16_gemm": (WEIGHT_ONLY, PER_TENSOR, STATIC, BLOCK),
     "cpu_int8_int_mm": (INT8,),
     "cpu_rowwise_scaled_mm": (PER_CHANNEL,),
