@@ -163,7 +163,7 @@ HOST = kp.probe("cpu")
 HOST_ISA = HOST.arch.isa if isinstance(HOST.arch, CpuArch) else frozenset()
 # The compiled kernels: CPU-only families whose op takes e4m3fn weights, the only flavour a
 # CPU has (DeviceCaps.fp8_format), and which need the host's ISA and a C++ toolchain.
-COMPILED = frozenset({"cpu_fp8_gemm", "cpu_fp8_w8a16_gemm"})
+COMPILED = frozenset({"cpu_fp8_gemm", "cpu_fp8_w8a16_gemm", "cpu_int8_gemm"})
 # int8 kernels store int8 whatever the device's FP8 flavour: one case is enough.
 ONE_FLAVOUR = COMPILED | {"cpu_int8_int_mm"}
 CASES = [

@@ -17,6 +17,8 @@ from kernelpick.core._catalog_facts import (
     CPU_FP8_ISA,
     CPU_FP8_STATIC,
     CPU_FP8_WEIGHTS,
+    CPU_INT8_ACTIVATIONS,
+    CPU_INT8_WEIGHTS,
     INT8_DOT_ISA,
     INT_MM_MIN_TOKENS,
 )
@@ -124,6 +126,8 @@ __all__ += [
     "CPU_FP8_ISA",
     "CPU_FP8_STATIC",
     "CPU_FP8_WEIGHTS",
+    "CPU_INT8_ACTIVATIONS",
+    "CPU_INT8_WEIGHTS",
     "DEFAULT_BLOCK_SIZE",
     "DEGRADED_NOTE",
     "HIGH_PRECISION",

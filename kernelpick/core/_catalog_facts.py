@@ -46,6 +46,8 @@ __all__ = [
     "CPU_FP8_STATIC",
     "CPU_FP8_W8A8",
     "CPU_FP8_WEIGHTS",
+    "CPU_INT8_ACTIVATIONS",
+    "CPU_INT8_WEIGHTS",
     "DEQUANT_ANY",
     "E4M3",
     "E8M0",
@@ -153,10 +155,13 @@ ALIGN_32 = Alignment(32)
 # SmoothQuant / compressed-tensors int8 W8A8: per-token dynamic activations, per-channel
 # (or per-tensor) symmetric int8 weights.
 INT8 = QuantDtypes(frozenset({Dtype.INT8}))
+# The compiled CPU int8 kernel reads these two (kernels/_cpu_gemm.py, CpuInt8Gemm).
+CPU_INT8_ACTIVATIONS = ActivationScales(PER_TOKEN)
+CPU_INT8_WEIGHTS = WeightScales(TENSOR_OR_CHANNEL)
 INT8_PER_TOKEN: tuple[Requirement, ...] = (
     INT8,
-    ActivationScales(PER_TOKEN),
-    WeightScales(TENSOR_OR_CHANNEL),
+    CPU_INT8_ACTIVATIONS,
+    CPU_INT8_WEIGHTS,
     DynamicActivationScales(),
 )
 # torch._int_mm on CUDA: "self.size(0) needs to be greater than 16", K and N "a multiple

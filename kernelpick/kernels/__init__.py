@@ -36,7 +36,7 @@ from kernelpick.kernels._canonical import (
     stored_scale,
 )
 from kernelpick.kernels._cpu_build import KernelBuildError, toolchain_found
-from kernelpick.kernels._cpu_gemm import CpuFp8Gemm, CpuFp8GemmW8A16
+from kernelpick.kernels._cpu_gemm import CpuFp8Gemm, CpuFp8GemmW8A16, CpuInt8Gemm
 from kernelpick.kernels._cupy_runtime import cupy_usable
 from kernelpick.kernels._int8 import Int8IntMM, Int8IntMMPadded
 from kernelpick.kernels._launch import LAUNCHES, Launch, check_rows, launch_table
@@ -52,6 +52,7 @@ __all__ = [
     "ChannelwiseUnfused",
     "CpuFp8Gemm",
     "CpuFp8GemmW8A16",
+    "CpuInt8Gemm",
     "CupyGemvW8A16",
     "DequantMatmul",
     "Int8IntMM",

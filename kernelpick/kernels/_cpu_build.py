@@ -42,7 +42,8 @@ __all__ = [
 _SOURCE = Path(__file__).with_name("_cpu_fp8_gemm.cpp")
 # The headers it includes: ninja tracks them, and the build name hashes them with it.
 _HEADERS = tuple(
-    Path(__file__).with_name(n) for n in ("_cpu_fp8_codec.h", "_cpu_fp8_dot.h", "_cpu_fp8_scales.h")
+    Path(__file__).with_name(n)
+    for n in ("_cpu_fp8_codec.h", "_cpu_fp8_dot.h", "_cpu_fp8_scales.h", "_cpu_int8_codec.h")
 )
 
 # Each level: the /proc/cpuinfo flags it needs and the compiler flags that enable them, best
@@ -94,7 +95,7 @@ class KernelBuildError(KernelpickError):
         self.detail = detail
         super().__init__(
             f"building the {level} CPU FP8 kernel failed: {detail.strip()[-2000:]}\n"
-            "Set KERNELPICK_DISABLED_KERNELS=cpu_fp8_gemm,cpu_fp8_w8a16_gemm to run "
+            "Set KERNELPICK_DISABLED_KERNELS=cpu_fp8_gemm,cpu_fp8_w8a16_gemm,cpu_int8_gemm to run "
             "without it; if the compiler failed, fix the toolchain (a C++17 compiler, ninja)."
         )
 

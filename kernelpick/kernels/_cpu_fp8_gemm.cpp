@@ -12,6 +12,7 @@
 
 #include "_cpu_fp8_codec.h"
 #include "_cpu_fp8_dot.h"
+#include "_cpu_int8_codec.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -79,9 +80,10 @@ float tensor_scale(const at::Tensor& x) {
 // quantized to e4m3 values when ``quantize`` (their scales into ``scales``: [M] per token
 // or per tensor, [M][ceil(K / group)] per ``group`` elements), padded with zeros to a
 // multiple of ``step``. Per tensor (group kPerTensor) every row is quantized with
-// ``fixed``, the tensor's one scale, which every token's entry of ``scales`` holds.
+// ``fixed``, the tensor's one scale, which every token's entry of ``scales`` holds. With
+// ``int8``, per token to int8 values instead (the only grouping int8 weights take).
 at::Tensor prepare_rows(const at::Tensor& x, bool quantize, int64_t group, bool bf16,
-                        int64_t step, float* scales, float fixed) {
+                        int64_t step, float* scales, float fixed, bool int8 = false) {
   const int64_t m = x.size(0), k = x.size(1);
   const int64_t kp = (k + step - 1) / step * step;
   at::Tensor out = at::empty({m, kp}, x.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
@@ -92,7 +94,7 @@ at::Tensor prepare_rows(const at::Tensor& x, bool quantize, int64_t group, bool 
         quantize_with(row, k, fixed);
         scales[r] = fixed;
       }
-      if (quantize && group == 0) scales[r] = quantize_row(row, k);
+      if (quantize && group == 0) scales[r] = int8 ? quantize_row_int8(row, k) : quantize_row(row, k);
       if (quantize && group > 0) {
         const int64_t groups = (k + group - 1) / group;
         for (int64_t g = 0; g < groups; ++g)
@@ -113,7 +115,7 @@ at::Tensor prepare_rows(const at::Tensor& x, bool quantize, int64_t group, bool 
 // The large-M path: decode a panel of weight rows, multiply with torch's GEMM, epilogue.
 
 void panels(const at::Tensor& xc, const uint8_t* w, int64_t n, int64_t k, bool bf16,
-            const Epilogue& epi, const KGroups& kg) {
+            const Epilogue& epi, const KGroups& kg, bool int8 = false) {
   const int64_t elem = bf16 ? 2 : 4;
   const int64_t rows = std::max<int64_t>(64, kPanelBytes / (k * elem) / 64 * 64);
   const int64_t m = xc.size(0);
@@ -123,6 +125,8 @@ void panels(const at::Tensor& xc, const uint8_t* w, int64_t n, int64_t k, bool b
     at::Tensor p = panel.narrow(0, 0, nb);
     if (bf16) {
       decode_rows_bf16(w + n0 * k, nb, k, reinterpret_cast<uint16_t*>(p.data_ptr<at::BFloat16>()));
+    } else if (int8) {
+      decode_rows_f32_int8(w + n0 * k, nb, k, p.data_ptr<float>());
     } else {
       decode_rows_f32(w + n0 * k, nb, k, p.data_ptr<float>());
       // Block scales go into the decoded values (with the decode's 2^8): fp32 panels only.
@@ -190,7 +194,12 @@ at::Tensor fp8_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Ten
                     at::ScalarType out_dtype, int64_t act_group, int64_t weight_block,
                     const std::optional<at::Tensor>& input_scale) {
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 2, "kernelpick fp8_gemm: x [M, K] and weight [N, K]");
-  TORCH_CHECK(weight.scalar_type() == at::kFloat8_e4m3fn, "kernelpick fp8_gemm: weight must be float8_e4m3fn");
+  const bool int8 = weight.scalar_type() == at::kChar;
+  TORCH_CHECK(weight.scalar_type() == at::kFloat8_e4m3fn || int8,
+              "kernelpick fp8_gemm: weight must be float8_e4m3fn or int8");
+  TORCH_CHECK(!int8 || (quantize_input && act_group == 0 && weight_block == 0),
+              "kernelpick fp8_gemm: int8 weights take per-token int8 activations and "
+              "per-tensor or per-channel weight scales");
   TORCH_CHECK(weight.is_contiguous(), "kernelpick fp8_gemm: weight must be contiguous [N, K]");
   TORCH_CHECK(x.size(1) == weight.size(1), "kernelpick fp8_gemm: x and weight disagree on K");
   TORCH_CHECK(weight.size(1) > 0, "kernelpick fp8_gemm: K must be at least 1");
@@ -231,6 +240,22 @@ at::Tensor fp8_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Ten
                !kg.weight && weight_scale.numel() != 1,
                bias.has_value() ? bias_f32.data_ptr<float>() : nullptr, out.data_ptr(), out_dtype,
                n, kDecodeScale};
+  if (int8) {
+    // int8 values and products are exact in fp32 (_cpu_int8_codec.h), with no power of two
+    // to fold back: the dot paths in fp32 for a few tokens, fp32 panels for many.
+    epi.decode_scale = 1.0f;
+    at::Tensor f32 = prepare_rows(xs, true, 0, false, m > kSmallM ? 1 : 16, scales, 0.0f, true);
+    if (m > kSmallM) {
+      panels(f32, w, n, k, false, epi, kg, true);
+    } else {
+#if defined(__AVX512F__)
+      gemv<I8x16>(f32.data_ptr<float>(), m, f32.size(1), w, n, k, epi, kg);
+#else
+      gemv<I8x8>(f32.data_ptr<float>(), m, f32.size(1), w, n, k, epi, kg);
+#endif
+    }
+    return out;
+  }
   // bf16 arithmetic holds the FP8 products exactly where the activations are bf16-exact
   // too (quantized to e4m3, or bf16 to begin with).
   const bool bf16_exact = quantize_input || x.scalar_type() == at::kBFloat16;

@@ -29,7 +29,7 @@ from kernelpick.core import (
 )
 from kernelpick.kernels._base import KernelBase
 from kernelpick.kernels._block_scaled_mm import BlockScaledMM, MxScaledMM
-from kernelpick.kernels._cpu_gemm import CpuFp8Gemm, CpuFp8GemmW8A16
+from kernelpick.kernels._cpu_gemm import CpuFp8Gemm, CpuFp8GemmW8A16, CpuInt8Gemm
 from kernelpick.kernels._int8 import Int8IntMM, Int8IntMMPadded
 from kernelpick.kernels._reference import ReferenceW8A8, ReferenceW8A16
 from kernelpick.kernels._scaled_mm import ChannelwiseUnfused, RowwiseScaledMM, TensorwiseScaledMM
@@ -120,6 +120,7 @@ LAUNCHES: Mapping[str, Launch] = MappingProxyType(
         "rocm_w8a16_torch": Launch(DequantMatmul),
         "cpu_fp8_gemm": Launch(CpuFp8Gemm),
         "cpu_fp8_w8a16_gemm": Launch(CpuFp8GemmW8A16),
+        "cpu_int8_gemm": Launch(CpuInt8Gemm),
         "cpu_int8_int_mm": Launch(Int8IntMM),
         "cpu_rowwise_scaled_mm": Launch(RowwiseScaledMM),
         "cpu_tensorwise_scaled_mm": Launch(TensorwiseScaledMM),

@@ -19,11 +19,14 @@ from hypothesis import strategies as st
 
 import kernelpick as kp
 from kernelpick.adapters.cpu._device import usable_isa
-from kernelpick.core import CpuArch
+from kernelpick.core import FEATURE_CPP_TOOLCHAIN, CpuArch
 from kernelpick.core._catalog_facts import INT8_DOT_ISA
 
 ROOT = Path(__file__).resolve().parents[2]
-CPU = kp.device_profile("cpu")  # AVX2, FMA, F16C: no int8 dot product
+# AVX2, FMA, F16C: no int8 dot product; and no C++ toolchain, so that cpu_int8_gemm (the
+# compiled kernel, ahead of _int_mm wherever it builds) leaves these rules to decide.
+PROFILE = kp.device_profile("cpu")
+CPU = attrs.evolve(PROFILE, features=PROFILE.features - {FEATURE_CPP_TOOLCHAIN})
 INT8 = kp.quant_config("int8_per_channel", weight_shape=(64, 128))
 EXTRA = ["avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_int8"]
 
@@ -74,6 +77,16 @@ def test_int8_dot_rule_selects_int_mm_iff_the_cpu_has_vnni_or_amx(flags: set[str
     assert _selected(_with(*flags)) == expected
 
 
+@given(st.sets(st.sampled_from(EXTRA)))
+def test_with_a_toolchain_the_compiled_int8_kernel_is_selected_whatever_the_dot_product(
+    flags: set[str],
+) -> None:
+    caps = _with(*flags)
+    assert _selected(attrs.evolve(caps, features=caps.features | {FEATURE_CPP_TOOLCHAIN})) == (
+        "cpu_int8_gemm"
+    )
+
+
 @pytest.mark.parametrize(
     ("environ", "kept"),
     [
@@ -111,7 +124,9 @@ SCRIPT = textwrap.dedent(
     x = torch.randn(8, 256)
     with torch.no_grad():
         reference = model(x)
-        report = quantize_model(model, "int8_per_channel", policy=kp.Policy(), progress=False)
+        # The compiled int8 kernel would be chosen first: off, so _int_mm's rule decides.
+        policy = kp.Policy(disabled={"cpu_int8_gemm"})
+        report = quantize_model(model, "int8_per_channel", policy=policy, progress=False)
         error = float((model(x) - reference).norm() / reference.norm())
     print(json.dumps({"int_mm_wrong": wrong, "kernel": report.layers[0].kernel, "error": error}))
     """

@@ -24,13 +24,16 @@ import kernelpick as kp
 from kernelpick.core import Dtype, GroupShape, QuantKey, ScaleSpec
 from kernelpick.kernels import CpuFp8Gemm, CpuFp8GemmW8A16, KernelBase
 from kernelpick.kernels._cpu_build import _build_name, isa_level
+from kernelpick.kernels._cpu_gemm import INT_MM_FROM_TOKENS
 from tests.support.cpu_levels import (
     EVERY_LEVEL,
     HOST_ISA,
     LEVELS,
     NEEDS_A_LEVEL,
+    NEEDS_INT8_DOT,
     caps_at,
     on_one_and_two_threads,
+    with_int8_dot,
 )
 from tests.support.emulation import Emulated, assert_within_bound, emulated
 
@@ -307,3 +310,33 @@ def test_threads_binding_at_once_register_the_op_once() -> None:
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert "Overriding" not in run.stderr
+
+
+@NEEDS_INT8_DOT
+@pytest.mark.parametrize("m", [1, 16, 17, 300])
+def test_int8_hands_larger_batches_to_int_mm_only_where_the_cpu_has_an_int8_dot(
+    m: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Both routes against the emulation; torch._int_mm counted, so the switch is seen.
+    config = kp.quant_config(
+        "int8_per_channel", weight_shape=(96, 200), out_dtype="float32", bias=True
+    )
+    generator = torch.Generator().manual_seed(m)
+    x = torch.randn(m, 200, generator=generator)
+    w = torch.randn(96, 200, generator=generator) * 0.05
+    b = torch.randn(96, generator=generator)
+    calls: list[int] = []
+    int_mm = torch._int_mm
+
+    def counted(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        calls.append(a.shape[0])
+        return int_mm(a, b)
+
+    monkeypatch.setattr(torch, "_int_mm", counted)
+    want = emulated(x, w, config, Dtype.FLOAT8_E4M3FN, bias=b)
+    for caps, vnni in ((caps_at(LEVELS[0]), False), (with_int8_dot(caps_at(LEVELS[0])), True)):
+        impl = kp.bind("cpu_int8_gemm", config, caps)
+        calls.clear()
+        got = impl.apply(x, impl.quantize_weights(w), b)
+        assert_within_bound(got, want)
+        assert calls == ([m] if vnni and m >= INT_MM_FROM_TOKENS else []), (m, vnni)

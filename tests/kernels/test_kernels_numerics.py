@@ -37,6 +37,7 @@ BLOCK, INT8, MXFP8 = "fp8_block", "int8_per_channel", "mxfp8"
 IMPLEMENTS = {
     "cpu_fp8_gemm": (PER_CHANNEL, BLOCK, PER_TENSOR, STATIC),
     "cpu_fp8_w8a16_gemm": (WEIGHT_ONLY, PER_TENSOR, STATIC, BLOCK),
+    "cpu_int8_gemm": (INT8,),
     "cpu_int8_int_mm": (INT8,),
     "cpu_rowwise_scaled_mm": (PER_CHANNEL,),
     "cpu_tensorwise_scaled_mm": (PER_TENSOR, STATIC),
@@ -54,6 +55,7 @@ IMPLEMENTS = {
 DEVICE = {"cpu": "cpu", "rocm": "mi300x", "cuda": "h100"}
 UNALIGNED_OK = {
     "cpu_int8_int_mm",
+    "cpu_int8_gemm",
     "cpu_fp8_gemm",
     "cpu_fp8_w8a16_gemm",
     "cpu_dequant_reference",
@@ -62,7 +64,7 @@ UNALIGNED_OK = {
 # The compiled kernels run at every ISA level (the build each level's flags select), each
 # where this host has that level and a C++ toolchain: AVX2 everywhere, so an AVX2-only CPU's
 # numerics are also those of the host that runs the suite.
-COMPILED = {"cpu_fp8_gemm", "cpu_fp8_w8a16_gemm"}
+COMPILED = {"cpu_fp8_gemm", "cpu_fp8_w8a16_gemm", "cpu_int8_gemm"}
 CASES = [(kernel, scheme) for kernel, schemes in IMPLEMENTS.items() for scheme in schemes]
 
 

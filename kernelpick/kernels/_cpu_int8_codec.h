@@ -1,0 +1,83 @@
+// int8 numerics of kernelpick's CPU GEMM (int8_per_channel, W8A8): per-token int8
+// quantization of the activations and the exact decode of int8 weights, for the same dot
+// paths as FP8 (_cpu_fp8_dot.h). Included by _cpu_fp8_gemm.cpp only.
+//
+// An int8 value is exact in fp32, and so is the product of two (|p| <= 127^2 < 2^24): the
+// dot paths sum them in fp32 as they sum FP8 products, and the weight decodes with no
+// power of two to fold back (decode scale 1). Sums past 2^24 round as any fp32 sum does,
+// where torch._int_mm would sum in int32; the numerics tests bound both alike.
+#pragma once
+
+#include "_cpu_fp8_codec.h"
+
+namespace {
+
+constexpr float kInt8Max = 127.0f;
+// kernelpick.kernels._quantize.scale_floor for int8: 1 / (127 * 512).
+constexpr float kInt8ScaleFloor = 1.0f / (127.0f * 512.0f);
+
+// k fp32 values quantized with ``scale``: clamp(v / scale, -127, 127) rounded half to even,
+// kept as fp32 values (kernelpick.kernels._quantize: divide, clamp, round; the clamp's
+// bounds are integers, so clamping first or rounding first agree).
+inline void quantize_with_int8(float* v, int64_t k, float scale) {
+  const __m256 s8 = _mm256_set1_ps(scale);
+  const __m256 lo = _mm256_set1_ps(-kInt8Max), hi = _mm256_set1_ps(kInt8Max);
+  constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8) {
+    // min/max with the constant first: a NaN value (the second operand) passes through.
+    const __m256 q = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_div_ps(_mm256_loadu_ps(v + i), s8)));
+    _mm256_storeu_ps(v + i, _mm256_round_ps(q, kRound));
+  }
+  if (i < k) {
+    float tail[8] = {0};
+    std::memcpy(tail, v + i, sizeof(float) * (k - i));
+    const __m256 q = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_div_ps(_mm256_loadu_ps(tail), s8)));
+    _mm256_storeu_ps(tail, _mm256_round_ps(q, kRound));
+    std::memcpy(v + i, tail, sizeof(float) * (k - i));
+  }
+}
+
+// Dynamic per-token int8 quantization of one row; its scale, max(amax / 127, floor).
+inline float quantize_row_int8(float* v, int64_t k) {
+  float scale = row_amax(v, k) / kInt8Max;
+  scale = scale < kInt8ScaleFloor ? kInt8ScaleFloor : scale;  // NaN stays NaN
+  quantize_with_int8(v, k, scale);
+  return scale;
+}
+
+// 8 int8 bytes -> 8 fp32 values.
+inline __m256 decode8_int8(const uint8_t* w) {
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w))));
+}
+
+// Rows of int8 weights as fp32 values, for the large-M panels.
+void decode_rows_f32_int8(const uint8_t* w, int64_t rows, int64_t k, float* out) {
+  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const uint8_t* src = w + r * k;
+      float* dst = out + r * k;
+      int64_t i = 0;
+      for (; i + 8 <= k; i += 8) _mm256_storeu_ps(dst + i, decode8_int8(src + i));
+      for (; i < k; ++i) dst[i] = static_cast<float>(static_cast<int8_t>(src[i]));
+    }
+  });
+}
+
+struct I8x8 : F32x8 {  // AVX2: 16 int8 weights a step, sign-extended and converted
+  static W weights(const uint8_t* w, const Ctx&) {
+    return {decode8_int8(w), decode8_int8(w + 8)};
+  }
+};
+
+#if defined(__AVX512F__)
+struct I8x16 : F32x16 {  // AVX-512F
+  static W weights(const uint8_t* w, const Ctx&) {
+    return _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w))));
+  }
+};
+#endif
+
+}  // namespace
