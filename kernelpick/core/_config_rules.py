@@ -116,8 +116,8 @@ def _unless_fp32(dtypes: frozenset[Dtype]) -> str:
 
 def _static_groups(value: object) -> frozenset[GroupShape]:
     # Empty is the rule's usual form (no static scale at all), not a set that matches nothing.
-    if isinstance(value, frozenset) and not value:
-        return value
+    if isinstance(value, (frozenset, set, list, tuple)) and not value:
+        return frozenset()
     return group_shapes(value, "DynamicActivationScales static_groups")
 
 

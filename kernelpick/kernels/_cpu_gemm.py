@@ -126,6 +126,7 @@ def _scale_groups(kernel_id: str, config: QuantConfig, quantize: bool) -> tuple[
         return 0, weight_block
     if (
         act is None
+        or act.dtype is not Dtype.FLOAT8_E4M3FN
         or act.scale.group not in _ACTIVATION_GROUPS
         or act.scale.dtype not in CPU_FP8_ACTIVATIONS.dtypes
         or (act.scale.static and act.scale.group not in CPU_FP8_STATIC.static_groups)
@@ -134,8 +135,8 @@ def _scale_groups(kernel_id: str, config: QuantConfig, quantize: bool) -> tuple[
         # activation config would run as if it were one of those, silently.
         found = "none" if act is None else act.render()
         expected = (
-            "dynamic per-token, per-group (1, 128) or per-tensor activation quantization, "
-            "or a static per-tensor scale, with fp32 scales"
+            "e4m3fn activations quantized dynamically per-token, per-group (1, 128) or "
+            "per-tensor, or with a static per-tensor scale, with fp32 scales"
         )
         raise InvalidValueError(f"{kernel_id} activation config", found, expected)
     act_group = {GroupShape.PER_TOKEN: 0, GroupShape.PER_TENSOR: PER_TENSOR_GROUP}
@@ -246,6 +247,7 @@ class CpuInt8Gemm(CpuFp8Gemm):
         act, weight = config.activation, config.weight.scale
         if (
             act is None
+            or act.dtype is not Dtype.INT8
             or act.scale.static
             or act.scale.group not in CPU_INT8_ACTIVATIONS.groups
             or weight.group not in CPU_INT8_WEIGHTS.groups
@@ -253,8 +255,8 @@ class CpuInt8Gemm(CpuFp8Gemm):
         ):
             found = "weight-only" if act is None else f"{act.render()}, weight {weight.render()}"
             expected = (
-                "dynamic per-token int8 activations and per-tensor or per-channel int8 "
-                "weights, fp32 scales"
+                "int8 activations quantized dynamically per-token and per-tensor or "
+                "per-channel int8 weights, fp32 scales"
             )
             raise InvalidValueError(f"{self.kernel_id} scales", found, expected)
         return 0, 0

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 from hypothesis import given, settings
@@ -22,7 +23,7 @@ from hypothesis import strategies as st
 
 import kernelpick as kp
 from kernelpick.core import Dtype, GroupShape, QuantKey, ScaleSpec
-from kernelpick.kernels import CpuFp8Gemm, CpuFp8GemmW8A16, KernelBase
+from kernelpick.kernels import LAUNCHES, CpuFp8Gemm, CpuFp8GemmW8A16, KernelBase
 from kernelpick.kernels._cpu_build import _build_name, isa_level
 from kernelpick.kernels._cpu_gemm import INT_MM_FROM_TOKENS
 from tests.support.cpu_levels import (
@@ -340,3 +341,22 @@ def test_int8_hands_larger_batches_to_int_mm_only_where_the_cpu_has_an_int8_dot(
         got = impl.apply(x, impl.quantize_weights(w), b)
         assert_within_bound(got, want)
         assert calls == ([m] if vnni and m >= INT_MM_FROM_TOKENS else []), (m, vnni)
+
+
+def test_each_compiled_w8a8_family_refuses_the_other_ones_activation_format() -> None:
+    # Built around bind (whose catalog rules would catch it): int8 activations through the
+    # FP8 family, or e4m3fn ones through the int8 family, would be quantized as the wrong
+    # format, silently.
+    int8 = kp.quant_config("int8_per_channel", weight_shape=(16, 16))
+    fp8 = kp.quant_config("fp8_per_channel", weight_shape=(16, 16))
+    assert int8.activation is not None
+    assert fp8.activation is not None
+    mixed = {
+        "cpu_int8_gemm": attrs.evolve(int8, activation=fp8.activation),
+        "cpu_fp8_gemm": attrs.evolve(fp8, activation=int8.activation),
+    }
+    for kernel, config in mixed.items():
+        spec = kp.default_catalog().kernel(kernel)
+        with pytest.raises(kp.InvalidValueError, match="activations quantized"):
+            LAUNCHES[kernel].kernel(spec, config, caps_at(LEVELS[0]), torch.device("cpu"))
+    assert kp.rules.DynamicActivationScales(set()) == kp.rules.DynamicActivationScales()
