@@ -39,6 +39,7 @@ import torch
 import kernelpick as kp
 from benchmarks.rotation import (
     BASELINES,
+    INT8PACK,
     Timed,
     candidate,
     median_ratio,
@@ -63,6 +64,8 @@ MIB = 2**20
 FALLBACK_LLC_BYTES = 64 * MIB  # where sysfs does not say
 # Candidate name -> kernelpick scheme. Both run bf16 activations into a bf16 output.
 CANDIDATES: dict[str, str] = {"ptpc": "fp8_per_channel", "w8a16": "fp8_weight_only"}
+# Other libraries' ops in the same repeats: torch's int8 weight-only GEMM.
+PEERS = (INT8PACK,)
 ACTIVATION = "bfloat16"
 # Streaming reductions over a uint8 buffer (its size a multiple of 8): each reads every byte
 # once and writes nothing. The fastest here measures the bandwidth, and times the "read"
@@ -156,7 +159,7 @@ def _shape(
         candidate(name, kp.quant_config(scheme, weight_shape=(n, k), out_dtype=ACTIVATION), caps)
         for name, scheme in CANDIDATES.items()
     ]
-    weights, fp8_count = rotated_weights(n, k, candidates, target, generator)
+    weights, fp8_count = rotated_weights(n, k, candidates, target, generator, PEERS)
     # The FP8 weight's bytes, read by the bandwidth's op in the same repeats as the kernels:
     # a floor that moves with the machine's load as they do.
     read_bytes = math.ceil(n * k / 64) * 64
@@ -166,7 +169,7 @@ def _shape(
     record = shape_record(n, k, candidates, weights)
     fp8_bytes = n * k
     read = Timed("read", READ_OPS[bandwidth["bandwidth_op"]], weights["read"])
-    samples = time_tokens(tokens, k, generator, candidates, weights, repeats, (read,))
+    samples = time_tokens(tokens, k, generator, candidates, weights, repeats, (read,), PEERS)
     del weights
     gc.collect()
     # The floor: the best bandwidth seen, up front or in any read among the repeats (a
@@ -188,12 +191,14 @@ def _shape(
 def _row(m: int, samples: dict[str, list[float]], floor_ms: float) -> dict[str, Any]:
     """One M: ``ratio_row``'s figures, the streaming read's time, and each candidate against
     the bytes-read floor and the paired read."""
-    row = ratio_row(m, samples, CANDIDATES)
+    row = ratio_row(m, samples, [*CANDIDATES, *(p.name for p in PEERS)])
     row["read_ms"] = row["ms"].pop("read")
     for name in CANDIDATES:
         if name in samples:  # else no kernel selected for this scheme here
             row[f"{name}_vs_floor"] = row["ms"][name] / floor_ms
             row[f"{name}_vs_read"] = median_ratio(samples[name], samples["read"])
+            for peer in PEERS:
+                row[f"{name}_vs_{peer.name}"] = median_ratio(samples[name], samples[peer.name])
     return row
 
 

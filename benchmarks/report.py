@@ -104,11 +104,14 @@ DECODE_TARGETS = (
     DecodeTarget("ptpc_vs_best", 256, 1.2),
     DecodeTarget("ptpc_vs_best", 2048, 1.2),
     DecodeTarget("w8a16_vs_best", 1, 0.5),
+    # Against torch's _weight_int8pack_mm (int8 weight-only), at every M (issue 27).
+    *(DecodeTarget("ptpc_vs_int8pack", m, 1.0) for m in (1, 4, 16, 64, 256, 2048)),
 )
 # What each decode column is, for the legend under the tables.
 _DECODE_NAMES = {
     "ptpc": "fp8_per_channel (W8A8, per-token activation scales), bf16 in and out",
     "w8a16": "fp8_weight_only (W8A16), bf16 in and out",
+    "int8pack": "torch._weight_int8pack_mm, per-channel int8 weights (a peer, not selected)",
 }
 
 
@@ -145,8 +148,8 @@ def _decode_shape(shape: Mapping[str, Any], bandwidth: float) -> list[str]:
         f" front and {shape.get('read_gbps', 0.0):.1f} in the fastest read below)",
         f"  rotation: {rotation}",
         f"  {'M':>5} {'fp32':>8} {'bf16':>8} {'fp16':>8} {'best':>5} {'ptpc':>8} {'w8a16':>8}"
-        f" {'read':>7} (ms)  {'ptpc/floor':>10} {'w8a16/floor':>11} {'ptpc/read':>9}"
-        f" {'w8a16/read':>10}",
+        f" {'int8pack':>8} {'read':>7} (ms)  {'ptpc/floor':>10} {'w8a16/floor':>11}"
+        f" {'ptpc/read':>9} {'w8a16/read':>10} {'ptpc/int8pack':>13}",
     ]
     rows: list[Mapping[str, Any]] = shape.get("rows", [])
 
@@ -163,9 +166,10 @@ def _decode_shape(shape: Mapping[str, Any], bandwidth: float) -> list[str]:
         lines.append(
             f"  {row['m']:>5} {ms(row, 'fp32'):>8} {ms(row, 'bf16'):>8} {ms(row, 'fp16'):>8} "
             f"{row['best']:>5} {ms(row, 'ptpc'):>8} {ms(row, 'w8a16'):>8} "
-            f"{'-' if read is None else f'{read:.3f}':>7}       "
+            f"{ms(row, 'int8pack'):>8} {'-' if read is None else f'{read:.3f}':>7}       "
             f"{ratio(row, 'ptpc_vs_floor'):>10} {ratio(row, 'w8a16_vs_floor'):>11} "
-            f"{ratio(row, 'ptpc_vs_read'):>9} {ratio(row, 'w8a16_vs_read'):>10}"
+            f"{ratio(row, 'ptpc_vs_read'):>9} {ratio(row, 'w8a16_vs_read'):>10} "
+            f"{ratio(row, 'ptpc_vs_int8pack'):>13}"
         )
     lines.append(
         f"  {'M':>5} {'ptpc_vs_best':>12} {'target':>8} {'':>6} {'ptpc_vs_fp32':>12}"

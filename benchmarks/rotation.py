@@ -8,6 +8,7 @@ repeat every callable is timed back to back, the order rotating from repeat to r
 
 from __future__ import annotations
 
+import functools
 import gc
 import math
 import statistics
@@ -24,7 +25,9 @@ from kernelpick.kernels import CpuFp8Gemm, KernelBase, WeightBundle
 __all__ = [
     "BASELINES",
     "BUFFER_BUDGET",
+    "INT8PACK",
     "Candidate",
+    "Peer",
     "Timed",
     "apply_call",
     "candidate",
@@ -113,6 +116,33 @@ def paired(timed: Sequence[Timed], repeats: int) -> None:
 
 
 @attrs.frozen
+class Peer:
+    """Another library's op, timed beside the candidates in the same repeats (kernelpick
+    selects nothing here): ``make`` turns one bf16 source weight into its rotation item,
+    ``call(x, item)`` runs it on the activations."""
+
+    name: str
+    make: Callable[[torch.Tensor], Any]
+    call: Callable[[torch.Tensor, Any], object]
+
+
+def _int8pack_weight(source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # Symmetric per-channel int8, the layout torch._weight_int8pack_mm reads: [N, K] int8
+    # and [N] scales in the activations' dtype (bf16 here).
+    scale = (source.float().abs().amax(dim=1) / 127.0).clamp(min=1e-12)
+    weight = (source.float() / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+    return weight, scale.to(torch.bfloat16)
+
+
+# torch's own int8 weight-only CPU GEMM, the peer a torch user would reach for first.
+INT8PACK = Peer(
+    "int8pack",
+    _int8pack_weight,
+    lambda x, item: torch._weight_int8pack_mm(x, item[0], item[1]),
+)
+
+
+@attrs.frozen
 class Candidate:
     """One timed layer: the kernel kernelpick selected for its config (None: rejected)."""
 
@@ -164,12 +194,14 @@ def apply_call(kernel: KernelBase, x: torch.Tensor) -> Callable[[WeightBundle], 
 
 
 def rotated_weights(
-    n: int, k: int, candidates: Sequence[Candidate], target: int, generator: torch.Generator
-) -> tuple[dict[str, list[Any]], int]:
-    """Each baseline's weights in its dtype and each candidate's bundles, every rotation at
-    least ``target`` bytes (within ``BUFFER_BUDGET`` for the shape), from the same random
-    bf16 weights; and how many one-byte (FP8 or int8) weights each candidate rotates."""
-    cap = BUFFER_BUDGET // (len(BASELINES) + len(candidates))
+    n: int, k: int, candidates: Sequence[Candidate], target: int, generator: torch.Generator,
+    peers: Sequence[Peer] = (),
+) -> tuple[dict[str, list[Any]], int]:  # fmt: skip
+    """Each baseline's weights in its dtype, each candidate's bundles and each peer's
+    items, every rotation at least ``target`` bytes (within ``BUFFER_BUDGET`` for the
+    shape), from the same random bf16 weights; and how many one-byte (FP8 or int8) weights
+    each candidate (and peer) rotates."""
+    cap = BUFFER_BUDGET // (len(BASELINES) + len(candidates) + len(peers))
     counts = {
         name: rotation_count(n * k * dtype.itemsize, target, cap)
         for name, dtype in BASELINES.items()
@@ -186,6 +218,8 @@ def rotated_weights(
     for c in candidates:
         if c.kernel is not None:
             weights[c.name] = [c.kernel.quantize_weights(s) for s in sources[:quantized]]
+    for peer in peers:
+        weights[peer.name] = [peer.make(s) for s in sources[:quantized]]
     del sources
     gc.collect()
     return weights, quantized
@@ -199,9 +233,10 @@ def time_tokens(
     weights: dict[str, list[Any]],
     repeats: int,
     extra: Sequence[Timed] = (),
+    peers: Sequence[Peer] = (),
 ) -> dict[int, dict[str, list[float]]]:
-    """Per M, every callable's samples: the baselines, the candidates (bf16 activations)
-    and ``extra``, paired. ``extra``'s samples start afresh at each M."""
+    """Per M, every callable's samples: the baselines, the candidates and the peers (bf16
+    activations) and ``extra``, paired. ``extra``'s samples start afresh at each M."""
     samples: dict[int, dict[str, list[float]]] = {}
     with torch.inference_mode():
         for m in tokens:
@@ -215,6 +250,9 @@ def time_tokens(
                 Timed(c.name, apply_call(c.kernel, x_act), weights[c.name])
                 for c in candidates
                 if c.kernel is not None
+            ]
+            timed += [
+                Timed(p.name, functools.partial(p.call, x_act), weights[p.name]) for p in peers
             ]
             timed += [Timed(t.name, t.call, t.items) for t in extra]
             paired(timed, repeats)

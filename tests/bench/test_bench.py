@@ -89,13 +89,16 @@ def test_the_decode_figures_cover_every_m_and_name_the_kernels_that_ran() -> Non
     assert shape["kernels"] == {
         name: _selected(scheme, 64, 64) for name, scheme in CANDIDATES.items()
     }
-    assert set(shape["rotation"]) == {*BASELINES, *CANDIDATES, "read"}
+    assert set(shape["rotation"]) == {*BASELINES, *CANDIDATES, "read", "int8pack"}
     assert all(r["buffers"] >= 2 for r in shape["rotation"].values())
     assert shape["floor_gbps"] == max(decode["bandwidth_gbps"], shape["read_gbps"])
     assert shape["floor_ms"] == pytest.approx(64 * 64 / (shape["floor_gbps"] * 1e9) * 1e3)
     assert [row["m"] for row in shape["rows"]] == list(config.decode_tokens)
     for row in shape["rows"]:
-        assert set(row["ms"]) == set(BASELINES) | set(CANDIDATES)
+        assert set(row["ms"]) == set(BASELINES) | set(CANDIDATES) | {"int8pack"}
+        # The peer in the same repeats: a paired ratio, and its own against the best.
+        assert row["ptpc_vs_int8pack"] > 0
+        assert row["int8pack_vs_best"] > 0
         assert row["best"] in BASELINES
         assert row["best_ms"] == min(row["ms"][name] for name in BASELINES)
         assert row["read_ms"] > 0
@@ -209,6 +212,7 @@ def test_the_decode_targets_are_this_rounds_and_judge_each_m() -> None:
     assert bounds == {
         ("ptpc_vs_best", 1): 0.5, ("ptpc_vs_best", 4): 0.6, ("ptpc_vs_best", 16): 0.6,
         ("ptpc_vs_best", 256): 1.2, ("ptpc_vs_best", 2048): 1.2, ("w8a16_vs_best", 1): 0.5,
+        **{("ptpc_vs_int8pack", m): 1.0 for m in (1, 4, 16, 64, 256, 2048)},
     }  # fmt: skip
     m1 = next(t for t in DECODE_TARGETS if (t.figure, t.m) == ("ptpc_vs_best", 1))
     shape = {"rows": [{"m": 1, "ptpc_vs_best": 0.45}, {"m": 4, "ptpc_vs_best": 0.9}]}
