@@ -105,25 +105,30 @@ inline float dynamic_scale(float amax) {
   return scale < kScaleFloor ? kScaleFloor : scale;  // NaN stays NaN
 }
 
-// k fp32 values quantized with ``scale``: clamp(v / scale, -448, 448) rounded to e4m3, kept
-// as fp32 values. The same fp32 operations as kernelpick.kernels._quantize (a division, not
-// a reciprocal), so the same values.
-inline void quantize_with(float* v, int64_t k, float scale) {
+// k fp32 values quantized with ``scale``: clamp(v / scale, -qmax, qmax), then ``round``
+// (to e4m3 values, or to integers for int8), kept as fp32 values. The same fp32 operations
+// as kernelpick.kernels._quantize (a division, not a reciprocal), so the same values.
+template <class Round>
+inline void quantize_with(float* v, int64_t k, float scale, float qmax, Round round) {
   const __m256 s8 = _mm256_set1_ps(scale);
-  const __m256 lo = _mm256_set1_ps(-kFp8Max), hi = _mm256_set1_ps(kFp8Max);
+  const __m256 lo = _mm256_set1_ps(-qmax), hi = _mm256_set1_ps(qmax);
+  // min/max with the constant first: a NaN value (the second operand) passes through.
+  auto one = [&](const float* in) {
+    return round(_mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_div_ps(_mm256_loadu_ps(in), s8))));
+  };
   int64_t i = 0;
-  for (; i + 8 <= k; i += 8) {
-    // min/max with the constant first: a NaN value (the second operand) passes through.
-    __m256 q = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_div_ps(_mm256_loadu_ps(v + i), s8)));
-    _mm256_storeu_ps(v + i, round_e4m3(q));
-  }
+  for (; i + 8 <= k; i += 8) _mm256_storeu_ps(v + i, one(v + i));
   if (i < k) {
     float tail[8] = {0};
     std::memcpy(tail, v + i, sizeof(float) * (k - i));
-    __m256 q = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_div_ps(_mm256_loadu_ps(tail), s8)));
-    _mm256_storeu_ps(tail, round_e4m3(q));
+    _mm256_storeu_ps(tail, one(tail));
     std::memcpy(v + i, tail, sizeof(float) * (k - i));
   }
+}
+
+// k fp32 values quantized to e4m3 values with ``scale``.
+inline void quantize_with(float* v, int64_t k, float scale) {
+  quantize_with(v, k, scale, kFp8Max, [](__m256 q) { return round_e4m3(q); });
 }
 
 // Dynamic quantization of one group of k values (a token's row, or 1 x b of it): its scale

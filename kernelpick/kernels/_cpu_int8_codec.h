@@ -16,26 +16,13 @@ constexpr float kInt8Max = 127.0f;
 // kernelpick.kernels._quantize.scale_floor for int8: 1 / (127 * 512).
 constexpr float kInt8ScaleFloor = 1.0f / (127.0f * 512.0f);
 
-// k fp32 values quantized with ``scale``: clamp(v / scale, -127, 127) rounded half to even,
-// kept as fp32 values (kernelpick.kernels._quantize: divide, clamp, round; the clamp's
-// bounds are integers, so clamping first or rounding first agree).
+// k fp32 values quantized to int8 values with ``scale``: clamp(v / scale, -127, 127)
+// rounded half to even (kernelpick.kernels._quantize clamps, then rounds; the bounds are
+// integers, so either order gives the same values).
 inline void quantize_with_int8(float* v, int64_t k, float scale) {
-  const __m256 s8 = _mm256_set1_ps(scale);
-  const __m256 lo = _mm256_set1_ps(-kInt8Max), hi = _mm256_set1_ps(kInt8Max);
-  constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-  int64_t i = 0;
-  for (; i + 8 <= k; i += 8) {
-    // min/max with the constant first: a NaN value (the second operand) passes through.
-    const __m256 q = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_div_ps(_mm256_loadu_ps(v + i), s8)));
-    _mm256_storeu_ps(v + i, _mm256_round_ps(q, kRound));
-  }
-  if (i < k) {
-    float tail[8] = {0};
-    std::memcpy(tail, v + i, sizeof(float) * (k - i));
-    const __m256 q = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_div_ps(_mm256_loadu_ps(tail), s8)));
-    _mm256_storeu_ps(tail, _mm256_round_ps(q, kRound));
-    std::memcpy(v + i, tail, sizeof(float) * (k - i));
-  }
+  quantize_with(v, k, scale, kInt8Max, [](__m256 q) {
+    return _mm256_round_ps(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  });
 }
 
 // Dynamic per-token int8 quantization of one row; its scale, max(amax / 127, floor).

@@ -17,6 +17,7 @@ import torch
 
 from kernelpick.core import Dtype, InvalidValueError
 from kernelpick.kernels._cupy_codecs import LOAD, render_fp8_encode, storage_type
+from kernelpick.kernels._cupy_quant import QUANT_INPUTS, quant_vec
 from kernelpick.kernels._cupy_runtime import HALF_DTYPES, Grid, cuda_device, launch
 from kernelpick.kernels._quantize import scale_floor
 from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
@@ -27,7 +28,6 @@ __all__ = [
     "GroupQuantSpec",
     "group_quant_launch",
     "group_quant_specializations",
-    "group_quant_vec",
     "quantize_groups_cupy",
     "render_quant_groups",
 ]
@@ -131,21 +131,10 @@ extern "C" __global__ void {spec.name}(
 
 def group_quant_specializations() -> tuple[GroupQuantSpec, ...]:
     """Every specialization ``quantize_groups_cupy`` can launch."""
-    return tuple(
-        GroupQuantSpec(dtype, fp8, vec)
-        for fp8 in (Dtype.FLOAT8_E4M3FN, Dtype.FLOAT8_E4M3FNUZ)
-        for dtype, vec in ((Dtype.BFLOAT16, 8), (Dtype.BFLOAT16, 1), (Dtype.FLOAT16, 8),
-                           (Dtype.FLOAT16, 1), (Dtype.FLOAT32, 1))
-    )  # fmt: skip
+    return tuple(GroupQuantSpec(*inputs) for inputs in QUANT_INPUTS)
 
 
 _group_source = functools.lru_cache(maxsize=64)(render_quant_groups)
-
-
-def group_quant_vec(dtype: torch.dtype, cols: int, row_stride: int, address: int) -> int:
-    """8 (one 16-byte load per lane) for 16-bit input whose rows allow it, else 1."""
-    aligned = cols % 8 == 0 and row_stride % 8 == 0 and address % 16 == 0
-    return 8 if dtype in HALF_DTYPES and aligned else 1
 
 
 def group_quant_launch(rows: int, cols: int) -> Grid:
@@ -176,7 +165,7 @@ def quantize_groups_cupy(
     if rows == 0 or cols == 0:
         return q, scales.fill_(scale_floor(fp8))
     geometry = group_quant_launch(rows, cols)
-    vec = group_quant_vec(x.dtype, cols, x.stride(0), x.data_ptr())
+    vec = quant_vec(x.dtype, cols, x.stride(0), x.data_ptr())
     spec = GroupQuantSpec(Dtype.parse(x.dtype), fp8, vec)
     args = (x, q, scales, np.int32(rows), np.int32(cols), np.int32(groups), np.int64(x.stride(0)))
     launch(spec.name, _group_source(spec), geometry, args, device)

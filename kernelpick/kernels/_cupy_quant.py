@@ -20,6 +20,7 @@ from kernelpick.kernels._quantize import scale_floor
 from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
 
 __all__ = [
+    "QUANT_INPUTS",
     "QUANT_MAX_THREADS",
     "QuantSpec",
     "quant_launch",
@@ -130,21 +131,27 @@ extern "C" __global__ void {spec.name}(
 """
 
 
+# The (input dtype, format, vec) every fused quantizer is built for: 16-byte loads of
+# 16-bit input where rows allow them (``quant_vec``), scalar loads otherwise.
+QUANT_INPUTS: tuple[tuple[Dtype, Dtype, int], ...] = tuple(
+    (dtype, fp8, vec)
+    for fp8 in (Dtype.FLOAT8_E4M3FN, Dtype.FLOAT8_E4M3FNUZ)
+    for dtype, vec in ((Dtype.BFLOAT16, 8), (Dtype.BFLOAT16, 1), (Dtype.FLOAT16, 8),
+                       (Dtype.FLOAT16, 1), (Dtype.FLOAT32, 1))
+)  # fmt: skip
+
+
 def quant_specializations() -> tuple[QuantSpec, ...]:
     """Every specialization ``quantize_per_token_cupy`` can launch."""
-    return tuple(
-        QuantSpec(dtype, fp8, vec)
-        for fp8 in (Dtype.FLOAT8_E4M3FN, Dtype.FLOAT8_E4M3FNUZ)
-        for dtype, vec in ((Dtype.BFLOAT16, 8), (Dtype.BFLOAT16, 1), (Dtype.FLOAT16, 8),
-                           (Dtype.FLOAT16, 1), (Dtype.FLOAT32, 1))
-    )  # fmt: skip
+    return tuple(QuantSpec(*inputs) for inputs in QUANT_INPUTS)
 
 
 _quant_source = functools.lru_cache(maxsize=64)(render_quant_per_token)
 
 
 def quant_vec(dtype: torch.dtype, cols: int, row_stride: int, address: int) -> int:
-    """8 elements per load (16 bytes of a 16-bit input) when rows allow it, else 1."""
+    """8 elements per load (16 bytes of a 16-bit input) when rows allow it, else 1: for
+    every fused quantizer (per token, per group)."""
     aligned = cols % 8 == 0 and row_stride % 8 == 0 and address % 16 == 0
     return 8 if dtype in HALF_DTYPES and aligned else 1
 

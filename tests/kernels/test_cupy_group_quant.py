@@ -28,12 +28,12 @@ from kernelpick.kernels._cupy_group_quant import (
     GroupQuantSpec,
     group_quant_launch,
     group_quant_specializations,
-    group_quant_vec,
     quantize_groups_cupy,
     render_quant_groups,
 )
 from kernelpick.kernels._cupy_runtime import Grid
 from kernelpick.kernels._quantize import quantize
+from tests.support.cuda_host import build_encode_harness
 
 FN, FNUZ = Dtype.FLOAT8_E4M3FN, Dtype.FLOAT8_E4M3FNUZ
 
@@ -163,13 +163,7 @@ def emulator(
     if shutil.which("g++") is None:
         pytest.skip("needs a host C++ compiler")
     folder = tmp_path_factory.mktemp(request.param.value)
-    source = folder / "groups.cpp"
-    head = "#include <cmath>\n#include <cstdio>\n#include <vector>\n"
-    source.write_text(head + render_fp8_encode(request.param, device=False) + HARNESS)
-    binary = folder / "groups"
-    command = ["g++", "-O1", "-ffp-contract=off", "-o", str(binary), str(source)]
-    subprocess.run(command, check=True)
-    return request.param, binary
+    return request.param, build_encode_harness(request.param, HARNESS, folder, "groups")
 
 
 @pytest.mark.parametrize("cols", [128, 200, 7, 4224])
@@ -209,12 +203,6 @@ def test_launch_geometry_comes_from_pure_helpers() -> None:
     assert group_quant_launch(rows=17, cols=200) == Grid((17, 1, 1), (32, 1, 1))
     assert group_quant_launch(rows=1, cols=7) == Grid((1, 1, 1), (32, 1, 1))
     assert group_quant_launch(rows=2, cols=640) == Grid((2, 1, 1), (96, 1, 1))
-    assert group_quant_vec(torch.bfloat16, 4096, 4096, 256) == 8
-    assert group_quant_vec(torch.float16, 200, 200, 256) == 8
-    assert group_quant_vec(torch.bfloat16, 4095, 4095, 256) == 1
-    assert group_quant_vec(torch.bfloat16, 4096, 4100, 256) == 1  # a row stride off 8
-    assert group_quant_vec(torch.float16, 4096, 4096, 8) == 1  # a misaligned row start
-    assert group_quant_vec(torch.float32, 4096, 4096, 256) == 1
 
 
 def test_inputs_are_checked_before_any_launch() -> None:

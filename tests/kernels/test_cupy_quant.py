@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from kernelpick.core import Dtype
-from kernelpick.kernels._cupy_codecs import render_fp8_encode
 from kernelpick.kernels._quantize import quantize_per_token, scale_floor
+from tests.support.cuda_host import build_encode_harness
 
 FN, FNUZ = Dtype.FLOAT8_E4M3FN, Dtype.FLOAT8_E4M3FNUZ
 KINDS = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
@@ -79,13 +79,7 @@ def harness(
     if shutil.which("g++") is None:
         pytest.skip("needs a host C++ compiler (g++)")
     folder = tmp_path_factory.mktemp(request.param.value)
-    source = folder / "quant.cpp"
-    head = "#include <cmath>\n#include <cstdio>\n#include <vector>\n"
-    source.write_text(head + render_fp8_encode(request.param, device=False) + HARNESS)
-    binary = folder / "quant"
-    command = ["g++", "-O1", "-ffp-contract=off", "-o", str(binary), str(source)]
-    subprocess.run(command, check=True)
-    return request.param, binary
+    return request.param, build_encode_harness(request.param, HARNESS, folder, "quant")
 
 
 def _hex(bits: np.ndarray) -> str:

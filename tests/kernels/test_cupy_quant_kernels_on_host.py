@@ -19,7 +19,6 @@ from kernelpick.core import Dtype
 from kernelpick.kernels._cupy_group_quant import (
     GroupQuantSpec,
     group_quant_launch,
-    group_quant_vec,
     render_quant_groups,
 )
 from kernelpick.kernels._cupy_quant import (
@@ -128,7 +127,7 @@ def test_the_group_kernel_matches_torch_byte_for_byte(
     dtype: Dtype, fp8: Dtype, m: int, k: int, stride: int, tmp_path: Path
 ) -> None:
     x = _rows(m, k, stride, dtype, seed=k + 1)
-    vec = group_quant_vec(x.dtype, k, x.stride(0), 256)
+    vec = quant_vec(x.dtype, k, x.stride(0), 256)
     spec = GroupQuantSpec(dtype, fp8, vec)
     source = render_quant_groups(spec).replace(spec.name, "KERNEL")
     groups = -(-k // 128)

@@ -17,7 +17,10 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["CUDA_HOST_SHIM", "NEEDS_CXX20", "build_host_kernel"]
+from kernelpick.core import Dtype
+from kernelpick.kernels._cupy_codecs import render_fp8_encode
+
+__all__ = ["CUDA_HOST_SHIM", "NEEDS_CXX20", "build_encode_harness", "build_host_kernel"]
 
 NEEDS_CXX20 = pytest.mark.skipif(
     shutil.which("g++") is None, reason="needs a host C++20 compiler (g++)"
@@ -113,4 +116,17 @@ def build_host_kernel(source: str, main: str, directory: Path, name: str) -> Pat
     built = subprocess.run(command, capture_output=True, text=True, check=False)
     if built.returncode:
         raise AssertionError(f"g++ failed on {name}:\n{built.stderr[-4000:]}")
+    return binary
+
+
+def build_encode_harness(fp8: Dtype, harness: str, directory: Path, name: str) -> Path:
+    """The quantizers' encode helpers (``render_fp8_encode``, host build) and ``harness``
+    (a ``main`` feeding them values) compiled into an executable, with no FMA contraction:
+    the per-element steps of the fused quantizers, checked value by value."""
+    path = directory / f"{name}.cpp"
+    head = "#include <cmath>\n#include <cstdio>\n#include <vector>\n"
+    path.write_text(head + render_fp8_encode(fp8, device=False) + harness)
+    binary = directory / name
+    command = ["g++", "-O1", "-ffp-contract=off", "-o", str(binary), str(path)]
+    subprocess.run(command, check=True)
     return binary
