@@ -98,11 +98,12 @@ inline float row_amax(const float* v, int64_t k) {
   return nan ? __builtin_nanf("") : amax;
 }
 
-// The dynamic scale of values whose largest magnitude is ``amax``: max(amax / 448, floor),
-// NaN for a NaN amax, inf for an infinite one (kernelpick.kernels._quantize's formula).
-inline float dynamic_scale(float amax) {
-  const float scale = amax / kFp8Max;
-  return scale < kScaleFloor ? kScaleFloor : scale;  // NaN stays NaN
+// The dynamic scale of values whose largest magnitude is ``amax``: max(amax / qmax, floor)
+// (e4m3 by default), NaN for a NaN amax, inf for an infinite one
+// (kernelpick.kernels._quantize's formula).
+inline float dynamic_scale(float amax, float qmax = kFp8Max, float floor = kScaleFloor) {
+  const float scale = amax / qmax;
+  return scale < floor ? floor : scale;  // NaN stays NaN
 }
 
 // k fp32 values quantized with ``scale``: clamp(v / scale, -qmax, qmax), then ``round``
@@ -175,8 +176,11 @@ inline __m512 decode16(const uint8_t* w) {
 }
 #endif
 
-// Decode rows of a panel to fp32 or bf16 values times 2^-8, for the large-M path.
-void decode_rows_f32(const uint8_t* w, int64_t rows, int64_t k, float* out) {
+// Decode rows of a panel to fp32 values, for the large-M path: ``decode8`` turns 8 weight
+// bytes into 8 fp32 values (FP8 times 2^-8 here; int8 in _cpu_int8_codec.h); a row's last
+// partial 8 go through a zero-padded copy.
+template <class Decode8>
+void decode_rows_with(const uint8_t* w, int64_t rows, int64_t k, float* out, Decode8 decode8) {
   at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const uint8_t* src = w + r * k;
@@ -194,6 +198,9 @@ void decode_rows_f32(const uint8_t* w, int64_t rows, int64_t k, float* out) {
   });
 }
 
+void decode_rows_f32(const uint8_t* w, int64_t rows, int64_t k, float* out) {
+  decode_rows_with(w, rows, k, out, [](const uint8_t* b) { return decode8(b); });
+}
 
 // ---------------------------------------------------------------------------------------
 // The GEMV path: per ISA, a vector type, its width along K, decode, load and multiply-add.

@@ -240,19 +240,22 @@ at::Tensor fp8_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Ten
                !kg.weight && weight_scale.numel() != 1,
                bias.has_value() ? bias_f32.data_ptr<float>() : nullptr, out.data_ptr(), out_dtype,
                n, kDecodeScale};
+  const bool large = m > kSmallM;
   if (int8) {
     // int8 values and products are exact in fp32 (_cpu_int8_codec.h), with no power of two
     // to fold back: the dot paths in fp32 for a few tokens, fp32 panels for many.
+#if defined(__AVX512F__)
+    using V = I8x16;
+#else
+    using V = I8x8;
+#endif
     epi.decode_scale = 1.0f;
-    at::Tensor f32 = prepare_rows(xs, true, 0, false, m > kSmallM ? 1 : 16, scales, 0.0f, true);
-    if (m > kSmallM) {
+    // Panels read unpadded rows; the dot paths, rows padded to a whole step.
+    at::Tensor f32 = prepare_rows(xs, true, 0, false, large ? 1 : V::kStep, scales, 0.0f, true);
+    if (large) {
       panels(f32, w, n, k, false, epi, kg, true);
     } else {
-#if defined(__AVX512F__)
-      gemv<I8x16>(f32.data_ptr<float>(), m, f32.size(1), w, n, k, epi, kg);
-#else
-      gemv<I8x8>(f32.data_ptr<float>(), m, f32.size(1), w, n, k, epi, kg);
-#endif
+      gemv<V>(f32.data_ptr<float>(), m, f32.size(1), w, n, k, epi, kg);
     }
     return out;
   }
@@ -263,7 +266,6 @@ at::Tensor fp8_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Ten
   // for a bf16 output (two roundings), not for fp32 or fp16, which stay on the exact path.
   // Nor with a bias: added after that rounding, it could cancel the digits that are left.
   // Nor with block scales, which differ from one K-group of a sum to the next.
-  const bool large = m > kSmallM;
   const bool vendor_bf16 = large && out_dtype == at::kBFloat16 && !bias.has_value() && !grouped;
   // Scales that vary along K are applied group by group on the dot paths; scales too far
   // apart or too small for that (groups_in_range) go to the fp32 panels below instead.

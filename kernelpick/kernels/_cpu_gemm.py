@@ -33,6 +33,7 @@ from kernelpick.core import (
 )
 from kernelpick.kernels._base import RowMajorKernel, WeightBundle
 from kernelpick.kernels._cpu_build import ISA_LEVELS, LOCK, isa_level, load_ops, op_name
+from kernelpick.kernels._int8 import int_mm_weight
 from kernelpick.kernels._scaled_mm import apply_scales
 
 __all__ = ["BLOCK", "INT_MM_FROM_TOKENS", "CpuFp8Gemm", "CpuFp8GemmW8A16", "CpuInt8Gemm"]
@@ -234,12 +235,9 @@ class CpuInt8Gemm(CpuFp8Gemm):
         if x.shape[0] < INT_MM_FROM_TOKENS or not self.isa & INT8_DOT_ISA.flags:
             return super()._matmul(x, bundle, bias)
         # Past decode sizes on a CPU with an int8 dot product, oneDNN's int8 GEMM (exact
-        # int32 sums) on the same bytes: the [K, N] transpose view, or for K = 1 the
-        # row-major [1, N] one (torch's CPU _int_mm misreads strides (1, 1); see _int8.py).
+        # int32 sums) on the same bytes, viewed as Int8IntMM hands them over.
         xq, x_scale = self.quantize_input(x, bundle)
-        n, k = bundle.weight.shape
-        weight = bundle.weight.view(1, n) if k == 1 else bundle.weight.t()
-        acc = torch._int_mm(xq, weight).to(torch.float32)
+        acc = torch._int_mm(xq, int_mm_weight(bundle.weight.t())).to(torch.float32)
         return apply_scales(acc, x_scale, bundle.scale, bias, self.out_dtype)
 
     def _groups_for(self, config: QuantConfig) -> tuple[int, int]:

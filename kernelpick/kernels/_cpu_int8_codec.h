@@ -27,8 +27,7 @@ inline void quantize_with_int8(float* v, int64_t k, float scale) {
 
 // Dynamic per-token int8 quantization of one row; its scale, max(amax / 127, floor).
 inline float quantize_row_int8(float* v, int64_t k) {
-  float scale = row_amax(v, k) / kInt8Max;
-  scale = scale < kInt8ScaleFloor ? kInt8ScaleFloor : scale;  // NaN stays NaN
+  const float scale = dynamic_scale(row_amax(v, k), kInt8Max, kInt8ScaleFloor);
   quantize_with_int8(v, k, scale);
   return scale;
 }
@@ -41,15 +40,7 @@ inline __m256 decode8_int8(const uint8_t* w) {
 
 // Rows of int8 weights as fp32 values, for the large-M panels.
 void decode_rows_f32_int8(const uint8_t* w, int64_t rows, int64_t k, float* out) {
-  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const uint8_t* src = w + r * k;
-      float* dst = out + r * k;
-      int64_t i = 0;
-      for (; i + 8 <= k; i += 8) _mm256_storeu_ps(dst + i, decode8_int8(src + i));
-      for (; i < k; ++i) dst[i] = static_cast<float>(static_cast<int8_t>(src[i]));
-    }
-  });
+  decode_rows_with(w, rows, k, out, [](const uint8_t* b) { return decode8_int8(b); });
 }
 
 struct I8x8 : F32x8 {  // AVX2: 16 int8 weights a step, sign-extended and converted

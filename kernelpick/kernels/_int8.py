@@ -22,10 +22,18 @@ from kernelpick.kernels._base import KernelBase, WeightBundle
 from kernelpick.kernels._scaled_mm import apply_scales
 from kernelpick.kernels._torch import reject
 
-__all__ = ["INT_MM_MIN_ROWS", "Int8IntMM", "Int8IntMMPadded"]
+__all__ = ["INT_MM_MIN_ROWS", "Int8IntMM", "Int8IntMMPadded", "int_mm_weight"]
 
 # The fewest rows torch._int_mm takes on a GPU: the catalog's rule, where its source is.
 INT_MM_MIN_ROWS = INT_MM_MIN_TOKENS.minimum
+
+
+def int_mm_weight(weight: torch.Tensor) -> torch.Tensor:
+    """The ``[K, N]`` transpose view of an ``[N, K]`` int8 weight as ``torch._int_mm`` reads
+    it right. For K=1 the transpose has strides (1, 1), which torch's CPU _int_mm misreads
+    (torch 2.13: K=1, N=2 returns garbage; every other K is exact): the same bytes viewed
+    afresh get row-major strides (N, 1); no copy."""
+    return weight.view(weight.shape) if weight.shape[0] == 1 else weight
 
 
 @attrs.frozen
@@ -38,13 +46,7 @@ class Int8IntMM(KernelBase):
         self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None
     ) -> torch.Tensor:
         xq, x_scale = self.quantize_input(x, bundle)
-        weight = bundle.weight
-        if weight.shape[0] == 1:
-            # K=1: the [1, N] transpose has strides (1, 1), which torch's CPU _int_mm misreads
-            # (torch 2.13: K=1, N=2 returns garbage; every other K is exact). The same
-            # bytes viewed afresh get row-major strides (N, 1); no copy.
-            weight = weight.view(weight.shape)
-        acc = self._int_mm(xq, weight).to(torch.float32)
+        acc = self._int_mm(xq, int_mm_weight(bundle.weight)).to(torch.float32)
         return apply_scales(acc, x_scale, bundle.scale, bias, self.out_dtype)
 
     def _int_mm(self, xq: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
