@@ -16,8 +16,7 @@ import numpy as np
 import torch
 
 from kernelpick.core import Dtype, InvalidValueError
-from kernelpick.kernels._cupy_codecs import LOAD, render_fp8_encode, storage_type
-from kernelpick.kernels._cupy_quant import QUANT_INPUTS, quant_vec
+from kernelpick.kernels._cupy_quant import QUANT_INPUTS, quant_preamble, quant_vec
 from kernelpick.kernels._cupy_runtime import HALF_DTYPES, Grid, cuda_device, launch
 from kernelpick.kernels._quantize import scale_floor
 from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
@@ -61,14 +60,8 @@ def render_quant_groups(spec: GroupQuantSpec) -> str:
     be shorter (K % 128); its missing elements count as zeros, which leave the amax as it
     is. Scale ``g`` of row ``m`` is stored at ``scales[g * rows + m]``.
     """
-    storage = storage_type(spec.in_dtype, "quantizer input dtype")
-    if spec.vec not in (1, 8) or (spec.vec == 8 and storage != "u16"):
-        raise InvalidValueError("vec", spec.vec, "8 (16-bit input) or 1")
-    load = LOAD[spec.in_dtype]
-    return f"""{render_fp8_encode(spec.fp8)}
-#define KP_VEC {spec.vec}
-typedef {storage} in_t;
-
+    preamble, load = quant_preamble(spec.in_dtype, spec.fp8, spec.vec)
+    return f"""{preamble}
 /* grid (rows, ceil(groups / groups per block)); block: 16 lanes per group. A lane past
    the last group stays in the shuffles (they name all 32 lanes) but loads and stores
    nothing. No element loop: the 8 elements of a lane are unrolled and read once. */

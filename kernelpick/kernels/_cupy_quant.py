@@ -24,6 +24,7 @@ __all__ = [
     "QUANT_MAX_THREADS",
     "QuantSpec",
     "quant_launch",
+    "quant_preamble",
     "quant_specializations",
     "quant_vec",
     "quantize_per_token_cupy",
@@ -46,6 +47,17 @@ class QuantSpec:
         return f"kp_quant_per_token_{self.in_dtype.value}_{self.fp8.value}_v{self.vec}"
 
 
+def quant_preamble(in_dtype: Dtype, fp8: Dtype, vec: int) -> tuple[str, str]:
+    """What every fused quantizer's source starts with (the encode helpers, ``KP_VEC`` and
+    the element type ``in_t``), and the name of its element load; ``vec`` 8 (16-byte
+    loads) needs a 16-bit input."""
+    storage = storage_type(in_dtype, "quantizer input dtype")
+    if vec not in (1, 8) or (vec == 8 and storage != "u16"):
+        raise InvalidValueError("vec", vec, "8 (16-bit input) or 1")
+    preamble = f"{render_fp8_encode(fp8)}\n#define KP_VEC {vec}\ntypedef {storage} in_t;\n"
+    return preamble, LOAD[in_dtype]
+
+
 def render_quant_per_token(spec: QuantSpec) -> str:
     """Dynamic per-token quantization, one block per row: amax, scale, clamp, cast.
 
@@ -55,14 +67,8 @@ def render_quant_per_token(spec: QuantSpec) -> str:
     to the FP8 range and rounded to nearest even. As in torch, a NaN in a row makes the
     row's scale and every byte NaN, and an infinite amax an infinite scale.
     """
-    storage = storage_type(spec.in_dtype, "quantizer input dtype")
-    if spec.vec not in (1, 8) or (spec.vec == 8 and storage != "u16"):
-        raise InvalidValueError("vec", spec.vec, "8 (16-bit input) or 1")
-    load = LOAD[spec.in_dtype]
-    return f"""{render_fp8_encode(spec.fp8)}
-#define KP_VEC {spec.vec}
-typedef {storage} in_t;
-
+    preamble, load = quant_preamble(spec.in_dtype, spec.fp8, spec.vec)
+    return f"""{preamble}
 __device__ __forceinline__ float kp_warp_max(float v) {{
     for (int offset = 16; offset > 0; offset >>= 1)
         v = kp_nanmax(v, __shfl_xor_sync(0xFFFFFFFFu, v, offset));

@@ -23,13 +23,11 @@ from kernelpick.core import (
     FEATURE_SCALED_MM,
     FEATURE_SCALED_MM_ROWWISE,
     CpuArch,
-    Dtype,
     GroupShape,
-    QuantKey,
-    ScaleSpec,
     evaluate,
     scheme_of,
 )
+from tests.support.values import static_per_token_config
 
 FP8_GEMM = "cpu_fp8_gemm"
 W8A16_GEMM = "cpu_fp8_w8a16_gemm"
@@ -292,15 +290,7 @@ def test_the_rules_render_what_they_need() -> None:
     static = kp.rules.DynamicActivationScales(frozenset({GroupShape.PER_TENSOR}))
     assert static.render() == "activation scales dynamic (static: per-tensor)"
     # A stored per-token scale is still turned down, saying what it takes instead.
-    fp8 = Dtype.FLOAT8_E4M3FN
-    per_token_static = kp.QuantConfig(
-        weight=QuantKey(fp8, ScaleSpec(GroupShape.PER_CHANNEL, static=True)),
-        activation=QuantKey(fp8, ScaleSpec(GroupShape.PER_TOKEN, static=True)),
-        weight_shape=(16, 16),
-        input_dtype=Dtype.BFLOAT16,
-        out_dtype=Dtype.BFLOAT16,
-    )
-    reason = static.check(_cpu(), per_token_static)
+    reason = static.check(_cpu(), static_per_token_config())
     assert reason is not None
     assert (reason.code, reason.needed) == (C.ACTIVATION_SCALES, "dynamic, or static per-tensor")
     stored = kp.quant_config("fp8_per_tensor_static", weight_shape=SQUARE)

@@ -37,6 +37,7 @@ from tests.support.cpu_levels import (
     with_int8_dot,
 )
 from tests.support.emulation import Emulated, assert_within_bound, emulated
+from tests.support.values import static_per_token_config
 
 KERNELS = {"cpu_fp8_gemm": "fp8_per_channel", "cpu_fp8_w8a16_gemm": "fp8_weight_only"}
 DTYPES = ["float32", "bfloat16", "float16"]
@@ -159,14 +160,7 @@ def test_compiles_with_fullgraph_as_one_custom_op(kernel: str) -> None:
 
 def test_an_activation_config_the_op_does_not_quantize_is_refused() -> None:
     # A stored per-token scale run through this family would be computed again: silent.
-    fp8 = Dtype.FLOAT8_E4M3FN
-    config = kp.QuantConfig(
-        weight=QuantKey(fp8, ScaleSpec(GroupShape.PER_CHANNEL, static=True)),
-        activation=QuantKey(fp8, ScaleSpec(GroupShape.PER_TOKEN, static=True)),
-        weight_shape=(16, 16),
-        input_dtype=Dtype.BFLOAT16,
-        out_dtype=Dtype.BFLOAT16,
-    )
+    config = static_per_token_config()
     spec = kp.default_catalog().kernel("cpu_fp8_gemm")
     with pytest.raises(kp.InvalidValueError, match="per-token"):
         CpuFp8Gemm(spec, config, torch.device("cpu"), Dtype.FLOAT8_E4M3FN, isa=HOST_ISA)
