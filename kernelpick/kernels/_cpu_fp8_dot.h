@@ -11,14 +11,11 @@
 
 namespace {
 
-// Tokens and output channels per register block.
-constexpr int kMB = 4;
-constexpr int kNB = 4;
 // How far ahead (bytes) the few-token path fetches each weight row.
 constexpr int kPrefetch = 2048;
-// Up to this many tokens each weight byte is decoded again for every block of kMB tokens,
-// as it streams in: with table or fp16 decode that is cheaper than a decoded copy read
-// back from L2 (measured 3.5 against 4.4 ms at M = 64, N = K = 4096). Beyond, the
+// Up to this many tokens each weight byte is decoded again for every block of V::kTokens
+// tokens, as it streams in: with table or fp16 decode that is cheaper than a decoded copy
+// read back from L2 (measured 3.5 against 4.4 ms at M = 64, N = K = 4096). Beyond, the
 // activations no longer fit in L2 beside the rows, and panels of decoded rows take over.
 constexpr int64_t kSmallM = 64;
 // Rows per panel of the many-token path, and the most decoded bytes it may take (L2). That
@@ -27,62 +24,99 @@ constexpr int64_t kSmallM = 64;
 constexpr int64_t kPanelRows = 64;
 constexpr int64_t kScratchBytes = int64_t(512) << 10;
 
-// One weight row, one K step at a time, decoded from the FP8 bytes as they stream in.
+// Step s of a weight row, decoded from its FP8 bytes: ``full`` reads a whole step with no
+// bounds test, ``tail`` the row's one partial step (K % kStep bytes, zeros beyond K)
+// through a copy. The dot paths call ``tail`` outside their hot loops: a test or a memcpy
+// inside one made GCC keep the accumulators on the stack.
 template <class V>
-struct DecodeRow {
-  const uint8_t* row;
+inline typename V::W full_step(const uint8_t* row, int64_t s, const typename V::Ctx& ctx) {
+  return V::weights(row + s * V::kStep, ctx);
+}
+template <class V>
+typename V::W tail_step(const uint8_t* row, int64_t k, int64_t s, const typename V::Ctx& ctx) {
+  alignas(64) uint8_t tail[V::kStep] = {0};
+  std::memcpy(tail, row + s * V::kStep, k - s * V::kStep);
+  return V::weights(tail, ctx);
+}
+
+// K steps of a row: ``full`` whole ones, then one partial step where K % kStep != 0.
+template <class V>
+struct Steps {
+  int64_t full, all;
+  explicit Steps(int64_t k) : full(k / V::kStep), all((k + V::kStep - 1) / V::kStep) {}
+};
+
+// Rows of the weight as the few-token blocks read them (row c of the block, step s),
+// decoded as they stream in. NB rows of 4 KiB are NB pages, where hardware prefetchers
+// stop, so with ``kAhead`` each row is fetched ahead in software, and near its end the
+// start of the same row of the next block (NB rows on), which comes next.
+template <class V, int NB, bool kAhead>
+struct StreamedRows {
+  const uint8_t* w;  // the block's first row; rows are k bytes apart
   int64_t k;
+  Steps<V> steps;
   typename V::Ctx ctx;
-  typename V::W at(int64_t step) const {
-    const int64_t i = step * V::kStep;
-    if (i + V::kStep <= k) return V::weights(row + i, ctx);
-    alignas(64) uint8_t tail[V::kStep] = {0};  // the last, partial step: zeros beyond K
-    std::memcpy(tail, row + i, k - i);
-    return V::weights(tail, ctx);
+  typename V::W at(int c, int64_t s) const {
+    const uint8_t* row = w + c * k;
+    if constexpr (kAhead) {
+      const int64_t ahead = s * V::kStep + kPrefetch;
+      _mm_prefetch(
+          reinterpret_cast<const char*>(row + ahead + (ahead >= k ? (NB - 1) * k : 0)),
+          _MM_HINT_T0);
+    }
+    return full_step<V>(row, s, ctx);
   }
+  typename V::W tail(int c, int64_t s) const { return tail_step<V>(w + c * k, k, s, ctx); }
 };
 
-// One row as dot_tokens reads rows (row index c is always 0), decoded as it streams.
-template <class V>
-struct StreamedRow {
-  const uint8_t* row;
-  int64_t k;
-  typename V::Ctx ctx;
-  typename V::W operator()(int, int64_t step) const { return DecodeRow<V>{row, k, ctx}.at(step); }
-};
-
-// NB rows decoded once into a scratch buffer, for blocks of more than kMB tokens.
+// NB rows decoded once into a scratch buffer (whole steps, zeros beyond K), for blocks of
+// more than V::kTokens tokens.
 template <class V>
 struct ScratchRows {
-  const typename V::W* scratch;  // [NB][steps]
-  int64_t steps;
-  typename V::W operator()(int c, int64_t step) const { return scratch[c * steps + step]; }
+  const typename V::W* scratch;  // [NB][steps.all]
+  Steps<V> steps;
+  typename V::W at(int c, int64_t s) const { return scratch[c * steps.all + s]; }
+  typename V::W tail(int c, int64_t s) const { return at(c, s); }
 };
 
-// Steps [s0, s1) of one block into its accumulators.
-template <class V, int MB, int NB, class Rows>
-inline void dot_steps(typename V::Acc (&acc)[MB][NB], const typename V::X* x, int64_t kp,
-                      const Rows& rows, int64_t s0, int64_t s1) {
-  for (int64_t s = s0; s < s1; ++s) {
-    typename V::W wv[NB];
-    for (int c = 0; c < NB; ++c) wv[c] = rows(c, s);
-    for (int m = 0; m < MB; ++m) {
-      const typename V::W xv = V::activations(x + m * kp + s * V::kStep);
-      for (int c = 0; c < NB; ++c) acc[m][c] = V::madd(acc[m][c], xv, wv[c]);
-    }
+// One K step of a block: NB rows' weights (``weight(c)``), each token's activations loaded
+// once and multiplied into its NB accumulators.
+template <class V, int MB, int NB, class Weight>
+inline void dot_step(typename V::Acc (&acc)[MB][NB], const typename V::X* x, int64_t kp,
+                     int64_t s, const Weight& weight) {
+  typename V::W wv[NB];
+  for (int c = 0; c < NB; ++c) wv[c] = weight(c);
+  for (int m = 0; m < MB; ++m) {
+    const typename V::W xv = V::activations(x + m * kp + s * V::kStep);
+    for (int c = 0; c < NB; ++c) acc[m][c] = V::madd(acc[m][c], xv, wv[c]);
   }
 }
 
-// One block: tokens [0, MB) x channels [0, NB) over ``steps`` K steps. ``x`` rows are
-// padded to ``kp`` (steps * kStep) with zeros beyond K. With block scales (G, and ``h``),
-// the NB rows lie in one weight block and the sums are scaled group by group (Horner).
-// G is a template argument, so the per-token code carries no test of h.
+// Steps [s0, s1) of one block into its accumulators: the whole steps in the hot loop, the
+// partial one (if [s0, s1) holds it) after.
+template <class V, int MB, int NB, class Rows>
+inline void dot_steps(typename V::Acc (&acc)[MB][NB], const typename V::X* x, int64_t kp,
+                      const Rows& rows, int64_t s0, int64_t s1) {
+  const int64_t full = std::min(s1, rows.steps.full);
+  for (int64_t s = s0; s < full; ++s)
+    dot_step<V>(acc, x, kp, s, [&](int c) { return rows.at(c, s); });
+  if (s1 > rows.steps.full) {
+    const int64_t s = rows.steps.full;
+    dot_step<V>(acc, x, kp, s, [&](int c) { return rows.tail(c, s); });
+  }
+}
+
+// One block: tokens [0, MB) x channels [0, NB) over every K step of ``rows``. ``x`` rows
+// are padded to ``kp`` (at least steps.all * kStep) with zeros beyond K. With block scales
+// (G, and ``h``), the NB rows lie in one weight block and the sums are scaled group by
+// group (Horner). G is a template argument, so the per-token code carries no test of h.
 template <class V, int MB, int NB, bool G, class Rows>
-inline void dot_block(const typename V::X* x, int64_t kp, int64_t steps, const Rows& rows,
+inline void dot_block(const typename V::X* x, int64_t kp, const Rows& rows,
                       float* out /* [MB][NB] */, const Horner* h) {
   typename V::Acc acc[MB][NB];
   for (int m = 0; m < MB; ++m)
     for (int c = 0; c < NB; ++c) acc[m][c] = V::zero();
+  const int64_t steps = rows.steps.all;
   if constexpr (!G) {
     dot_steps<V, MB, NB>(acc, x, kp, rows, 0, steps);
     for (int m = 0; m < MB; ++m)
@@ -100,59 +134,67 @@ inline void dot_block(const typename V::X* x, int64_t kp, int64_t steps, const R
   }
 }
 
-// All m tokens against NB rows, kMB tokens at a time: acc [m][NB].
+// All m tokens against NB rows, V::kTokens tokens at a time: acc [m][NB].
 template <class V, int NB, bool G, class Rows>
 inline void dot_tokens(const typename V::X* x, int64_t m, int64_t kp, const Rows& rows,
                        float* acc, const Horner* h) {
-  const int64_t steps = kp / V::kStep;
+  constexpr int MB = V::kTokens;
+  static_assert(MB <= 6, "dot_tokens runs the last partial block of up to 5 tokens");
   Horner buffer;
   int64_t t = 0;
-  for (; t + kMB <= m; t += kMB) {
+  for (; t + MB <= m; t += MB) {
     const Horner* ht = from_token<G>(h, t, buffer);
-    dot_block<V, kMB, NB, G>(x + t * kp, kp, steps, rows, acc + t * NB, ht);
+    dot_block<V, MB, NB, G>(x + t * kp, kp, rows, acc + t * NB, ht);
   }
   const Horner* rest = from_token<G>(h, t, buffer);
+  const typename V::X* xt = x + t * kp;
+  float* at = acc + t * NB;
   switch (m - t) {
-    case 3: dot_block<V, 3, NB, G>(x + t * kp, kp, steps, rows, acc + t * NB, rest); break;
-    case 2: dot_block<V, 2, NB, G>(x + t * kp, kp, steps, rows, acc + t * NB, rest); break;
-    case 1: dot_block<V, 1, NB, G>(x + t * kp, kp, steps, rows, acc + t * NB, rest); break;
+    case 5: dot_block<V, 5, NB, G>(xt, kp, rows, at, rest); break;
+    case 4: dot_block<V, 4, NB, G>(xt, kp, rows, at, rest); break;
+    case 3: dot_block<V, 3, NB, G>(xt, kp, rows, at, rest); break;
+    case 2: dot_block<V, 2, NB, G>(xt, kp, rows, at, rest); break;
+    case 1: dot_block<V, 1, NB, G>(xt, kp, rows, at, rest); break;
     default: break;
   }
 }
 
 // A panel of rows decoded once into ``scratch`` (sized to stay in L2), then every block of
-// kMB tokens (in L1) against every kNB rows of it: each weight byte is decoded once per
-// call and each activation row read once per panel. With ``h``, the panel lies in one
-// weight block.
+// V::kTokens tokens (in L1) against every V::kRows rows of it: each weight byte is decoded
+// once per call and each activation row read once per panel. With ``h``, the panel lies in
+// one weight block.
 template <class V, bool G>
 void dot_panel(const typename V::X* x, int64_t m, int64_t kp, const uint8_t* w, int64_t k,
                int64_t n0, int64_t rows, std::vector<typename V::W>& scratch,
                const Epilogue& epi, const Horner* h) {
-  const int64_t steps = kp / V::kStep;
+  constexpr int MB = V::kTokens, NB = V::kRows;
+  const Steps<V> steps(k);
   const typename V::Ctx ctx = context<V>();
   for (int64_t r = 0; r < rows; ++r) {
-    const DecodeRow<V> row{w + r * k, k, ctx};
-    for (int64_t s = 0; s < steps; ++s) scratch[r * steps + s] = row.at(s);
+    const uint8_t* row = w + r * k;
+    typename V::W* out = scratch.data() + r * steps.all;
+    for (int64_t s = 0; s < steps.full; ++s) out[s] = full_step<V>(row, s, ctx);
+    if (steps.all > steps.full) out[steps.full] = tail_step<V>(row, k, steps.full, ctx);
   }
-  float acc[kMB * kNB];
+  float acc[MB * NB];
   Horner buffer;
-  for (int64_t t = 0; t < m; t += kMB) {
-    const int64_t mb = std::min<int64_t>(kMB, m - t);
+  for (int64_t t = 0; t < m; t += MB) {
+    const int64_t mb = std::min<int64_t>(MB, m - t);
     const Horner* ht = from_token<G>(h, t, buffer);
-    for (int64_t c = 0; c < rows; c += kNB) {
-      const int64_t nb = std::min<int64_t>(kNB, rows - c);
-      const ScratchRows<V> panel{scratch.data() + c * steps, steps};
-      if (nb == kNB) {
-        dot_tokens<V, kNB, G>(x + t * kp, mb, kp, panel, acc, ht);
+    for (int64_t c = 0; c < rows; c += NB) {
+      const int64_t nb = std::min<int64_t>(NB, rows - c);
+      const ScratchRows<V> panel{scratch.data() + c * steps.all, steps};
+      if (nb == NB) {
+        dot_tokens<V, NB, G>(x + t * kp, mb, kp, panel, acc, ht);
       } else {
         for (int64_t j = 0; j < nb; ++j) {
-          float one[kMB];
+          float one[MB];
           dot_tokens<V, 1, G>(x + t * kp, mb, kp,
-                              ScratchRows<V>{panel.scratch + j * steps, steps}, one, ht);
-          for (int64_t i = 0; i < mb; ++i) acc[i * kNB + j] = one[i];
+                              ScratchRows<V>{panel.scratch + j * steps.all, steps}, one, ht);
+          for (int64_t i = 0; i < mb; ++i) acc[i * NB + j] = one[i];
         }
       }
-      for (int64_t i = 0; i < mb; ++i) epi.store(t + i, n0 + c, nb, acc + i * kNB);
+      for (int64_t i = 0; i < mb; ++i) epi.store(t + i, n0 + c, nb, acc + i * NB);
     }
   }
 }
@@ -166,30 +208,26 @@ void dot_panel(const typename V::X* x, int64_t m, int64_t kp, const uint8_t* w, 
 // kChains accumulators hide the multiply-add latency; eight fit AVX2's sixteen registers
 // beside a step's operands.
 template <class V>
-void one_token(const typename V::X* x, int64_t kp, const uint8_t* w, int64_t n, int64_t k,
+void one_token(const typename V::X* x, const uint8_t* w, int64_t n, int64_t k,
                const Epilogue& epi) {
   constexpr int kChains = 8;
-  const int64_t full = k / V::kStep;
-  const bool partial = kp / V::kStep > full;
-  at::parallel_for(0, n, 16, [x, w, k, full, partial, &epi](int64_t r0, int64_t r1) {
+  const Steps<V> steps(k);
+  at::parallel_for(0, n, 16, [x, w, k, steps, &epi](int64_t r0, int64_t r1) {
     const typename V::Ctx ctx = context<V>();
     for (int64_t r = r0; r < r1; ++r) {
       const uint8_t* row = w + r * k;
       typename V::Acc acc[kChains];
       for (int j = 0; j < kChains; ++j) acc[j] = V::zero();
       int64_t s = 0;
-      for (; s + kChains <= full; s += kChains)
-        for (int j = 0; j < kChains; ++j) {
-          const int64_t i = (s + j) * V::kStep;
-          acc[j] = V::madd(acc[j], V::activations(x + i), V::weights(row + i, ctx));
-        }
-      for (; s < full; ++s) {
-        const int64_t i = s * V::kStep;
-        acc[0] = V::madd(acc[0], V::activations(x + i), V::weights(row + i, ctx));
-      }
-      if (partial)  // x is zero-padded to kp; the row's tail is read through a copy
-        acc[1] = V::madd(acc[1], V::activations(x + full * V::kStep),
-                         DecodeRow<V>{row, k, ctx}.at(full));
+      for (; s + kChains <= steps.full; s += kChains)
+        for (int j = 0; j < kChains; ++j)
+          acc[j] = V::madd(acc[j], V::activations(x + (s + j) * V::kStep),
+                           full_step<V>(row, s + j, ctx));
+      for (; s < steps.full; ++s)
+        acc[0] = V::madd(acc[0], V::activations(x + s * V::kStep), full_step<V>(row, s, ctx));
+      if (steps.all > steps.full)  // x is zero-padded to a whole step; the row is not
+        acc[1] = V::madd(acc[1], V::activations(x + steps.full * V::kStep),
+                         tail_step<V>(row, k, steps.full, ctx));
       for (int j = kChains / 2; j > 0; j /= 2)
         for (int i = 0; i < j; ++i) acc[i] = V::add(acc[i], acc[i + j]);
       const float sum = V::sum(acc[0]);
@@ -200,12 +238,15 @@ void one_token(const typename V::X* x, int64_t kp, const uint8_t* w, int64_t n, 
 
 // One token with block scales: as one_token, but the chains are four groups along K side
 // by side (four 128-byte runs of the same row), each summed, scaled and added on its own.
+// Groups of whole steps run with no bounds test; the last group, which may hold the row's
+// partial step, apart.
 template <class V>
-void one_token_groups(const typename V::X* x, int64_t kp, const uint8_t* w, int64_t n,
-                      int64_t k, const Epilogue& epi, const KGroups& kg) {
+void one_token_groups(const typename V::X* x, const uint8_t* w, int64_t n, int64_t k,
+                      const Epilogue& epi, const KGroups& kg) {
   constexpr int kChains = 4;
-  const int64_t steps = kp / V::kStep, per = kg.size / V::kStep;
-  const int64_t full = steps / per;  // groups with all their steps (the last may be short)
+  const Steps<V> steps(k);
+  const int64_t per = kg.size / V::kStep;
+  const int64_t whole = steps.full / per;  // groups with all their steps whole
   GroupTables tables(kg, 1);  // its ratio memory holds the scales of the current block
   at::parallel_for(0, n, 16, [&](int64_t r0, int64_t r1) {
     const typename V::Ctx ctx = context<V>();
@@ -216,23 +257,26 @@ void one_token_groups(const typename V::X* x, int64_t kp, const uint8_t* w, int6
         block = kg.block_of(r);
         for (int64_t g = 0; g < kg.count; ++g) scale[g] = kg.scale(0, r, g);
       }
-      const DecodeRow<V> row{w + r * k, k, ctx};
+      const uint8_t* row = w + r * k;
       typename V::Acc total[kChains], part[kChains];
       for (int j = 0; j < kChains; ++j) total[j] = V::zero();
       int64_t g = 0;
-      for (; g + kChains <= full; g += kChains) {
+      for (; g + kChains <= whole; g += kChains) {
         for (int j = 0; j < kChains; ++j) part[j] = V::zero();
         for (int64_t i = 0; i < per; ++i)
           for (int j = 0; j < kChains; ++j) {
             const int64_t s = (g + j) * per + i;
-            part[j] = V::madd(part[j], V::activations(x + s * V::kStep), row.at(s));
+            part[j] = V::madd(part[j], V::activations(x + s * V::kStep), full_step<V>(row, s, ctx));
           }
         for (int j = 0; j < kChains; ++j) total[j] = fma_acc(part[j], scale[g + j], total[j]);
       }
       for (; g < kg.count; ++g) {
         part[0] = V::zero();
-        for (int64_t s = g * per; s < std::min(steps, (g + 1) * per); ++s)
-          part[0] = V::madd(part[0], V::activations(x + s * V::kStep), row.at(s));
+        for (int64_t s = g * per; s < std::min(steps.all, (g + 1) * per); ++s) {
+          const typename V::W wv =
+              s < steps.full ? full_step<V>(row, s, ctx) : tail_step<V>(row, k, s, ctx);
+          part[0] = V::madd(part[0], V::activations(x + s * V::kStep), wv);
+        }
         total[0] = fma_acc(part[0], scale[g], total[0]);
       }
       for (int j = 1; j < kChains; ++j) total[0] = V::add(total[0], total[j]);
@@ -242,52 +286,40 @@ void one_token_groups(const typename V::X* x, int64_t kp, const uint8_t* w, int6
   });
 }
 
-// A few tokens (2 to kSmallM): kNB rows at a time, each block of kMB tokens against them
-// from registers, the bytes decoded again for each token block (from L1). kNB rows of
-// 4 KiB are kNB pages, where hardware prefetchers stop, so the rows are fetched ahead in
-// software, and near the end of a row the start of the same row of the next block (kNB
-// rows on), which comes next.
-template <class V>
-struct PrefetchedRows {
-  const uint8_t* w;  // the block's first row; rows are k bytes apart
-  int64_t k;
-  typename V::Ctx ctx;
-  typename V::W operator()(int c, int64_t step) const {
-    const uint8_t* row = w + c * k;
-    const int64_t i = step * V::kStep;
-    const int64_t ahead = i + kPrefetch;
-    _mm_prefetch(reinterpret_cast<const char*>(row + ahead + (ahead >= k ? (kNB - 1) * k : 0)),
-                 _MM_HINT_T0);
-    return DecodeRow<V>{row, k, ctx}.at(step);
-  }
-};
-
+// A few tokens (2 to kSmallM): V::kRows rows at a time, each block of V::kTokens tokens
+// against them from registers (the tile fits the register file: kTokens x kRows
+// accumulators, kRows decoded weights and one activation), the bytes decoded again for
+// each token block (from L1).
 template <class V, bool G>
 void few_tokens(const typename V::X* x, int64_t m, int64_t kp, const uint8_t* w, int64_t n,
                 int64_t k, const Epilogue& epi, const KGroups& kg) {
-  const int64_t blocks = (n + kNB - 1) / kNB;
+  constexpr int NB = V::kRows;
+  const int64_t blocks = (n + NB - 1) / NB;
+  const Steps<V> steps(k);
   GroupTables tables(kg, m);
   at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
     const typename V::Ctx ctx = context<V>();
-    float acc[kSmallM * kNB];
+    float acc[kSmallM * NB];
     GroupTable table = tables.mine();
     Horner buffer;
     for (int64_t b = b0; b < b1; ++b) {
-      const int64_t n0 = b * kNB;
-      const int64_t nb = std::min<int64_t>(kNB, n - n0);
-      // kNB divides the block size: the kNB rows lie in one weight block.
+      const int64_t n0 = b * NB;
+      const int64_t nb = std::min<int64_t>(NB, n - n0);
+      // NB divides the block size: the NB rows lie in one weight block.
       const Horner* h = nullptr;
       if constexpr (G) h = horner(kg, m, n0, V::kStep, table, buffer);
-      if (nb == kNB) {
-        dot_tokens<V, kNB, G>(x, m, kp, PrefetchedRows<V>{w + n0 * k, k, ctx}, acc, h);
+      if (nb == NB) {
+        const StreamedRows<V, NB, true> rows{w + n0 * k, k, steps, ctx};
+        dot_tokens<V, NB, G>(x, m, kp, rows, acc, h);
       } else {
         for (int64_t c = 0; c < nb; ++c) {
           float one[kSmallM];
-          dot_tokens<V, 1, G>(x, m, kp, StreamedRow<V>{w + (n0 + c) * k, k, ctx}, one, h);
-          for (int64_t t = 0; t < m; ++t) acc[t * kNB + c] = one[t];
+          const StreamedRows<V, 1, false> row{w + (n0 + c) * k, k, steps, ctx};
+          dot_tokens<V, 1, G>(x, m, kp, row, one, h);
+          for (int64_t t = 0; t < m; ++t) acc[t * NB + c] = one[t];
         }
       }
-      for (int64_t t = 0; t < m; ++t) epi.store(t, n0, nb, acc + t * kNB);
+      for (int64_t t = 0; t < m; ++t) epi.store(t, n0, nb, acc + t * NB);
     }
   });
 }
@@ -297,12 +329,13 @@ void few_tokens(const typename V::X* x, int64_t m, int64_t kp, const uint8_t* w,
 template <class V, bool G>
 void many_tokens(const typename V::X* x, int64_t m, int64_t kp, const uint8_t* w, int64_t n,
                  int64_t k, const Epilogue& epi, const KGroups& kg) {
-  const int64_t steps = kp / V::kStep;
+  constexpr int NB = V::kRows;
+  const int64_t steps = Steps<V>(k).all;
   const int64_t fit = kScratchBytes / (steps * int64_t(sizeof(typename V::W)));
-  int64_t rows = std::max<int64_t>(kNB, std::min<int64_t>(kPanelRows, fit / kNB * kNB));
+  int64_t rows = std::max<int64_t>(NB, std::min<int64_t>(kPanelRows, fit / NB * NB));
   // With block scales a panel must not straddle two weight blocks: a power of two up to
   // kPanelRows (64) divides the block size.
-  while (G && (rows & (rows - 1))) rows -= kNB;
+  while (G && (rows & (rows - 1))) rows -= NB;
   const int64_t panels = (n + rows - 1) / rows;
   GroupTables tables(kg, m);
   at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
@@ -320,28 +353,32 @@ void many_tokens(const typename V::X* x, int64_t m, int64_t kp, const uint8_t* w
   });
 }
 
-// The dot-product path: every output is one K-long dot product in registers. ``kg``: the
-// scales that vary along K, if any (its size a multiple of 64, so of kStep and of kNB).
-template <class V>
-void gemv(const typename V::X* x, int64_t m, int64_t kp, const uint8_t* w, int64_t n, int64_t k,
-          const Epilogue& epi, const KGroups& kg) {
+// The dot-product paths: every output is one K-long dot product in registers, One's for
+// one token and Few's for more (the vector type whose register tile suits each). ``x``
+// rows are zero-padded to ``kp``, a whole number of either type's steps. ``kg``: the
+// scales that vary along K, if any (its size a multiple of 64, so of every kStep and
+// kRows).
+template <class One, class Few>
+void gemv(const typename One::X* x, int64_t m, int64_t kp, const uint8_t* w, int64_t n,
+          int64_t k, const Epilogue& epi, const KGroups& kg) {
+  static_assert(std::is_same_v<typename One::X, typename Few::X>, "one activation layout");
   const bool grouped = kg.active();
   if (m == 1) {
     if (grouped) {
-      one_token_groups<V>(x, kp, w, n, k, epi, kg);
+      one_token_groups<One>(x, w, n, k, epi, kg);
     } else {
-      one_token<V>(x, kp, w, n, k, epi);
+      one_token<One>(x, w, n, k, epi);
     }
   } else if (m <= kSmallM) {
     if (grouped) {
-      few_tokens<V, true>(x, m, kp, w, n, k, epi, kg);
+      few_tokens<Few, true>(x, m, kp, w, n, k, epi, kg);
     } else {
-      few_tokens<V, false>(x, m, kp, w, n, k, epi, kg);
+      few_tokens<Few, false>(x, m, kp, w, n, k, epi, kg);
     }
   } else if (grouped) {
-    many_tokens<V, true>(x, m, kp, w, n, k, epi, kg);
+    many_tokens<Few, true>(x, m, kp, w, n, k, epi, kg);
   } else {
-    many_tokens<V, false>(x, m, kp, w, n, k, epi, kg);
+    many_tokens<Few, false>(x, m, kp, w, n, k, epi, kg);
   }
 }
 

@@ -245,17 +245,19 @@ at::Tensor fp8_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Ten
     // int8 values and products are exact in fp32 (_cpu_int8_codec.h), with no power of two
     // to fold back: the dot paths in fp32 for a few tokens, fp32 panels for many.
 #if defined(__AVX512F__)
-    using V = I8x16;
+    using One = I8x16;
+    using Few = I8x16;
 #else
-    using V = I8x8;
+    using One = I8x8Wide;
+    using Few = I8x8;
 #endif
     epi.decode_scale = 1.0f;
     // Panels read unpadded rows; the dot paths, rows padded to a whole step.
-    at::Tensor f32 = prepare_rows(xs, true, 0, false, large ? 1 : V::kStep, scales, 0.0f, true);
+    at::Tensor f32 = prepare_rows(xs, true, 0, false, large ? 1 : One::kStep, scales, 0.0f, true);
     if (large) {
       panels(f32, w, n, k, false, epi, kg, true);
     } else {
-      gemv<V>(f32.data_ptr<float>(), m, f32.size(1), w, n, k, epi, kg);
+      gemv<One, Few>(f32.data_ptr<float>(), m, f32.size(1), w, n, k, epi, kg);
     }
     return out;
   }
@@ -274,7 +276,7 @@ at::Tensor fp8_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Ten
     at::Tensor xb = prepare_rows(xs, quantize_input, act_group, true, Bf16x64::kStep, scales, fixed);
     if (!grouped || groups_in_range(kg, m, n)) {
       epi.decode_scale = 1.0f;
-      gemv<Bf16x64>(reinterpret_cast<const uint16_t*>(xb.data_ptr<at::BFloat16>()), m,
+      gemv<Bf16x64, Bf16x64>(reinterpret_cast<const uint16_t*>(xb.data_ptr<at::BFloat16>()), m,
                     xb.size(1), w, n, k, epi, kg);
       return out;
     }
@@ -282,13 +284,15 @@ at::Tensor fp8_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Ten
 #endif
   if (!large) {
 #if defined(__AVX512F__)
-    using V = F32x16;
+    using One = F32x16;
+    using Few = F32x16;
 #else
-    using V = F32x8;
+    using One = F32x8Wide;
+    using Few = F32x8;
 #endif
-    at::Tensor f32 = prepare_rows(xs, quantize_input, act_group, false, V::kStep, scales, fixed);
+    at::Tensor f32 = prepare_rows(xs, quantize_input, act_group, false, One::kStep, scales, fixed);
     if (!grouped || groups_in_range(kg, m, n)) {
-      gemv<V>(f32.data_ptr<float>(), m, f32.size(1), w, n, k, epi, kg);
+      gemv<One, Few>(f32.data_ptr<float>(), m, f32.size(1), w, n, k, epi, kg);
       return out;
     }
   }

@@ -43,7 +43,11 @@ void decode_rows_f32_int8(const uint8_t* w, int64_t rows, int64_t k, float* out)
   decode_rows_with(w, rows, k, out, [](const uint8_t* b) { return decode8_int8(b); });
 }
 
-struct I8x8 : F32x8 {  // AVX2: 16 int8 weights a step, sign-extended and converted
+struct I8x8 : F32x8 {  // AVX2: 8 int8 weights a step, sign-extended and converted
+  static W weights(const uint8_t* w, const Ctx&) { return decode8_int8(w); }
+};
+
+struct I8x8Wide : F32x8Wide {  // AVX2, 16 a step, for one token
   static W weights(const uint8_t* w, const Ctx&) {
     return {decode8_int8(w), decode8_int8(w + 8)};
   }

@@ -252,3 +252,26 @@ def test_fp8_edge_cases_stay_finite_and_match(kernel: str, scheme: str, level: s
     want = emulated(x, w, config, fp8, input_scale=input_scale, weight_only=_w8a16(kernel))
     assert_within_bound(got, want)
     assert bool((got[0] == 0).all())  # an all-zero row gives an all-zero output row
+
+
+# Every remainder of the compiled kernels' register tiles (_cpu_fp8_dot.h, kTokens x kRows:
+# 6 x 2 on AVX2, 6 x 4 on AVX-512, 4 x 4 with AVX512-BF16): M from 2 past two whole token
+# blocks and at the few-token path's end (64), N off every row multiple, and K with a
+# partial step of every step width (8, 16 and 64 weights) and past a 128-group. The drawn
+# cases above reach these only by chance.
+TILE_M = (2, 3, 4, 5, 6, 7, 8, 11, 12, 13, 64)
+TILE_NK = ((1, 7), (3, 9), (6, 17), (7, 72), (5, 130), (4, 200))
+
+
+@pytest.mark.parametrize(
+    ("kernel", "scheme", "level"), [p for p in LEVEL_CASES if p.values[0] in COMPILED]
+)
+def test_every_register_tile_remainder_matches_the_fp32_emulation(
+    kernel: str, scheme: str, level: str
+) -> None:
+    for m in TILE_M:
+        for n, k in TILE_NK:
+            if not _fallback_k(kernel, scheme)(k):
+                continue
+            got, want = _run_case(kernel, scheme, level, m, n, k, True, "float32", m * n + k)
+            assert_within_bound(got, want)
