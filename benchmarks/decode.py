@@ -51,10 +51,13 @@ from benchmarks.rotation import (
 from kernelpick.core import CpuArch
 
 __all__ = [
+    "ACTIVATION",
+    "ACTIVATIONS",
     "BASELINES",
     "CANDIDATES",
     "FALLBACK_LLC_BYTES",
     "MIB",
+    "check_activation",
     "llc_bytes",
     "measure_bandwidth",
     "run_decode",
@@ -62,11 +65,28 @@ __all__ = [
 
 MIB = 2**20
 FALLBACK_LLC_BYTES = 64 * MIB  # where sysfs does not say
-# Candidate name -> kernelpick scheme. Both run bf16 activations into a bf16 output.
+# Candidate name -> kernelpick scheme. Both run the activation dtype in and out.
 CANDIDATES: dict[str, str] = {"ptpc": "fp8_per_channel", "w8a16": "fp8_weight_only"}
 # Other libraries' ops in the same repeats: torch's int8 weight-only GEMM.
 PEERS = (INT8PACK,)
 ACTIVATION = "bfloat16"
+# The activation dtypes the figures are taken for: bf16 (a bf16 model), fp32 (a model
+# quantized from fp32 keeps fp32 activations).
+ACTIVATIONS = ("bfloat16", "float32")
+
+
+def check_activation(activation: str) -> None:
+    """Refuses an activation dtype the figures are not taken for, naming the valid ones."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation {activation!r}: use one of {', '.join(ACTIVATIONS)}")
+
+
+def _config(scheme: str, n: int, k: int, activation: str) -> kp.QuantConfig:
+    return kp.quant_config(
+        scheme, weight_shape=(n, k), input_dtype=activation, out_dtype=activation
+    )
+
+
 # Streaming reductions over a uint8 buffer (its size a multiple of 8): each reads every byte
 # once and writes nothing. The fastest here measures the bandwidth, and times the "read"
 # callable beside the kernels.
@@ -153,13 +173,15 @@ def _shape(
     target: int,
     bandwidth: dict[str, Any],
     seed: int,
+    activation: str,
 ) -> dict[str, Any]:
     generator = torch.Generator().manual_seed(seed)
     candidates = [
-        candidate(name, kp.quant_config(scheme, weight_shape=(n, k), out_dtype=ACTIVATION), caps)
+        candidate(name, _config(scheme, n, k, activation), caps)
         for name, scheme in CANDIDATES.items()
     ]
-    weights, fp8_count = rotated_weights(n, k, candidates, target, generator, PEERS)
+    dtype = getattr(torch, activation)
+    weights, fp8_count = rotated_weights(n, k, candidates, target, generator, PEERS, dtype)
     # The FP8 weight's bytes, read by the bandwidth's op in the same repeats as the kernels:
     # a floor that moves with the machine's load as they do.
     read_bytes = math.ceil(n * k / 64) * 64
@@ -169,7 +191,7 @@ def _shape(
     record = shape_record(n, k, candidates, weights)
     fp8_bytes = n * k
     read = Timed("read", READ_OPS[bandwidth["bandwidth_op"]], weights["read"])
-    samples = time_tokens(tokens, k, generator, candidates, weights, repeats, (read,), PEERS)
+    samples = time_tokens(tokens, k, generator, candidates, weights, repeats, (read,), PEERS, dtype)
     del weights
     gc.collect()
     # The floor: the best bandwidth seen, up front or in any read among the repeats (a
@@ -208,14 +230,18 @@ def run_decode(
     repeats: int,
     rotation_bytes: int | None = None,
     cpu_isa: Sequence[str] | None = None,
+    activation: str = ACTIVATION,
 ) -> dict[str, Any]:
     """The decode figures for each ``(N, K)`` in ``shapes`` at each M in ``tokens``.
 
     ``rotation_bytes``: the bytes each rotation must at least span; None for twice the
     last-level cache (0 for just 2 buffers: a smoke run at tiny sizes). ``cpu_isa``: ISA
     flags to select and build with instead of the probed ones (say ``avx2, fma, f16c``, to
-    time the AVX2 build on an AVX-512 CPU); a subset of the CPU's own.
+    time the AVX2 build on an AVX-512 CPU); a subset of the CPU's own. ``activation``: the
+    layers' input and output dtype, ``bfloat16`` or ``float32`` (a model quantized from
+    fp32 keeps fp32 activations).
     """
+    check_activation(activation)
     caps = kp.probe("cpu")
     if cpu_isa is not None:
         caps = attrs.evolve(caps, arch=CpuArch(platform.machine(), cpu_isa))
@@ -223,7 +249,7 @@ def run_decode(
     target = 2 * llc if rotation_bytes is None else rotation_bytes
     bandwidth = measure_bandwidth(min(2**30, max(4 * target, 4 * MIB)), repeats)
     results = [
-        _shape(caps, n, k, tokens, repeats, target, bandwidth, seed)
+        _shape(caps, n, k, tokens, repeats, target, bandwidth, seed, activation)
         for seed, (n, k) in enumerate(shapes)
     ]
     return {
@@ -232,7 +258,7 @@ def run_decode(
         "rotation_target_bytes": target,
         **bandwidth,
         "repeats": repeats,
-        "activation_dtype": ACTIVATION,
+        "activation_dtype": activation,
         "torch_threads": torch.get_num_threads(),
         "cpu_isa": sorted(caps.arch.isa) if isinstance(caps.arch, CpuArch) else [],
         "schemes": dict(CANDIDATES),

@@ -109,8 +109,8 @@ DECODE_TARGETS = (
 )
 # What each decode column is, for the legend under the tables.
 _DECODE_NAMES = {
-    "ptpc": "fp8_per_channel (W8A8, per-token activation scales), bf16 in and out",
-    "w8a16": "fp8_weight_only (W8A16), bf16 in and out",
+    "ptpc": "fp8_per_channel (W8A8, per-token activation scales)",
+    "w8a16": "fp8_weight_only (W8A16)",
     "int8pack": "torch._weight_int8pack_mm, per-channel int8 weights (a peer, not selected)",
 }
 
@@ -207,7 +207,8 @@ def _decode(results: Mapping[str, Any]) -> list[str]:
         "  read: the FP8 weight's bytes read by that op, timed beside the kernels; floor: those"
         " bytes / the best bandwidth seen",
     ]
-    lines += [f"  {name}: {what}" for name, what in _DECODE_NAMES.items()]
+    act = decode.get("activation_dtype", "bfloat16")
+    lines += [f"  {name}: {what}, {act} in and out" for name, what in _DECODE_NAMES.items()]
     if decode.get("cpu_isa"):
         lines.append(f"  FP8 kernels selected for CPU ISA: {', '.join(decode['cpu_isa'])}")
     for shape in decode.get("shapes", []):

@@ -118,20 +118,20 @@ def paired(timed: Sequence[Timed], repeats: int) -> None:
 @attrs.frozen
 class Peer:
     """Another library's op, timed beside the candidates in the same repeats (kernelpick
-    selects nothing here): ``make`` turns one bf16 source weight into its rotation item,
-    ``call(x, item)`` runs it on the activations."""
+    selects nothing here): ``make(source, dtype)`` turns one bf16 source weight into its
+    rotation item for activations of ``dtype``, ``call(x, item)`` runs it on them."""
 
     name: str
-    make: Callable[[torch.Tensor], Any]
+    make: Callable[[torch.Tensor, torch.dtype], Any]
     call: Callable[[torch.Tensor, Any], object]
 
 
-def _int8pack_weight(source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _int8pack_weight(source: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     # Symmetric per-channel int8, the layout torch._weight_int8pack_mm reads: [N, K] int8
-    # and [N] scales in the activations' dtype (bf16 here).
+    # and [N] scales in the activations' dtype.
     scale = (source.float().abs().amax(dim=1) / 127.0).clamp(min=1e-12)
     weight = (source.float() / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
-    return weight, scale.to(torch.bfloat16)
+    return weight, scale.to(dtype)
 
 
 # torch's own int8 weight-only CPU GEMM, the peer a torch user would reach for first.
@@ -195,12 +195,12 @@ def apply_call(kernel: KernelBase, x: torch.Tensor) -> Callable[[WeightBundle], 
 
 def rotated_weights(
     n: int, k: int, candidates: Sequence[Candidate], target: int, generator: torch.Generator,
-    peers: Sequence[Peer] = (),
+    peers: Sequence[Peer] = (), activation: torch.dtype = torch.bfloat16,
 ) -> tuple[dict[str, list[Any]], int]:  # fmt: skip
     """Each baseline's weights in its dtype, each candidate's bundles and each peer's
-    items, every rotation at least ``target`` bytes (within ``BUFFER_BUDGET`` for the
-    shape), from the same random bf16 weights; and how many one-byte (FP8 or int8) weights
-    each candidate (and peer) rotates."""
+    items (for ``activation``), every rotation at least ``target`` bytes (within
+    ``BUFFER_BUDGET`` for the shape), from the same random bf16 weights; and how many
+    one-byte (FP8 or int8) weights each candidate (and peer) rotates."""
     cap = BUFFER_BUDGET // (len(BASELINES) + len(candidates) + len(peers))
     counts = {
         name: rotation_count(n * k * dtype.itemsize, target, cap)
@@ -219,7 +219,7 @@ def rotated_weights(
         if c.kernel is not None:
             weights[c.name] = [c.kernel.quantize_weights(s) for s in sources[:quantized]]
     for peer in peers:
-        weights[peer.name] = [peer.make(s) for s in sources[:quantized]]
+        weights[peer.name] = [peer.make(s, activation) for s in sources[:quantized]]
     del sources
     gc.collect()
     return weights, quantized
@@ -234,9 +234,10 @@ def time_tokens(
     repeats: int,
     extra: Sequence[Timed] = (),
     peers: Sequence[Peer] = (),
+    activation: torch.dtype = torch.bfloat16,
 ) -> dict[int, dict[str, list[float]]]:
-    """Per M, every callable's samples: the baselines, the candidates and the peers (bf16
-    activations) and ``extra``, paired. ``extra``'s samples start afresh at each M."""
+    """Per M, every callable's samples: the baselines, the candidates and the peers (on
+    ``activation``s) and ``extra``, paired. ``extra``'s samples start afresh at each M."""
     samples: dict[int, dict[str, list[float]]] = {}
     with torch.inference_mode():
         for m in tokens:
@@ -245,7 +246,7 @@ def time_tokens(
                 Timed(name, linear_call(x.to(dtype)), weights[name])
                 for name, dtype in BASELINES.items()
             ]
-            x_act = x.to(torch.bfloat16)
+            x_act = x.to(activation)
             timed += [
                 Timed(c.name, apply_call(c.kernel, x_act), weights[c.name])
                 for c in candidates

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import attrs
+import torch
 
 # Run as a script, Python puts benchmarks/ itself on the path, not the repository root that
 # the ``benchmarks`` package (and, without an install, ``kernelpick``) is imported from.
@@ -24,6 +25,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import kernelpick as kp  # noqa: E402
+from benchmarks.decode import ACTIVATION, ACTIVATIONS  # noqa: E402
 from benchmarks.report import render  # noqa: E402  (needs ROOT on the path)
 from benchmarks.suite import SuiteConfig, run_suite  # noqa: E402
 from kernelpick.core import CpuArch  # noqa: E402
@@ -44,6 +46,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--cpu-isa", default=None, metavar="FLAGS",
         help="comma-separated ISA flags to select the FP8 kernels for (e.g. avx2,fma,f16c)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--activation", choices=ACTIVATIONS, default=ACTIVATION,
+        help="the decode and scheme layers' input and output dtype (default %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--threads", type=int, default=None, metavar="N",
+        help="torch threads for the whole run (default: torch's own), recorded in the JSON",
     )  # fmt: skip
     parser.add_argument(
         "--json", nargs="?", const="-", default=None, metavar="PATH",
@@ -76,6 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     config = next((make() for name, make in sizes.items() if getattr(args, name)), SuiteConfig())
     if args.cpu_isa is not None:
         config = attrs.evolve(config, cpu_isa=_cpu_isa(parser, args.cpu_isa))
+    if args.threads is not None:
+        if args.threads < 1:
+            parser.error(f"--threads: {args.threads}; give 1 or more")
+        torch.set_num_threads(args.threads)
+    config = attrs.evolve(config, activation=args.activation)
     results = {"schema_version": SCHEMA_VERSION, **run_suite(config)}
     if args.json == "-":
         json.dump(results, sys.stdout, indent=2, sort_keys=True)

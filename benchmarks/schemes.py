@@ -7,7 +7,8 @@ order rotating) and each figure is the median of per-repeat ratios.
 
 - Baselines: ``F.linear`` in fp32, bf16 and fp16; "best" is the fastest at that M.
 - Candidates, each the kernel ``kp.choose`` selects on ``kp.probe("cpu")`` (its id is
-  recorded), bound with ``kp.bind`` and run with ``apply``, bf16 in and out:
+  recorded), bound with ``kp.bind`` and run with ``apply``, in and out in the activation
+  dtype (bf16, or fp32 for a model quantized from fp32):
   ``block`` (``fp8_block``: 1 x 128 dynamic activation groups, 128 x 128 weight blocks),
   ``block_w8a16`` (128 x 128 weight blocks, weight-only), ``int8`` (``int8_per_channel``:
   per-token int8 activations, per-channel int8 weights), ``per_tensor``
@@ -26,7 +27,7 @@ import attrs
 import torch
 
 import kernelpick as kp
-from benchmarks.decode import MIB, llc_bytes
+from benchmarks.decode import ACTIVATION, MIB, check_activation, llc_bytes
 from benchmarks.rotation import (
     candidate,
     ratio_row,
@@ -48,25 +49,27 @@ CANDIDATES: dict[str, str] = {
     "ptpc": "fp8_per_channel",
 }
 SCHEME_TOKENS = (1, 16, 256)
-ACTIVATION = "bfloat16"
 
 
-def _config(name: str, n: int, k: int) -> kp.QuantConfig:
+def _config(name: str, n: int, k: int, activation: str) -> kp.QuantConfig:
     if name == "block_w8a16":
         weight = QuantKey(Dtype.FLOAT8_E4M3FN, ScaleSpec(GroupShape.block(128), static=True))
-        return kp.QuantConfig(weight, None, (n, k), ACTIVATION, ACTIVATION)
-    return kp.quant_config(CANDIDATES[name], weight_shape=(n, k), out_dtype=ACTIVATION)
+        return kp.QuantConfig(weight, None, (n, k), activation, activation)
+    return kp.quant_config(
+        CANDIDATES[name], weight_shape=(n, k), input_dtype=activation, out_dtype=activation
+    )
 
 
 def _shape(
     caps: kp.DeviceCaps, n: int, k: int, tokens: Sequence[int], repeats: int, target: int,
-    seed: int,
+    seed: int, activation: str,
 ) -> dict[str, Any]:  # fmt: skip
     generator = torch.Generator().manual_seed(seed)
-    candidates = [candidate(name, _config(name, n, k), caps) for name in CANDIDATES]
-    weights, _ = rotated_weights(n, k, candidates, target, generator)
+    candidates = [candidate(name, _config(name, n, k, activation), caps) for name in CANDIDATES]
+    dtype = getattr(torch, activation)
+    weights, _ = rotated_weights(n, k, candidates, target, generator, activation=dtype)
     record = shape_record(n, k, candidates, weights)
-    samples = time_tokens(tokens, k, generator, candidates, weights, repeats)
+    samples = time_tokens(tokens, k, generator, candidates, weights, repeats, activation=dtype)
     del weights
     gc.collect()
     rows = [ratio_row(m, by_name, CANDIDATES) for m, by_name in samples.items()]
@@ -79,9 +82,11 @@ def run_schemes(
     repeats: int,
     rotation_bytes: int | None = None,
     cpu_isa: Sequence[str] | None = None,
+    activation: str = ACTIVATION,
 ) -> dict[str, Any]:
     """The figures for each ``(N, K)`` in ``shapes`` at each M in ``tokens``; the arguments
     are ``run_decode``'s (``rotation_bytes`` None: twice the last-level cache)."""
+    check_activation(activation)
     caps = kp.probe("cpu")
     if cpu_isa is not None:
         caps = attrs.evolve(caps, arch=CpuArch(platform.machine(), cpu_isa))
@@ -92,12 +97,13 @@ def run_schemes(
         "llc_source": llc_source,
         "rotation_target_bytes": target,
         "repeats": repeats,
-        "activation_dtype": ACTIVATION,
+        "activation_dtype": activation,
         "torch_threads": torch.get_num_threads(),
         "cpu_isa": sorted(caps.arch.isa) if isinstance(caps.arch, CpuArch) else [],
         "schemes": dict(CANDIDATES),
         "shapes": [
-            _shape(caps, n, k, tokens, repeats, target, seed) for seed, (n, k) in enumerate(shapes)
+            _shape(caps, n, k, tokens, repeats, target, seed, activation)
+            for seed, (n, k) in enumerate(shapes)
         ],
     }
 
@@ -110,7 +116,8 @@ def render_schemes(schemes: dict[str, Any]) -> list[str]:
         f" of per-repeat ratios); weights rotate through >= "
         f"{schemes['rotation_target_bytes'] / MIB:.0f} MiB per callable",
     ]
-    lines += [f"  {name}: {what}, bf16 in and out" for name, what in schemes["schemes"].items()]
+    act = schemes.get("activation_dtype", "bfloat16")
+    lines += [f"  {name}: {what}, {act} in and out" for name, what in schemes["schemes"].items()]
     for shape in schemes["shapes"]:
         builds = shape.get("builds", {})
         ran = ", ".join(

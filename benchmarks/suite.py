@@ -20,7 +20,7 @@ import attrs
 import torch
 
 import kernelpick as kp
-from benchmarks.decode import BASELINES, run_decode
+from benchmarks.decode import ACTIVATION, BASELINES, run_decode
 from benchmarks.memory import peak_extra_rss
 from benchmarks.schemes import SCHEME_TOKENS, run_schemes
 from benchmarks.timing import median_ns
@@ -76,6 +76,8 @@ class SuiteConfig:
     rotation_bytes: int | None = None
     # ISA flags the FP8 kernels are selected and built for, instead of the probed ones.
     cpu_isa: tuple[str, ...] | None = None
+    # The decode and scheme layers' input and output dtype (benchmarks.decode.ACTIVATIONS).
+    activation: str = ACTIVATION
 
     @classmethod
     def full(cls) -> SuiteConfig:
@@ -229,6 +231,7 @@ def run_suite(config: SuiteConfig) -> dict[str, Any]:
         config.decode_repeats,
         config.rotation_bytes,
         config.cpu_isa,
+        config.activation,
     )
     results["schemes"] = run_schemes(
         config.decode_shapes,
@@ -236,6 +239,7 @@ def run_suite(config: SuiteConfig) -> dict[str, Any]:
         config.decode_repeats,
         config.rotation_bytes,
         config.cpu_isa,
+        config.activation,
     )
     results |= _memory(config)
     return results

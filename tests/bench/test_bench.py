@@ -141,6 +141,33 @@ def test_the_decode_figures_can_time_the_avx2_build_on_any_x86_cpu() -> None:
     assert decode["shapes"][0]["builds"] == {"ptpc": "avx2", "w8a16": "avx2"}
 
 
+def test_fp32_activations_time_fp32_layers_and_feed_the_peer_fp32() -> None:
+    # A model quantized from fp32 keeps fp32 activations: the candidates are bound for fp32
+    # in and out (what quantize_model gives such a model), and the peer takes fp32 scales.
+    decode = run_decode(((64, 64),), (1, 4), 1, 0, activation="float32")
+    schemes = run_schemes(((64, 64),), (1,), 1, 0, activation="float32")
+    assert decode["activation_dtype"] == schemes["activation_dtype"] == "float32"
+    config = kp.quant_config(
+        "fp8_per_channel", weight_shape=(64, 64), input_dtype="float32", out_dtype="float32"
+    )
+    decision = kp.choose(kp.probe("cpu"), config)
+    assert isinstance(decision, kp.Selected)
+    assert decode["shapes"][0]["kernels"]["ptpc"] == decision.kernel
+    assert all(row["ptpc_vs_int8pack"] > 0 for row in decode["shapes"][0]["rows"])
+    assert "float32 in and out" in "\n".join(render_schemes(schemes))
+    with pytest.raises(ValueError, match="bfloat16, float32"):
+        run_decode(((64, 64),), (1,), 1, 0, activation="float16")
+
+
+@pytest.mark.parametrize("argv", [["--threads", "0"], ["--activation", "float16"]])
+def test_bad_threads_or_activation_are_refused_before_anything_runs(argv: list[str]) -> None:
+    from benchmarks.run import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--tiny", *argv])
+    assert exit_info.value.code == 2
+
+
 @pytest.mark.parametrize("flags", ["", ",", "avx2,no_such_flag", "avx512bf16"])
 def test_cpu_isa_flags_this_cpu_lacks_are_refused_before_anything_runs(flags: str) -> None:
     # A misspelled flag ("avx512bf16" for avx512_bf16) would silently time another build.
