@@ -183,9 +183,10 @@ _CPU = (
         CPU,
         W8A8,
         (CPU_FP8_ISA, CPP_TOOLCHAIN, *INT8_PER_TOKEN, ANY_OUT),
-        "int8 weights decoded in registers (the FP8 kernel's AVX2/AVX-512 C++, fp32 sums), "
-        "per-token int8 quantization fused; from 17 tokens on a CPU with VNNI or AMX it "
-        "hands the product to torch._int_mm, which wins there (and sums wrong without them)",
+        "int8 x int8 in registers (the FP8 kernel's AVX2/AVX-512 C++: int16 vpmaddwd, exact "
+        "int32 sums), per-token int8 quantization fused; from 21 tokens on a CPU with VNNI "
+        "or AMX it hands the product to torch._int_mm, which wins there (and sums wrong "
+        "without them)",
     ),
     KernelSpec(
         # torch's CPU _int_mm is oneDNN's int8 GEMM for any M, K and N (measured on torch

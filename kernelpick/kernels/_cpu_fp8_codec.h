@@ -3,7 +3,9 @@
 // dot products run on. Included by _cpu_fp8_gemm.cpp only.
 //
 // Exact FP8 decode: an e4m3fn byte s.eeee.mmm becomes the fp16 bits s.0eeee.mmm0000000 by
-// ((b + (b & 0x80)) << 7); fp16 has 3 more exponent bits and a bias 8 larger, so that fp16
+// (sign-extended b << 7) & 0xBFFF (the shift puts the sign in bits 15 and 14, the mask
+// clears 14: three instructions, where ((b + (b & 0x80)) << 7) from the zero-extended
+// byte takes four); fp16 has 3 more exponent bits and a bias 8 larger, so that fp16
 // is the FP8 value times 2^-8, for normals and subnormals alike (an e4m3 subnormal m * 2^-9
 // lands on the fp16 subnormal m * 2^-17). F16C's vcvtph2ps turns it into fp32 exactly; the
 // 2^8 goes into the channel scale. NaN bytes (0x7F, 0xFF) would decode as finite values:
@@ -29,6 +31,8 @@ constexpr float kFp8Max = 448.0f;
 constexpr float kScaleFloor = 1.0f / (448.0f * 512.0f);
 // The fp16 decode gives the FP8 value times 2^-8 (see the top of the file).
 constexpr float kDecodeScale = 256.0f;
+// The bits of a sign-extended FP8 byte shifted left by 7 that are its fp16 (all but 14).
+constexpr short kFp16Bits = static_cast<short>(0xBFFF);
 
 // ---------------------------------------------------------------------------------------
 // Activation loads (8 lanes, AVX2): fp32, bf16 and fp16 rows as fp32.
@@ -161,17 +165,17 @@ inline void f32_to_bf16_exact(const float* v, int64_t k, uint16_t* out) {
 
 // 8 FP8 bytes -> 8 fp32 values times 2^-8.
 inline __m256 decode8(const uint8_t* w) {
-  __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w)));
-  __m128i h = _mm_slli_epi16(_mm_add_epi16(b, _mm_and_si128(b, _mm_set1_epi16(0x80))), 7);
+  const __m128i b = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w)));
+  const __m128i h = _mm_and_si128(_mm_slli_epi16(b, 7), _mm_set1_epi16(kFp16Bits));
   return _mm256_cvtph_ps(h);
 }
 
 #if defined(__AVX512F__)
 // 16 FP8 bytes -> 16 fp32 values times 2^-8.
 inline __m512 decode16(const uint8_t* w) {
-  __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
-  __m256i h =
-      _mm256_slli_epi16(_mm256_add_epi16(b, _mm256_and_si256(b, _mm256_set1_epi16(0x80))), 7);
+  const __m256i b =
+      _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+  const __m256i h = _mm256_and_si256(_mm256_slli_epi16(b, 7), _mm256_set1_epi16(kFp16Bits));
   return _mm512_cvtph_ps(h);
 }
 #endif
@@ -219,6 +223,7 @@ struct F32x8 {  // AVX2 + FMA + F16C, 8 weights a step: the few-token tile, 6 x 
   // (the 4 x 4 tile of 16-weight steps it replaced needed 26 registers and kept 10
   // accumulators on the stack; 42-46% of the FMA peak, against about 100% now).
   static constexpr int kTokens = 6, kRows = 2;
+  static constexpr bool kKGroups = true;  // block scales, applied group by group
   static Acc zero() { return _mm256_setzero_ps(); }
   static W weights(const uint8_t* w, const Ctx&) { return decode8(w); }
   static W activations(const X* x) { return _mm256_loadu_ps(x); }
@@ -235,12 +240,12 @@ struct F32x8Wide {  // AVX2, 16 weights a step, for one token: one widening and 
   using X = float;
   struct Ctx {};
   static constexpr int kStep = 16;
+  static constexpr bool kKGroups = true;
   static Acc zero() { return _mm256_setzero_ps(); }
   static W weights(const uint8_t* w, const Ctx&) {
     const __m256i bytes =
-        _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
-    const __m256i h = _mm256_slli_epi16(
-        _mm256_add_epi16(bytes, _mm256_and_si256(bytes, _mm256_set1_epi16(0x80))), 7);
+        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+    const __m256i h = _mm256_and_si256(_mm256_slli_epi16(bytes, 7), _mm256_set1_epi16(kFp16Bits));
     return {_mm256_cvtph_ps(_mm256_castsi256_si128(h)),
             _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1))};
   }
@@ -260,6 +265,7 @@ struct F32x16 {  // AVX-512F
   struct Ctx {};
   static constexpr int kStep = 16;
   static constexpr int kTokens = 6, kRows = 4;  // 24 accumulators, 4 weights, 1 activation
+  static constexpr bool kKGroups = true;  // block scales, applied group by group
   static Acc zero() { return _mm512_setzero_ps(); }
   static W weights(const uint8_t* w, const Ctx&) { return decode16(w); }
   static W activations(const X* x) { return _mm512_loadu_ps(x); }
@@ -330,6 +336,7 @@ struct Bf16x64 {  // AVX512-BF16 + VBMI: vdpbf16ps multiplies pairs of bf16, add
   static constexpr int kStep = 64;
   // 16 accumulators, 4 weights and 1 activation of two vectors each: 26 of 32 registers.
   static constexpr int kTokens = 4, kRows = 4;
+  static constexpr bool kKGroups = true;  // block scales, applied group by group
   static Acc zero() { return _mm512_setzero_ps(); }
   static W weights(const uint8_t* w, const Ctx& t) {
     __m512i a, b;

@@ -357,26 +357,29 @@ void many_tokens(const typename V::X* x, int64_t m, int64_t kp, const uint8_t* w
 // one token and Few's for more (the vector type whose register tile suits each). ``x``
 // rows are zero-padded to ``kp``, a whole number of either type's steps. ``kg``: the
 // scales that vary along K, if any (its size a multiple of 64, so of every kStep and
-// kRows).
+// kRows), which only the floating-point types take (kKGroups).
 template <class One, class Few>
 void gemv(const typename One::X* x, int64_t m, int64_t kp, const uint8_t* w, int64_t n,
           int64_t k, const Epilogue& epi, const KGroups& kg) {
   static_assert(std::is_same_v<typename One::X, typename Few::X>, "one activation layout");
-  const bool grouped = kg.active();
+  if constexpr (One::kKGroups && Few::kKGroups) {
+    if (kg.active()) {
+      if (m == 1) {
+        one_token_groups<One>(x, w, n, k, epi, kg);
+      } else if (m <= kSmallM) {
+        few_tokens<Few, true>(x, m, kp, w, n, k, epi, kg);
+      } else {
+        many_tokens<Few, true>(x, m, kp, w, n, k, epi, kg);
+      }
+      return;
+    }
+  } else {
+    TORCH_CHECK(!kg.active(), "kernelpick fp8_gemm: integer dot products take no K groups");
+  }
   if (m == 1) {
-    if (grouped) {
-      one_token_groups<One>(x, w, n, k, epi, kg);
-    } else {
-      one_token<One>(x, w, n, k, epi);
-    }
+    one_token<One>(x, w, n, k, epi);
   } else if (m <= kSmallM) {
-    if (grouped) {
-      few_tokens<Few, true>(x, m, kp, w, n, k, epi, kg);
-    } else {
-      few_tokens<Few, false>(x, m, kp, w, n, k, epi, kg);
-    }
-  } else if (grouped) {
-    many_tokens<Few, true>(x, m, kp, w, n, k, epi, kg);
+    few_tokens<Few, false>(x, m, kp, w, n, k, epi, kg);
   } else {
     many_tokens<Few, false>(x, m, kp, w, n, k, epi, kg);
   }

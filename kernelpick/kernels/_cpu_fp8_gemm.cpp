@@ -111,6 +111,29 @@ at::Tensor prepare_rows(const at::Tensor& x, bool quantize, int64_t group, bool 
   return out;
 }
 
+// The activations quantized per token to int8 values, as int16 rows padded with zeros to
+// a multiple of ``step``, for the integer dot products; the scales into ``scales``. A row
+// whose scale is not finite (a NaN or an infinity in it) gets a NaN scale, so that all its
+// outputs are NaN, as they are where its quantized values (NaN) enter an fp32 sum.
+at::Tensor quantize_rows_int16(const at::Tensor& x, int64_t step, float* scales) {
+  const int64_t m = x.size(0), k = x.size(1);
+  const int64_t kp = (k + step - 1) / step * step;
+  at::Tensor out = at::empty({m, kp}, x.options().dtype(at::kShort));
+  int16_t* rows = out.data_ptr<int16_t>();
+  for_rows(x, kp, [&](int64_t r0, int64_t r1, float* row, const auto& to_f32) {
+    for (int64_t r = r0; r < r1; ++r) {
+      to_f32(r, row);
+      const float scale = quantize_row_int8(row, k);
+      const bool finite = scale - scale == 0.0f;
+      scales[r] = finite ? scale : __builtin_nanf("");
+      int16_t* dst = rows + r * kp;
+      // Integers in [-127, 127] (zeros beyond K); a non-finite row's values are unused.
+      for (int64_t i = 0; i < kp; ++i) dst[i] = finite ? static_cast<int16_t>(row[i]) : 0;
+    }
+  });
+  return out;
+}
+
 // ---------------------------------------------------------------------------------------
 // The large-M path: decode a panel of weight rows, multiply with torch's GEMM, epilogue.
 
@@ -242,22 +265,21 @@ at::Tensor fp8_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Ten
                n, kDecodeScale};
   const bool large = m > kSmallM;
   if (int8) {
-    // int8 values and products are exact in fp32 (_cpu_int8_codec.h), with no power of two
-    // to fold back: the dot paths in fp32 for a few tokens, fp32 panels for many.
-#if defined(__AVX512F__)
-    using One = I8x16;
-    using Few = I8x16;
-#else
-    using One = I8x8Wide;
-    using Few = I8x8;
-#endif
+    // Exact integer dot products (_cpu_int8_codec.h) for up to kSmallM tokens; for more,
+    // and for a K whose int32 sums could overflow, fp32 panels (int8 values and their
+    // products are exact in fp32) into torch's fp32 GEMM. No power of two to fold back.
     epi.decode_scale = 1.0f;
-    // Panels read unpadded rows; the dot paths, rows padded to a whole step.
-    at::Tensor f32 = prepare_rows(xs, true, 0, false, large ? 1 : One::kStep, scales, 0.0f, true);
-    if (large) {
-      panels(f32, w, n, k, false, epi, kg, true);
+    if (!large && k <= kExactIntK) {
+#if defined(__AVX512BW__)
+      using V = I16x32;
+#else
+      using V = I16x16;
+#endif
+      at::Tensor xi = quantize_rows_int16(xs, V::kStep, scales);
+      gemv<V, V>(xi.data_ptr<int16_t>(), m, xi.size(1), w, n, k, epi, kg);
     } else {
-      gemv<One, Few>(f32.data_ptr<float>(), m, f32.size(1), w, n, k, epi, kg);
+      at::Tensor f32 = prepare_rows(xs, true, 0, false, 1, scales, 0.0f, true);
+      panels(f32, w, n, k, false, epi, kg, true);
     }
     return out;
   }

@@ -213,10 +213,10 @@ class CpuFp8GemmW8A16(CpuFp8Gemm):
 
 # From this many tokens, where the CPU has VNNI or AMX, CpuInt8Gemm hands the product to
 # torch._int_mm. Measured on the AVX-512-BF16 EPYC (VNNI), N = K = 4096, bf16, 2 threads,
-# paired over four runs, this op's time over _int_mm's: 0.86-1.29 at M = 1 (about even),
-# 0.27-0.33 at 4, 0.79-0.82 at 16, but 2.3 at 64 and 6.3 at 256 (its large-M path is fp32
-# panels). Without an int8 dot product _int_mm sums wrong and is never selected.
-INT_MM_FROM_TOKENS = 17
+# 7 paired repeats, this op's time (exact int16 multiply-adds, _cpu_int8_codec.h) over
+# _int_mm's: 0.24 at M = 4, 0.46 at 8, 0.75 at 16, 1.12 at 24, 1.41 at 32 and 2.17 at 64:
+# even near 21. Without an int8 dot product _int_mm sums wrong and is never selected.
+INT_MM_FROM_TOKENS = 21
 
 
 @attrs.frozen

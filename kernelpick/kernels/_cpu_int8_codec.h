@@ -1,11 +1,14 @@
 // int8 numerics of kernelpick's CPU GEMM (int8_per_channel, W8A8): per-token int8
-// quantization of the activations and the exact decode of int8 weights, for the same dot
-// paths as FP8 (_cpu_fp8_dot.h). Included by _cpu_fp8_gemm.cpp only.
+// quantization of the activations, and the integer dot products the dot paths run on for
+// them (_cpu_fp8_dot.h). Included by _cpu_fp8_gemm.cpp only.
 //
-// An int8 value is exact in fp32, and so is the product of two (|p| <= 127^2 < 2^24): the
-// dot paths sum them in fp32 as they sum FP8 products, and the weight decodes with no
-// power of two to fold back (decode scale 1). Sums past 2^24 round as any fp32 sum does,
-// where torch._int_mm would sum in int32; the numerics tests bound both alike.
+// The activations are quantized to int8 values and widened to int16 once per call; each
+// step sign-extends the int8 weights to int16 (vpmovsxbw) and vpmaddwd multiplies 16 (AVX2)
+// or 32 (AVX-512) pairs and adds each two into an int32 lane: twice the multiply-adds of an
+// fp32 FMA per instruction, and exact, as torch._int_mm's int32 sums are. Every product is
+// at most 128 * 127 = 16256 in magnitude, so a sum of up to kExactIntK of them fits int32;
+// a longer K goes to the fp32 panels. No unsigned offset is needed (vpmaddubsw's u8 x s8
+// pairs would saturate int16 at 2 * 255 * 127).
 #pragma once
 
 #include "_cpu_fp8_codec.h"
@@ -32,6 +35,9 @@ inline float quantize_row_int8(float* v, int64_t k) {
   return scale;
 }
 
+// The longest K whose int32 sums cannot overflow: 131072 * 16256 < 2^31.
+constexpr int64_t kExactIntK = int64_t(1) << 17;
+
 // 8 int8 bytes -> 8 fp32 values.
 inline __m256 decode8_int8(const uint8_t* w) {
   return _mm256_cvtepi32_ps(
@@ -43,22 +49,53 @@ void decode_rows_f32_int8(const uint8_t* w, int64_t rows, int64_t k, float* out)
   decode_rows_with(w, rows, k, out, [](const uint8_t* b) { return decode8_int8(b); });
 }
 
-struct I8x8 : F32x8 {  // AVX2: 8 int8 weights a step, sign-extended and converted
-  static W weights(const uint8_t* w, const Ctx&) { return decode8_int8(w); }
+inline int32_t hsum8_epi32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(s);
+}
+
+struct I16x16 {  // AVX2: 16 weights a step, int16 pairs into 8 int32 lanes
+  using Acc = __m256i;
+  using W = __m256i;
+  using X = int16_t;
+  struct Ctx {};
+  static constexpr int kStep = 16;
+  // 10 accumulators, 2 weights, 1 activation and vpmaddwd's product before it is added:
+  // 6 x 2 needed all 16 registers and kept 9 of them on the stack.
+  static constexpr int kTokens = 5, kRows = 2;
+  static constexpr bool kKGroups = false;       // int8 scales never vary along K
+  static Acc zero() { return _mm256_setzero_si256(); }
+  static W weights(const uint8_t* w, const Ctx&) {
+    return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+  }
+  static W activations(const X* x) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  }
+  static Acc madd(Acc acc, W x, W w) { return _mm256_add_epi32(_mm256_madd_epi16(x, w), acc); }
+  static Acc add(Acc a, Acc b) { return _mm256_add_epi32(a, b); }
+  // The exact int32 sum, as fp32 (rounded past 2^24, as torch._int_mm's .float() is).
+  static float sum(Acc acc) { return static_cast<float>(hsum8_epi32(acc)); }
 };
 
-struct I8x8Wide : F32x8Wide {  // AVX2, 16 a step, for one token
+#if defined(__AVX512BW__)
+struct I16x32 {  // AVX-512BW: 32 weights a step, int16 pairs into 16 int32 lanes
+  using Acc = __m512i;
+  using W = __m512i;
+  using X = int16_t;
+  struct Ctx {};
+  static constexpr int kStep = 32;
+  static constexpr int kTokens = 6, kRows = 4;  // 24 accumulators, 4 weights, 1 x, 1 product
+  static constexpr bool kKGroups = false;
+  static Acc zero() { return _mm512_setzero_si512(); }
   static W weights(const uint8_t* w, const Ctx&) {
-    return {decode8_int8(w), decode8_int8(w + 8)};
+    return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)));
   }
-};
-
-#if defined(__AVX512F__)
-struct I8x16 : F32x16 {  // AVX-512F
-  static W weights(const uint8_t* w, const Ctx&) {
-    return _mm512_cvtepi32_ps(
-        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w))));
-  }
+  static W activations(const X* x) { return _mm512_loadu_si512(x); }
+  static Acc madd(Acc acc, W x, W w) { return _mm512_add_epi32(_mm512_madd_epi16(x, w), acc); }
+  static Acc add(Acc a, Acc b) { return _mm512_add_epi32(a, b); }
+  static float sum(Acc acc) { return static_cast<float>(_mm512_reduce_add_epi32(acc)); }
 };
 #endif
 

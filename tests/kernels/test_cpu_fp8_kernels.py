@@ -124,7 +124,11 @@ def test_every_fp8_byte_decodes_exactly(level: str) -> None:
 
 # Each kernel's schemes as the threads test runs them: per-tensor activations take one
 # amax over every row, reduced across the threads.
-THREADED = [*KERNELS.items(), ("cpu_fp8_gemm", "fp8_per_tensor")]
+THREADED = [
+    *KERNELS.items(),
+    ("cpu_fp8_gemm", "fp8_per_tensor"),
+    ("cpu_int8_gemm", "int8_per_channel"),
+]
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -207,6 +211,48 @@ def test_a_nan_in_a_row_makes_that_rows_outputs_nan_as_torch_does(level: str, m:
         got = impl.apply(x, bundle)
         assert bool(torch.isnan(got[m - 1]).all())
         assert bool(torch.isfinite(got[: m - 1]).all())
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("m", [1, 3, 70])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_nonfinite_value_makes_its_int8_rows_outputs_nan_and_leaves_the_others(
+    level: str, m: int, bad: float
+) -> None:
+    # The integer dot products never see a NaN (int16 has none): the row's scale must carry
+    # it, or the row would come out finite and wrong. An inf amax quantizes the row's
+    # infinities to NaN, so that row is all NaN too, as on the fp32 paths and in torch.
+    k = 83
+    config = kp.quant_config("int8_per_channel", weight_shape=(24, k), out_dtype="float32")
+    impl = _bind("cpu_int8_gemm", level, config)
+    bundle = impl.quantize_weights(torch.randn(24, k))
+    for column in (0, 40, k - 1):
+        x = torch.randn(m, k)
+        clean = impl.apply(x, bundle)
+        x[m - 1, column] = bad
+        got = impl.apply(x, bundle)
+        assert bool(torch.isnan(got[m - 1]).all())
+        assert torch.equal(got[: m - 1], clean[: m - 1])
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("k", [2**17, 2**17 + 1])
+def test_int8_sums_too_long_for_int32_take_the_fp32_path(level: str, k: int) -> None:
+    # The integer dot products hold a sum of 2^17 products of at most 128 * 127 in int32;
+    # one product more could overflow it, so that K goes to the fp32 panels instead.
+    config = kp.quant_config("int8_per_channel", weight_shape=(3, k), out_dtype="float32")
+    impl = _bind("cpu_int8_gemm", level, config)
+    generator = torch.Generator().manual_seed(k)
+    # Every product at its largest: activations at +-127 after quantization, weights too.
+    x = torch.ones(2, k)
+    w = torch.ones(3, k)
+    w[1] = -1.0
+    w[2] = torch.randn(k, generator=generator)
+    got = impl.apply(x, impl.quantize_weights(w))
+    want = emulated(x, w, config, Dtype.FLOAT8_E4M3FN)
+    assert_within_bound(got, want)
+    assert float(got[0, 0]) == pytest.approx(k, rel=1e-4)  # fp32 sums past 2^24 round
+    assert float(got[0, 1]) == pytest.approx(-k, rel=1e-4)
 
 
 def test_block_weight_scales_of_another_size_are_refused_at_bind_time() -> None:
