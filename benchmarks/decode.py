@@ -42,6 +42,7 @@ from benchmarks.rotation import (
     INT8PACK,
     Timed,
     candidate,
+    layer_peer,
     median_ratio,
     ratio_row,
     rotated_weights,
@@ -181,7 +182,9 @@ def _shape(
         for name, scheme in CANDIDATES.items()
     ]
     dtype = getattr(torch, activation)
-    weights, fp8_count = rotated_weights(n, k, candidates, target, generator, PEERS, dtype)
+    layers = [layer_peer(name, scheme, caps) for name, scheme in CANDIDATES.items()]
+    peers = (*PEERS, *layers)
+    weights, fp8_count = rotated_weights(n, k, candidates, target, generator, peers, dtype)
     # The FP8 weight's bytes, read by the bandwidth's op in the same repeats as the kernels:
     # a floor that moves with the machine's load as they do.
     read_bytes = math.ceil(n * k / 64) * 64
@@ -191,7 +194,7 @@ def _shape(
     record = shape_record(n, k, candidates, weights)
     fp8_bytes = n * k
     read = Timed("read", READ_OPS[bandwidth["bandwidth_op"]], weights["read"])
-    samples = time_tokens(tokens, k, generator, candidates, weights, repeats, (read,), PEERS, dtype)
+    samples = time_tokens(tokens, k, generator, candidates, weights, repeats, (read,), peers, dtype)
     del weights
     gc.collect()
     # The floor: the best bandwidth seen, up front or in any read among the repeats (a
@@ -211,9 +214,11 @@ def _shape(
 
 
 def _row(m: int, samples: dict[str, list[float]], floor_ms: float) -> dict[str, Any]:
-    """One M: ``ratio_row``'s figures, the streaming read's time, and each candidate against
-    the bytes-read floor and the paired read."""
-    row = ratio_row(m, samples, [*CANDIDATES, *(p.name for p in PEERS)])
+    """One M: ``ratio_row``'s figures, the streaming read's time, each candidate against
+    the bytes-read floor, the paired read and the peers, and its layer (``name_module``)
+    against its own ``kernel.apply``."""
+    modules = [f"{name}_module" for name in CANDIDATES]
+    row = ratio_row(m, samples, [*CANDIDATES, *(p.name for p in PEERS), *modules])
     row["read_ms"] = row["ms"].pop("read")
     for name in CANDIDATES:
         if name in samples:  # else no kernel selected for this scheme here
@@ -221,6 +226,8 @@ def _row(m: int, samples: dict[str, list[float]], floor_ms: float) -> dict[str, 
             row[f"{name}_vs_read"] = median_ratio(samples[name], samples["read"])
             for peer in PEERS:
                 row[f"{name}_vs_{peer.name}"] = median_ratio(samples[name], samples[peer.name])
+            module = samples[f"{name}_module"]
+            row[f"{name}_module_vs_apply"] = median_ratio(module, samples[name])
     return row
 
 

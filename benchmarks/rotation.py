@@ -20,6 +20,7 @@ import attrs
 import torch
 
 import kernelpick as kp
+from kernelpick.integration import quantize_model
 from kernelpick.kernels import CpuFp8Gemm, KernelBase, WeightBundle
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "apply_call",
     "candidate",
     "flat",
+    "layer_peer",
     "linear_call",
     "median_ratio",
     "nbytes",
@@ -117,8 +119,9 @@ def paired(timed: Sequence[Timed], repeats: int) -> None:
 
 @attrs.frozen
 class Peer:
-    """Another library's op, timed beside the candidates in the same repeats (kernelpick
-    selects nothing here): ``make(source, dtype)`` turns one bf16 source weight into its
+    """A callable timed beside the candidates in the same repeats, which kernelpick does not
+    select: another library's op, or a candidate's layer as a user gets it (``layer_peer``).
+    ``make(source, dtype)`` turns one bf16 source weight into its
     rotation item for activations of ``dtype``, ``call(x, item)`` runs it on them."""
 
     name: str
@@ -132,6 +135,25 @@ def _int8pack_weight(source: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Te
     scale = (source.float().abs().amax(dim=1) / 127.0).clamp(min=1e-12)
     weight = (source.float() / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
     return weight, scale.to(dtype)
+
+
+def layer_peer(name: str, scheme: str, caps: kp.DeviceCaps) -> Peer:
+    """``name``'s layer as a user gets it: an ``nn.Linear`` of the source weight (fp32,
+    no bias) converted by ``quantize_model`` for ``scheme`` on ``caps``, then cast to the
+    activations' dtype as a bf16 model is (fp32 stays as it is), and called as a module.
+    Timed beside ``kernel.apply`` on the same bytes, it shows what the layer adds per call
+    (selection, preparation, copies, casts)."""
+
+    def make(source: torch.Tensor, dtype: torch.dtype) -> torch.nn.Module:
+        n, k = source.shape
+        linear = torch.nn.Linear(k, n, bias=False)
+        with torch.no_grad():
+            linear.weight.copy_(source.float())
+        model = torch.nn.Sequential(linear)
+        quantize_model(model, scheme, caps=caps, progress=False)
+        return model.to(dtype)
+
+    return Peer(f"{name}_module", make, lambda x, model: model(x))
 
 
 # torch's own int8 weight-only CPU GEMM, the peer a torch user would reach for first.

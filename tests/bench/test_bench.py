@@ -89,13 +89,17 @@ def test_the_decode_figures_cover_every_m_and_name_the_kernels_that_ran() -> Non
     assert shape["kernels"] == {
         name: _selected(scheme, 64, 64) for name, scheme in CANDIDATES.items()
     }
-    assert set(shape["rotation"]) == {*BASELINES, *CANDIDATES, "read", "int8pack"}
+    modules = {f"{name}_module" for name in CANDIDATES}
+    assert set(shape["rotation"]) == {*BASELINES, *CANDIDATES, "read", "int8pack", *modules}
     assert all(r["buffers"] >= 2 for r in shape["rotation"].values())
     assert shape["floor_gbps"] == max(decode["bandwidth_gbps"], shape["read_gbps"])
     assert shape["floor_ms"] == pytest.approx(64 * 64 / (shape["floor_gbps"] * 1e9) * 1e3)
     assert [row["m"] for row in shape["rows"]] == list(config.decode_tokens)
     for row in shape["rows"]:
-        assert set(row["ms"]) == set(BASELINES) | set(CANDIDATES) | {"int8pack"}
+        assert set(row["ms"]) == set(BASELINES) | set(CANDIDATES) | {"int8pack"} | modules
+        # Each layer as quantize_model makes it, called as a module, against its own
+        # kernel.apply on the same bytes in the same repeats.
+        assert all(row[f"{name}_module_vs_apply"] > 0 for name in CANDIDATES)
         # The peer in the same repeats: a paired ratio, and its own against the best.
         assert row["ptpc_vs_int8pack"] > 0
         assert row["int8pack_vs_best"] > 0
