@@ -30,6 +30,19 @@
 
 namespace {
 
+// Eight fp32 values rounded to bf16, to nearest with ties to even, as at::BFloat16 does
+// (a NaN becomes 0x7FC0, as there).
+inline __m128i bf16_round8(__m256 v) {
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), lsb));
+  const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+  rounded = _mm256_castps_si256(_mm256_blendv_ps(
+      _mm256_castsi256_ps(rounded), _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)), nan));
+  const __m256i top = _mm256_srli_epi32(rounded, 16);
+  return _mm_packus_epi32(_mm256_castsi256_si128(top), _mm256_extracti128_si256(top, 1));
+}
+
 // The epilogue: y[t, n] = acc * x_scale[t] * (w_scale[n] * decode_scale) + bias[n], in
 // out's dtype.
 struct Epilogue {
@@ -45,23 +58,42 @@ struct Epilogue {
     float y = acc * (x_scale ? x_scale[t] : 1.0f) * (w_scale[per_channel ? n : 0] * decode_scale);
     return bias ? y + bias[n] : y;
   }
-  // One row's values [n0, n0 + count) from acc, into out's dtype.
+  // Eight values [n, n + 8) of row t: value()'s operations, in the same order.
+  __m256 value8(__m256 acc, __m256 xs, int64_t n) const {
+    const __m256 ws = per_channel ? _mm256_loadu_ps(w_scale + n) : _mm256_set1_ps(w_scale[0]);
+    const __m256 y = _mm256_mul_ps(_mm256_mul_ps(acc, xs), _mm256_mul_ps(ws, _mm256_set1_ps(decode_scale)));
+    return bias ? _mm256_add_ps(y, _mm256_loadu_ps(bias + n)) : y;
+  }
+  // One row's values [n0, n0 + count) from acc, into out's dtype: eight at a time (the
+  // panels' rows are thousands of values: a scalar loop cost as much as the GEMM on small
+  // layers), the rest one by one.
   void store(int64_t t, int64_t n0, int64_t count, const float* acc) const {
     const int64_t base = t * ldo + n0;
+    const __m256 xs = _mm256_set1_ps(x_scale ? x_scale[t] : 1.0f);
+    int64_t c = 0;
     switch (out_dtype) {
       case at::kFloat: {
         float* o = static_cast<float*>(out) + base;
-        for (int64_t c = 0; c < count; ++c) o[c] = value(acc[c], t, n0 + c);
+        for (; c + 8 <= count; c += 8)
+          _mm256_storeu_ps(o + c, value8(_mm256_loadu_ps(acc + c), xs, n0 + c));
+        for (; c < count; ++c) o[c] = value(acc[c], t, n0 + c);
         break;
       }
       case at::kBFloat16: {
         at::BFloat16* o = static_cast<at::BFloat16*>(out) + base;
-        for (int64_t c = 0; c < count; ++c) o[c] = at::BFloat16(value(acc[c], t, n0 + c));
+        for (; c + 8 <= count; c += 8)
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(o + c),
+                           bf16_round8(value8(_mm256_loadu_ps(acc + c), xs, n0 + c)));
+        for (; c < count; ++c) o[c] = at::BFloat16(value(acc[c], t, n0 + c));
         break;
       }
       default: {
         at::Half* o = static_cast<at::Half*>(out) + base;
-        for (int64_t c = 0; c < count; ++c) o[c] = at::Half(value(acc[c], t, n0 + c));
+        for (; c + 8 <= count; c += 8)
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(o + c),
+                           _mm256_cvtps_ph(value8(_mm256_loadu_ps(acc + c), xs, n0 + c),
+                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        for (; c < count; ++c) o[c] = at::Half(value(acc[c], t, n0 + c));
         break;
       }
     }

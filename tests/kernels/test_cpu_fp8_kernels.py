@@ -255,6 +255,62 @@ def test_int8_sums_too_long_for_int32_take_the_fp32_path(level: str, k: int) -> 
     assert float(got[0, 1]) == pytest.approx(-k, rel=1e-4)
 
 
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("m", [1, 5, 70])
+@pytest.mark.parametrize("out", ["bfloat16", "float16"])
+def test_a_half_output_is_the_fp32_output_rounded_once_to_nearest_even(
+    level: str, m: int, out: str
+) -> None:
+    # fp32 activations keep every path's sums in fp32 (no bf16 GEMM), so the output dtype
+    # changes only the epilogue's store: eight values at a time, and the rest one by one,
+    # each exactly torch's rounding of the fp32 result. N = 77 leaves a scalar tail.
+    n, k = 77, 96
+    config = kp.quant_config(
+        "fp8_weight_only", weight_shape=(n, k), input_dtype="float32", out_dtype="float32",
+        bias=True,
+    )  # fmt: skip
+    half = attrs.evolve(config, out_dtype=Dtype(out))
+    generator = torch.Generator().manual_seed(m)
+    w = torch.randn(n, k, generator=generator)
+    x = torch.randn(m, k, generator=generator) * 1e3
+    x[0, 0] = float("nan")  # a NaN row stays NaN in every dtype
+    b = torch.randn(n, generator=generator)
+    # Zero rows make their outputs the bias itself, which sits on ties of both half dtypes
+    # (halfway between two bf16 or fp16 values, each way to even), in vector and tail.
+    ulp = 2.0**-7 if out == "bfloat16" else 2.0**-10
+    ties = torch.tensor([1 + ulp / 2, 1 + 3 * ulp / 2, -(1 + ulp / 2), -(1 + 3 * ulp / 2)])
+    tied = [*range(0, 16), *range(72, 76)]
+    w[tied] = 0.0
+    b[tied] = ties.repeat(5)
+    wide, narrow = (
+        _bind("cpu_fp8_w8a16_gemm", level, config),
+        _bind("cpu_fp8_w8a16_gemm", level, half),
+    )
+    want = wide.apply(x, wide.quantize_weights(w), b).to(getattr(torch, out))
+    got = narrow.apply(x, narrow.quantize_weights(w), b)
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got[~got.isnan()], want[~want.isnan()])
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("m", [65, 131])
+def test_int8_past_64_tokens_with_a_long_k_runs_integer_panels_as_the_emulation(
+    level: str, m: int
+) -> None:
+    # Past 64 tokens an int8 layer with K >= 2048 keeps the integer dot products (rows
+    # decoded once into panels, every token block against them); 1 and 2 threads agree.
+    n, k = 37, 2048 + 9
+    config = kp.quant_config("int8_per_channel", weight_shape=(n, k), out_dtype="float32")
+    impl = _bind("cpu_int8_gemm", level, config)
+    generator = torch.Generator().manual_seed(m)
+    w = torch.randn(n, k, generator=generator)
+    x = torch.randn(m, k, generator=generator)
+    bundle = impl.quantize_weights(w)
+    one, two = on_one_and_two_threads(lambda: impl.apply(x, bundle))
+    assert torch.equal(one, two)
+    assert_within_bound(one, emulated(x, w, config, Dtype.FLOAT8_E4M3FN))
+
+
 def test_block_weight_scales_of_another_size_are_refused_at_bind_time() -> None:
     # The op reads 128 x 128 blocks only (tests/kernels/test_cpu_block_fp8.py): a grid of 64 x 64
     # block scales read as one of 128 x 128 blocks would be misread, silently.
