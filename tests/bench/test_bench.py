@@ -289,3 +289,25 @@ def test_the_build_route_figures_run(capsys: pytest.CaptureFixture[str]) -> None
     out = capsys.readouterr().out
     assert "M=1" in out
     assert "inductor_ms" in out
+
+
+@pytest.mark.slow  # loads a real model (the e2e extra)
+def test_the_model_figures_run_on_minilm_and_name_the_kernels_that_ran() -> None:
+    # Harness only: one scheme, one repeat, batch 1 and 3, on the real model.
+    from benchmarks.models import render_models, run_minilm
+
+    record = run_minilm(("fp8_per_channel",), (1, 3), 1)
+    assert [row["batch"] for row in record["rows"]] == [1, 3]
+    assert all(row["fp8_per_channel_vs_fp32"] > 0 for row in record["rows"])
+    assert set(record["rows"][0]["ms"]) == {"fp32", "fp8_per_channel"}
+    # MiniLM's 37 linears (6 layers of q, k, v, o, up, down, and the pooler), each on the
+    # kernel kp.choose selects here for it.
+    (used,) = record["kernels"].values()
+    assert sum(used.values()) == 37
+    fp32 = kp.quant_config(
+        "fp8_per_channel", weight_shape=(384, 384), input_dtype="float32", out_dtype="float32"
+    )
+    decision = kp.choose(kp.probe("cpu"), fp32)
+    assert isinstance(decision, kp.Selected)
+    assert set(used) == {decision.kernel}
+    assert "fp8_per_channel/fp32" in "\n".join(render_models(record))
