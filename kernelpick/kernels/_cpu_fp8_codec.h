@@ -163,21 +163,23 @@ inline void f32_to_bf16_exact(const float* v, int64_t k, uint16_t* out) {
 // ---------------------------------------------------------------------------------------
 // FP8 decode.
 
-// 8 FP8 bytes -> 8 fp32 values times 2^-8.
-inline __m256 decode8(const uint8_t* w) {
+// The fp16 bits of 8 or 16 FP8 bytes (see the top of the file).
+inline __m128i fp16_bits8(const uint8_t* w) {
   const __m128i b = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w)));
-  const __m128i h = _mm_and_si128(_mm_slli_epi16(b, 7), _mm_set1_epi16(kFp16Bits));
-  return _mm256_cvtph_ps(h);
+  return _mm_and_si128(_mm_slli_epi16(b, 7), _mm_set1_epi16(kFp16Bits));
 }
+inline __m256i fp16_bits16(const uint8_t* w) {
+  const __m256i b =
+      _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+  return _mm256_and_si256(_mm256_slli_epi16(b, 7), _mm256_set1_epi16(kFp16Bits));
+}
+
+// 8 FP8 bytes -> 8 fp32 values times 2^-8.
+inline __m256 decode8(const uint8_t* w) { return _mm256_cvtph_ps(fp16_bits8(w)); }
 
 #if defined(__AVX512F__)
 // 16 FP8 bytes -> 16 fp32 values times 2^-8.
-inline __m512 decode16(const uint8_t* w) {
-  const __m256i b =
-      _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
-  const __m256i h = _mm256_and_si256(_mm256_slli_epi16(b, 7), _mm256_set1_epi16(kFp16Bits));
-  return _mm512_cvtph_ps(h);
-}
+inline __m512 decode16(const uint8_t* w) { return _mm512_cvtph_ps(fp16_bits16(w)); }
 #endif
 
 // Decode rows of a panel to fp32 values, for the large-M path: ``decode8`` turns 8 weight
@@ -243,9 +245,7 @@ struct F32x8Wide {  // AVX2, 16 weights a step, for one token: one widening and 
   static constexpr bool kKGroups = true;
   static Acc zero() { return _mm256_setzero_ps(); }
   static W weights(const uint8_t* w, const Ctx&) {
-    const __m256i bytes =
-        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
-    const __m256i h = _mm256_and_si256(_mm256_slli_epi16(bytes, 7), _mm256_set1_epi16(kFp16Bits));
+    const __m256i h = fp16_bits16(w);
     return {_mm256_cvtph_ps(_mm256_castsi256_si128(h)),
             _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1))};
   }

@@ -243,6 +243,10 @@ def test_a_truncated_cached_library_is_rebuilt_not_loaded(tmp_path: Path) -> Non
     first = _load(env)
     assert first.stdout == "loaded\n", first.stdout + first.stderr
     (library,) = tmp_path.glob("kernelpick/*/*.so")
+    # A first use says what it compiles, for which level, and about how long it takes.
+    compiling = f"INFO:kernelpick.kernels:compiling the CPU kernel for ISA level {LEVEL}"
+    assert compiling in first.stderr
+    assert f"into {library.parent}: once per machine" in first.stderr
     size = library.stat().st_size
     os.truncate(library, 4096)
     second = _load(env)
@@ -252,6 +256,11 @@ def test_a_truncated_cached_library_is_rebuilt_not_loaded(tmp_path: Path) -> Non
         second.stderr
     )
     assert library.stat().st_size == size
+    assert compiling in second.stderr
+    # A verified library is loaded, silently.
+    third = _load(env)
+    assert third.stdout == "loaded\n", third.stderr
+    assert compiling not in third.stderr
 
 
 @contextlib.contextmanager
