@@ -110,16 +110,34 @@ def test_per_token_quantization_is_torchs_e4m3_cast_exactly(level: str, m: int) 
 
 
 @pytest.mark.parametrize("level", LEVELS)
-def test_every_fp8_byte_decodes_exactly(level: str) -> None:
+@pytest.mark.parametrize("flush_denormal", [False, True], ids=["denormals", "flush_denormal"])
+def test_every_fp8_byte_decodes_exactly(level: str, flush_denormal: bool) -> None:
     # The weight holds each finite e4m3fn byte once (0x7F and 0xFF are NaN), one per column.
+    # Under torch.set_flush_denormal(True) (FTZ and DAZ, on one thread so that every path
+    # runs under it) the 14 subnormal bytes must not read as zero: a decode that passes
+    # them through fp32 denormals would (vcvtph2ps's fp16 denormals ignore DAZ).
     codes = [b for b in range(256) if b & 0x7F != 0x7F]
     k = len(codes)
     config = kp.quant_config("fp8_weight_only", weight_shape=(1, k), out_dtype="float32")
     impl = _bind("cpu_fp8_w8a16_gemm", level, config)
     weight = torch.tensor(codes, dtype=torch.uint8).view(torch.float8_e4m3fn).reshape(1, k)
     bundle = impl.prepare_weights(weight, torch.ones(1, 1))
-    got = impl.apply(torch.eye(k), bundle)  # row i picks weight column i
-    assert torch.equal(got[:, 0], weight[0].float())
+    threads = torch.get_num_threads()
+    eye = torch.eye(k)  # row i picks weight column i
+    try:
+        torch.set_num_threads(1)
+        torch.set_flush_denormal(flush_denormal)
+        # Every path's decode: the panels (M = k), a few tokens (blocks of 5) and one token.
+        outputs = [
+            impl.apply(eye, bundle),
+            torch.cat([impl.apply(eye[i : i + 5], bundle) for i in range(0, k, 5)]),
+            torch.cat([impl.apply(eye[i : i + 1], bundle) for i in range(k)]),
+        ]
+    finally:
+        torch.set_flush_denormal(False)
+        torch.set_num_threads(threads)
+    for got in outputs:
+        assert torch.equal(got[:, 0], weight[0].float())
 
 
 # Each kernel's schemes as the threads test runs them: per-tensor activations take one
