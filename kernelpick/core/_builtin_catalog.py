@@ -184,7 +184,7 @@ _CPU = (
         W8A8,
         (CPU_FP8_ISA, CPP_TOOLCHAIN, *INT8_PER_TOKEN, ANY_OUT),
         "int8 x int8 in registers (the FP8 kernel's AVX2/AVX-512 C++: int16 vpmaddwd, exact "
-        "int32 sums), per-token int8 quantization fused; from 21 tokens on a CPU with VNNI "
+        "int32 sums), per-token int8 quantization fused; from 49 tokens on a CPU with VNNI "
         "or AMX it hands the product to torch._int_mm, which wins there (and sums wrong "
         "without them)",
     ),

@@ -213,10 +213,11 @@ class CpuFp8GemmW8A16(CpuFp8Gemm):
 
 # From this many tokens, where the CPU has VNNI or AMX, CpuInt8Gemm hands the product to
 # torch._int_mm. Measured on the AVX-512-BF16 EPYC (VNNI), N = K = 4096, bf16, 2 threads,
-# 7 paired repeats, this op's time (exact int16 multiply-adds, _cpu_int8_codec.h) over
-# _int_mm's: 0.24 at M = 4, 0.46 at 8, 0.75 at 16, 1.12 at 24, 1.41 at 32 and 2.17 at 64:
-# even near 21. Without an int8 dot product _int_mm sums wrong and is never selected.
-INT_MM_FROM_TOKENS = 21
+# 7 paired repeats, this op's time (exact int16 multiply-adds in 4 x 4 register tiles,
+# _cpu_int8_codec.h) over _int_mm's: 0.20 at M = 4, 0.54 at 16, 0.70 at 32, 0.84 at 40,
+# 0.96 at 48, 1.01 at 56, 1.02 at 64: even near 50. Without an int8 dot product _int_mm
+# sums wrong and is never selected.
+INT_MM_FROM_TOKENS = 49
 
 
 @attrs.frozen

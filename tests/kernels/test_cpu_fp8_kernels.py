@@ -428,7 +428,7 @@ def test_threads_binding_at_once_register_the_op_once() -> None:
 
 
 @NEEDS_INT8_DOT
-@pytest.mark.parametrize("m", [1, 16, 17, 300])
+@pytest.mark.parametrize("m", [1, INT_MM_FROM_TOKENS - 1, INT_MM_FROM_TOKENS, 300])
 def test_int8_hands_larger_batches_to_int_mm_only_where_the_cpu_has_an_int8_dot(
     m: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
