@@ -59,6 +59,7 @@ __all__ = [
     "FALLBACK_LLC_BYTES",
     "MIB",
     "check_activation",
+    "layer_config",
     "llc_bytes",
     "measure_bandwidth",
     "run_decode",
@@ -82,7 +83,8 @@ def check_activation(activation: str) -> None:
         raise ValueError(f"activation {activation!r}: use one of {', '.join(ACTIVATIONS)}")
 
 
-def _config(scheme: str, n: int, k: int, activation: str) -> kp.QuantConfig:
+def layer_config(scheme: str, n: int, k: int, activation: str) -> kp.QuantConfig:
+    """``scheme``'s config for an ``[n, k]`` layer taking and giving ``activation``."""
     return kp.quant_config(
         scheme, weight_shape=(n, k), input_dtype=activation, out_dtype=activation
     )
@@ -178,7 +180,7 @@ def _shape(
 ) -> dict[str, Any]:
     generator = torch.Generator().manual_seed(seed)
     candidates = [
-        candidate(name, _config(scheme, n, k, activation), caps)
+        candidate(name, layer_config(scheme, n, k, activation), caps)
         for name, scheme in CANDIDATES.items()
     ]
     dtype = getattr(torch, activation)

@@ -27,7 +27,7 @@ import attrs
 import torch
 
 import kernelpick as kp
-from benchmarks.decode import ACTIVATION, MIB, check_activation, llc_bytes
+from benchmarks.decode import ACTIVATION, MIB, check_activation, layer_config, llc_bytes
 from benchmarks.rotation import (
     candidate,
     ratio_row,
@@ -55,9 +55,7 @@ def _config(name: str, n: int, k: int, activation: str) -> kp.QuantConfig:
     if name == "block_w8a16":
         weight = QuantKey(Dtype.FLOAT8_E4M3FN, ScaleSpec(GroupShape.block(128), static=True))
         return kp.QuantConfig(weight, None, (n, k), activation, activation)
-    return kp.quant_config(
-        CANDIDATES[name], weight_shape=(n, k), input_dtype=activation, out_dtype=activation
-    )
+    return layer_config(CANDIDATES[name], n, k, activation)
 
 
 def _shape(
