@@ -266,7 +266,8 @@ void one_token_groups(const typename V::X* x, const uint8_t* w, int64_t n, int64
         for (int64_t i = 0; i < per; ++i)
           for (int j = 0; j < kChains; ++j) {
             const int64_t s = (g + j) * per + i;
-            part[j] = V::madd(part[j], V::activations(x + s * V::kStep), full_step<V>(row, s, ctx));
+            part[j] =
+                V::madd(part[j], V::activations(x + s * V::kStep), full_step<V>(row, s, ctx));
           }
         for (int j = 0; j < kChains; ++j) total[j] = fma_acc(part[j], scale[g + j], total[j]);
       }

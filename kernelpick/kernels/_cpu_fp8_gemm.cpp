@@ -100,7 +100,8 @@ at::Tensor prepare_rows(const at::Tensor& x, bool quantize, int64_t group, bool 
                         int64_t step, float* scales, float fixed, bool int8 = false) {
   const int64_t m = x.size(0), k = x.size(1);
   const int64_t kp = (k + step - 1) / step * step;
-  // Read only inside this call: a buffer the calling thread keeps (see kept).
+  // A buffer the calling thread keeps (see kept): the result is valid until this thread's
+  // next call of prepare_rows, so fp8_gemm reads it before it prepares again.
   thread_local std::vector<uint8_t> memory;
   at::Tensor out = kept(memory, m, kp, bf16 ? at::kBFloat16 : at::kFloat);
   for_rows(x, kp, [&](int64_t r0, int64_t r1, float* row, const auto& to_f32) {
@@ -134,7 +135,7 @@ at::Tensor prepare_rows(const at::Tensor& x, bool quantize, int64_t group, bool 
 at::Tensor quantize_rows_int16(const at::Tensor& x, int64_t step, float* scales) {
   const int64_t m = x.size(0), k = x.size(1);
   const int64_t kp = (k + step - 1) / step * step;
-  thread_local std::vector<uint8_t> memory;  // read only inside this call (see kept)
+  thread_local std::vector<uint8_t> memory;  // valid until this thread's next call (kept)
   at::Tensor out = kept(memory, m, kp, at::kShort);
   int16_t* rows = out.data_ptr<int16_t>();
   for_rows(x, kp, [&](int64_t r0, int64_t r1, float* row, const auto& to_f32) {

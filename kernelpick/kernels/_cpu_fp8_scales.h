@@ -61,7 +61,8 @@ struct Epilogue {
   // Eight values [n, n + 8) of row t: value()'s operations, in the same order.
   __m256 value8(__m256 acc, __m256 xs, int64_t n) const {
     const __m256 ws = per_channel ? _mm256_loadu_ps(w_scale + n) : _mm256_set1_ps(w_scale[0]);
-    const __m256 y = _mm256_mul_ps(_mm256_mul_ps(acc, xs), _mm256_mul_ps(ws, _mm256_set1_ps(decode_scale)));
+    const __m256 y =
+        _mm256_mul_ps(_mm256_mul_ps(acc, xs), _mm256_mul_ps(ws, _mm256_set1_ps(decode_scale)));
     return bias ? _mm256_add_ps(y, _mm256_loadu_ps(bias + n)) : y;
   }
   // One row's values [n0, n0 + count) from acc, into out's dtype: eight at a time (the
