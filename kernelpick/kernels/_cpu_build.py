@@ -32,6 +32,7 @@ from kernelpick.kernels._cpu_cache import (
 __all__ = [
     "ISA_LEVELS",
     "LOCK",
+    "VNNI_LEVELS",
     "KernelBuildError",
     "isa_level",
     "load_ops",
@@ -49,19 +50,23 @@ _HEADERS = tuple(
 # Each level: the /proc/cpuinfo flags it needs and the compiler flags that enable them, best
 # first. Every level needs what the catalog rows' CpuIsa rule names (CPU_FP8_ISA: AVX2 +
 # FMA + F16C, whose vcvtph2ps decodes the FP8 weight), the AVX2 level nothing more;
-# AVX512-BF16 adds vdpbf16ps, two FP8 products per fp32 lane.
+# AVX512-VNNI adds vpdpbusd, four int8 products per int32 lane, for the int8 layers (Cascade
+# Lake, Ice Lake); AVX512-BF16 adds vdpbf16ps, two FP8 products per fp32 lane, and keeps
+# VNNI (every CPU with AVX512-BF16 has it: Cooper Lake, Sapphire Rapids, Zen 4).
 _ANY_LEVEL = CPU_FP8_ISA.flags
+_AVX512 = frozenset({"avx512f", "avx512bw", "avx512vl"})
+_AVX512_CFLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl")
 ISA_LEVELS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
     "avx512_bf16": (
-        _ANY_LEVEL | {"avx512f", "avx512bw", "avx512vl", "avx512vbmi", "avx512_bf16"},
-        ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vbmi", "-mavx512bf16"),
+        _ANY_LEVEL | _AVX512 | {"avx512vbmi", "avx512_bf16", "avx512_vnni"},
+        (*_AVX512_CFLAGS, "-mavx512vbmi", "-mavx512bf16", "-mavx512vnni"),
     ),
-    "avx512": (
-        _ANY_LEVEL | {"avx512f", "avx512bw", "avx512vl"},
-        ("-mavx512f", "-mavx512bw", "-mavx512vl"),
-    ),
+    "avx512_vnni": (_ANY_LEVEL | _AVX512 | {"avx512_vnni"}, (*_AVX512_CFLAGS, "-mavx512vnni")),
+    "avx512": (_ANY_LEVEL | _AVX512, _AVX512_CFLAGS),
     "avx2": (_ANY_LEVEL, ()),
 }
+# The levels whose int8 layers sum with vpdpbusd (_cpu_int8_codec.h U8x64).
+VNNI_LEVELS = frozenset(level for level, (flags, _) in ISA_LEVELS.items() if "avx512_vnni" in flags)
 # Every level also needs these (the AVX-512 levels use AVX2 code for tails and reductions).
 # -fopenmp: at::parallel_for is inline OpenMP in torch's headers, serial without it. The
 # library links libgomp.so.1, the soname torch itself loads, so one OpenMP runtime serves
@@ -214,12 +219,14 @@ def _host_lacks(level: str) -> bool:
     # it on a CPU without those instructions would end the process with SIGILL.
     import torch
 
-    checks = {
-        "avx2": torch.cpu._is_avx2_supported,
-        "avx512": torch.cpu._is_avx512_supported,
-        "avx512_bf16": torch.cpu._is_avx512_bf16_supported,
+    cpu = torch.cpu
+    has: dict[str, bool] = {
+        "avx2": cpu._is_avx2_supported(),
+        "avx512": cpu._is_avx512_supported(),
+        "avx512_vnni": cpu._is_avx512_supported() and cpu._is_vnni_supported(),
+        "avx512_bf16": cpu._is_avx512_bf16_supported() and cpu._is_vnni_supported(),
     }
-    return not checks[level]()
+    return not has[level]
 
 
 def load_ops(level: str) -> None:

@@ -46,6 +46,22 @@ struct Steps {
   explicit Steps(int64_t k) : full(k / V::kStep), all((k + V::kStep - 1) / V::kStep) {}
 };
 
+// The value a token's dot products start from: zero, or, for a type whose activation rows
+// carry one after their steps' values, that one (U8x64: minus what its unsigned reading of
+// the weights adds to every sum of the token).
+template <class V, class = void>
+struct CarriesStart : std::false_type {};
+template <class V>
+struct CarriesStart<V, std::void_t<decltype(V::start(nullptr))>> : std::true_type {};
+template <class V>
+inline typename V::Acc start(const typename V::X* row, const Steps<V>& steps) {
+  if constexpr (CarriesStart<V>::value) {
+    return V::start(row + steps.all * V::kStep);
+  } else {
+    return V::zero();
+  }
+}
+
 // Rows of the weight as the few-token blocks read them (row c of the block, step s),
 // decoded as they stream in. NB rows of 4 KiB are NB pages, where hardware prefetchers
 // stop, so with ``kAhead`` each row is fetched ahead in software, and near its end the
@@ -115,7 +131,7 @@ inline void dot_block(const typename V::X* x, int64_t kp, const Rows& rows,
                       float* out /* [MB][NB] */, const Horner* h) {
   typename V::Acc acc[MB][NB];
   for (int m = 0; m < MB; ++m)
-    for (int c = 0; c < NB; ++c) acc[m][c] = V::zero();
+    for (int c = 0; c < NB; ++c) acc[m][c] = start<V>(x + m * kp, rows.steps);
   const int64_t steps = rows.steps.all;
   if constexpr (!G) {
     dot_steps<V, MB, NB>(acc, x, kp, rows, 0, steps);
@@ -217,7 +233,8 @@ void one_token(const typename V::X* x, const uint8_t* w, int64_t n, int64_t k,
     for (int64_t r = r0; r < r1; ++r) {
       const uint8_t* row = w + r * k;
       typename V::Acc acc[kChains];
-      for (int j = 0; j < kChains; ++j) acc[j] = V::zero();
+      acc[0] = start<V>(x, steps);
+      for (int j = 1; j < kChains; ++j) acc[j] = V::zero();
       int64_t s = 0;
       for (; s + kChains <= steps.full; s += kChains)
         for (int j = 0; j < kChains; ++j)
@@ -356,9 +373,10 @@ void many_tokens(const typename V::X* x, int64_t m, int64_t kp, const uint8_t* w
 
 // The dot-product paths: every output is one K-long dot product in registers, One's for
 // one token and Few's for more (the vector type whose register tile suits each). ``x``
-// rows are zero-padded to ``kp``, a whole number of either type's steps. ``kg``: the
-// scales that vary along K, if any (its size a multiple of 64, so of every kStep and
-// kRows), which only the floating-point types take (kKGroups).
+// rows are ``kp`` apart, zero-padded to a whole number of either type's steps, and after
+// those hold the start of each token's sums where the type carries one (CarriesStart).
+// ``kg``: the scales that vary along K, if any (its size a multiple of 64, so of every
+// kStep and kRows), which only the floating-point types take (kKGroups).
 template <class One, class Few>
 void gemv(const typename One::X* x, int64_t m, int64_t kp, const uint8_t* w, int64_t n,
           int64_t k, const Epilogue& epi, const KGroups& kg) {

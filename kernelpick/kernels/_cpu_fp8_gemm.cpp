@@ -128,25 +128,39 @@ at::Tensor prepare_rows(const at::Tensor& x, bool quantize, int64_t group, bool 
   return out;
 }
 
-// The activations quantized per token to int8 values, as int16 rows padded with zeros to
-// a multiple of ``step``, for the integer dot products; the scales into ``scales``. A row
-// whose scale is not finite (a NaN or an infinity in it) gets a NaN scale, so that all its
+// The activations quantized per token to int8 values, for the integer dot products: rows of
+// T (int16 for vpmaddwd, int8 for vpdpbusd) padded with zeros to a multiple of ``step``,
+// and with ``start_bytes`` each followed by its start, -128 times the sum of its values
+// (U8x64 reads the weights as w + 128), then zeros; the scales into ``scales``. A row whose
+// scale is not finite (a NaN or an infinity in it) gets a NaN scale, so that all its
 // outputs are NaN, as they are where its quantized values (NaN) enter an fp32 sum.
-at::Tensor quantize_rows_int16(const at::Tensor& x, int64_t step, float* scales) {
+template <class T>
+at::Tensor quantize_rows_int(const at::Tensor& x, int64_t step, int64_t start_bytes,
+                             float* scales) {
   const int64_t m = x.size(0), k = x.size(1);
   const int64_t kp = (k + step - 1) / step * step;
+  const int64_t stride = kp + start_bytes / int64_t(sizeof(T));
   thread_local std::vector<uint8_t> memory;  // valid until this thread's next call (kept)
-  at::Tensor out = kept(memory, m, kp, at::kShort);
-  int16_t* rows = out.data_ptr<int16_t>();
+  at::Tensor out = kept(memory, m, stride, sizeof(T) == 1 ? at::kChar : at::kShort);
+  T* rows = out.data_ptr<T>();
   for_rows(x, kp, [&](int64_t r0, int64_t r1, float* row, const auto& to_f32) {
     for (int64_t r = r0; r < r1; ++r) {
       to_f32(r, row);
       const float scale = quantize_row_int8(row, k);
       const bool finite = scale - scale == 0.0f;
       scales[r] = finite ? scale : __builtin_nanf("");
-      int16_t* dst = rows + r * kp;
+      T* dst = rows + r * stride;
+      int32_t sum = 0;  // at most 127 * kExactIntK in magnitude
       // Integers in [-127, 127] (zeros beyond K); a non-finite row's values are unused.
-      for (int64_t i = 0; i < kp; ++i) dst[i] = finite ? static_cast<int16_t>(row[i]) : 0;
+      for (int64_t i = 0; i < kp; ++i) {
+        dst[i] = finite ? static_cast<T>(row[i]) : 0;
+        sum += dst[i];
+      }
+      if (start_bytes > 0) {
+        const int32_t start = -128 * sum;
+        std::memset(dst + kp, 0, start_bytes);
+        std::memcpy(dst + kp, &start, sizeof start);
+      }
     }
   });
   return out;
@@ -292,13 +306,18 @@ at::Tensor fp8_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Ten
     // exact in fp32) into torch's fp32 GEMM. No power of two to fold back.
     epi.decode_scale = 1.0f;
     if (k <= kExactIntK && (!large || k >= kIntPanelsBelowK)) {
-#if defined(__AVX512BW__)
+#if defined(__AVX512VNNI__)
+      using V = U8x64;
+      const int64_t start_bytes = V::kStartBytes;
+#elif defined(__AVX512BW__)
       using V = I16x32;
+      const int64_t start_bytes = 0;
 #else
       using V = I16x16;
+      const int64_t start_bytes = 0;
 #endif
-      at::Tensor xi = quantize_rows_int16(xs, V::kStep, scales);
-      gemv<V, V>(xi.data_ptr<int16_t>(), m, xi.size(1), w, n, k, epi, kg);
+      at::Tensor xi = quantize_rows_int<V::X>(xs, V::kStep, start_bytes, scales);
+      gemv<V, V>(xi.data_ptr<V::X>(), m, xi.size(1), w, n, k, epi, kg);
     } else {
       at::Tensor f32 = prepare_rows(xs, true, 0, false, 1, scales, 0.0f, true);
       panels(f32, w, n, k, false, epi, kg, true);

@@ -32,11 +32,26 @@ from kernelpick.core import (
     QuantConfig,
 )
 from kernelpick.kernels._base import RowMajorKernel, WeightBundle
-from kernelpick.kernels._cpu_build import ISA_LEVELS, LOCK, isa_level, load_ops, op_name
+from kernelpick.kernels._cpu_build import (
+    ISA_LEVELS,
+    LOCK,
+    VNNI_LEVELS,
+    isa_level,
+    load_ops,
+    op_name,
+)
 from kernelpick.kernels._int8 import int_mm_weight
 from kernelpick.kernels._scaled_mm import apply_scales
 
-__all__ = ["BLOCK", "INT_MM_FROM_TOKENS", "CpuFp8Gemm", "CpuFp8GemmW8A16", "CpuInt8Gemm"]
+__all__ = [
+    "BLOCK",
+    "INT_MM_FROM_TOKENS",
+    "VNNI_INT_MM_FROM_TOKENS",
+    "CpuFp8Gemm",
+    "CpuFp8GemmW8A16",
+    "CpuInt8Gemm",
+    "int_mm_from_tokens",
+]
 
 # The one block size the op serves (block FP8 as released: DeepSeek-V3, Qwen3 FP8), and the
 # scale groups it reads: the catalog rows' rules, read from the same values, so the family
@@ -213,11 +228,29 @@ class CpuFp8GemmW8A16(CpuFp8Gemm):
 
 # From this many tokens, where the CPU has VNNI or AMX, CpuInt8Gemm hands the product to
 # torch._int_mm. Measured on the AVX-512-BF16 EPYC (VNNI), N = K = 4096, bf16, 2 threads,
-# 7 paired repeats, this op's time (exact int16 multiply-adds in 4 x 4 register tiles,
-# _cpu_int8_codec.h) over _int_mm's: 0.20 at M = 4, 0.54 at 16, 0.70 at 32, 0.84 at 40,
-# 0.96 at 48, 1.01 at 56, 1.02 at 64: even near 50. Without an int8 dot product _int_mm
-# sums wrong and is never selected.
+# 7 paired repeats, the avx512 build's time (exact int16 multiply-adds in 4 x 4 register
+# tiles, _cpu_int8_codec.h I16x32) over _int_mm's: 0.20 at M = 4, 0.54 at 16, 0.70 at 32,
+# 0.84 at 40, 0.96 at 48, 1.01 at 56, 1.02 at 64: even near 50. Without an int8 dot product
+# _int_mm sums wrong and is never selected.
 INT_MM_FROM_TOKENS = 49
+# The same for the builds with vpdpbusd (VNNI_LEVELS, U8x64), by K, the longest first: the
+# dot products' one horizontal sum per output weighs less against a longer K. Same machine
+# and method, the avx512_vnni build over _int_mm: K = 4096 (N = 4096) 0.30-0.35 at M = 16,
+# 0.64-0.78 at 64, 0.79-0.94 at 128, 0.90 at 192, 0.93 at 256, 1.04 at 512; K = 2048
+# (N = 2048) 0.69 at 32, 0.86 at 64, 1.12 at 128; K = 1024 0.85 at 16, 1.32 at 64.
+VNNI_INT_MM_FROM_TOKENS: tuple[tuple[int, int], ...] = (
+    (4096, 256),
+    (2048, 96),
+    (0, INT_MM_FROM_TOKENS),
+)
+
+
+def int_mm_from_tokens(level: str, k: int) -> int:
+    """The batch size (tokens) from which ``cpu_int8_gemm``'s ``level`` build hands a layer of
+    K ``k`` to ``torch._int_mm``, on a CPU with an int8 dot product."""
+    if level not in VNNI_LEVELS:
+        return INT_MM_FROM_TOKENS
+    return next(tokens for shortest, tokens in VNNI_INT_MM_FROM_TOKENS if k >= shortest)
 
 
 @attrs.frozen
@@ -225,15 +258,25 @@ class CpuInt8Gemm(CpuFp8Gemm):
     """W8A8 int8 on the CPU (``int8_per_channel``): per-token int8 activations quantized in
     the op, int8 weights per channel or per tensor, decoded exactly in registers and summed
     in fp32: for CPUs where ``torch._int_mm`` has no int8 dot product (no VNNI), and at
-    decode sizes where it has one; from ``INT_MM_FROM_TOKENS`` tokens on such a CPU the
-    product goes to ``torch._int_mm`` (exact int32 sums), which wins there."""
+    decode sizes where it has one; from ``int_mm_from_tokens(level, K)`` tokens on such a
+    CPU the product goes to ``torch._int_mm`` (exact int32 sums), which wins there."""
 
     _WEIGHT: ClassVar[Dtype] = Dtype.INT8
+
+    # The batch size from which the product goes to torch._int_mm, or None (no int8 dot).
+    _int_mm_from: int | None = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        handover = None
+        if self.isa & INT8_DOT_ISA.flags:
+            handover = int_mm_from_tokens(self.level, self.config.weight_shape[1])
+        object.__setattr__(self, "_int_mm_from", handover)
 
     def _matmul(
         self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        if x.shape[0] < INT_MM_FROM_TOKENS or not self.isa & INT8_DOT_ISA.flags:
+        if self._int_mm_from is None or x.shape[0] < self._int_mm_from:
             return super()._matmul(x, bundle, bias)
         # Past decode sizes on a CPU with an int8 dot product, oneDNN's int8 GEMM (exact
         # int32 sums) on the same bytes, viewed as Int8IntMM hands them over.

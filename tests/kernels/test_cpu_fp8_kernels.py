@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 import kernelpick as kp
 from kernelpick.core import Dtype, GroupShape, QuantKey, ScaleSpec
 from kernelpick.kernels import LAUNCHES, CpuFp8Gemm, CpuFp8GemmW8A16, KernelBase
-from kernelpick.kernels._cpu_build import _build_name, isa_level
-from kernelpick.kernels._cpu_gemm import INT_MM_FROM_TOKENS
+from kernelpick.kernels._cpu_build import VNNI_LEVELS, _build_name, isa_level
+from kernelpick.kernels._cpu_gemm import INT_MM_FROM_TOKENS, int_mm_from_tokens
 from tests.support.cpu_levels import (
     EVERY_LEVEL,
     HOST_ISA,
@@ -54,6 +54,47 @@ def _bind(kernel: str, level: str, config: kp.QuantConfig) -> KernelBase:
 
 def test_the_host_builds_its_best_level() -> None:
     assert isa_level(HOST_ISA) == LEVELS[0]
+
+
+AVX2 = ("avx2", "fma", "f16c")
+AVX512 = (*AVX2, "avx512f", "avx512bw", "avx512vl")
+
+
+@pytest.mark.parametrize(
+    ("flags", "level"),
+    [
+        (AVX2, "avx2"),
+        ((*AVX2, "avx_vnni"), "avx2"),  # Alder Lake: no 512-bit vpdpbusd
+        (AVX512, "avx512"),  # Skylake-X
+        ((*AVX512, "avx512_vnni"), "avx512_vnni"),  # Cascade Lake, Ice Lake
+        ((*AVX512, "avx512vbmi", "avx512_bf16"), "avx512"),  # no VNNI: not the bf16 level
+        ((*AVX512, "avx512vbmi", "avx512_bf16", "avx512_vnni"), "avx512_bf16"),  # Zen 4, SPR
+        (("avx2", "fma"), None),  # no F16C: no level
+    ],
+)
+def test_each_cpu_gets_the_best_level_its_flags_allow(
+    flags: tuple[str, ...], level: str | None
+) -> None:
+    assert isa_level(flags) == level
+
+
+@pytest.mark.parametrize(
+    ("level", "k", "tokens"),
+    [
+        ("avx2", 8192, INT_MM_FROM_TOKENS),
+        ("avx512", 4096, INT_MM_FROM_TOKENS),
+        ("avx512_vnni", 4096, 256),
+        ("avx512_vnni", 14336, 256),
+        ("avx512_bf16", 4095, 96),
+        ("avx512_vnni", 2048, 96),
+        ("avx512_bf16", 2047, INT_MM_FROM_TOKENS),
+        ("avx512_vnni", 1, INT_MM_FROM_TOKENS),
+    ],
+)
+def test_vpdpbusd_builds_keep_longer_int8_layers_from_int_mm(
+    level: str, k: int, tokens: int
+) -> None:
+    assert int_mm_from_tokens(level, k) == tokens
 
 
 def _case(
@@ -317,7 +358,8 @@ def test_int8_past_64_tokens_with_a_long_k_runs_integer_panels_as_the_emulation(
 ) -> None:
     # Past 64 tokens an int8 layer with K >= 2048 keeps the integer dot products (rows
     # decoded once into panels, every token block against them); 1 and 2 threads agree.
-    n, k = 37, 2048 + 9
+    # K >= 4096: a VNNI build (whose flags have the int8 dot) keeps them past 131 tokens.
+    n, k = 37, 4096 + 9
     config = kp.quant_config("int8_per_channel", weight_shape=(n, k), out_dtype="float32")
     impl = _bind("cpu_int8_gemm", level, config)
     generator = torch.Generator().manual_seed(m)
@@ -428,18 +470,18 @@ def test_threads_binding_at_once_register_the_op_once() -> None:
 
 
 @NEEDS_INT8_DOT
-@pytest.mark.parametrize("m", [1, INT_MM_FROM_TOKENS - 1, INT_MM_FROM_TOKENS, 300])
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("offset", [-1, 0])
 def test_int8_hands_larger_batches_to_int_mm_only_where_the_cpu_has_an_int8_dot(
-    m: int, monkeypatch: pytest.MonkeyPatch
+    level: str, offset: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Both routes against the emulation; torch._int_mm counted, so the switch is seen.
+    # Both routes against the emulation, either side of the level's hand-over (and at 1 and
+    # 300 tokens); torch._int_mm counted, so the switch is seen.
+    n, k = 96, 2048 + 8
+    handover = int_mm_from_tokens(level, k)
     config = kp.quant_config(
-        "int8_per_channel", weight_shape=(96, 200), out_dtype="float32", bias=True
+        "int8_per_channel", weight_shape=(n, k), out_dtype="float32", bias=True
     )
-    generator = torch.Generator().manual_seed(m)
-    x = torch.randn(m, 200, generator=generator)
-    w = torch.randn(96, 200, generator=generator) * 0.05
-    b = torch.randn(96, generator=generator)
     calls: list[int] = []
     int_mm = torch._int_mm
 
@@ -448,13 +490,45 @@ def test_int8_hands_larger_batches_to_int_mm_only_where_the_cpu_has_an_int8_dot(
         return int_mm(a, b)
 
     monkeypatch.setattr(torch, "_int_mm", counted)
-    want = emulated(x, w, config, Dtype.FLOAT8_E4M3FN, bias=b)
-    for caps, vnni in ((caps_at(LEVELS[0]), False), (with_int8_dot(caps_at(LEVELS[0])), True)):
-        impl = kp.bind("cpu_int8_gemm", config, caps)
-        calls.clear()
-        got = impl.apply(x, impl.quantize_weights(w), b)
-        assert_within_bound(got, want)
-        assert calls == ([m] if vnni and m >= INT_MM_FROM_TOKENS else []), (m, vnni)
+    plain = caps_at(level)
+    routes = [(with_int8_dot(plain), True)]
+    if level not in VNNI_LEVELS:  # a VNNI level's flags have the int8 dot product
+        routes.append((plain, False))
+    for m in (1, handover + offset, 300):
+        generator = torch.Generator().manual_seed(m)
+        x = torch.randn(m, k, generator=generator)
+        w = torch.randn(n, k, generator=generator) * 0.05
+        b = torch.randn(n, generator=generator)
+        want = emulated(x, w, config, Dtype.FLOAT8_E4M3FN, bias=b)
+        for caps, vnni in routes:
+            impl = kp.bind("cpu_int8_gemm", config, caps)
+            calls.clear()
+            got = impl.apply(x, impl.quantize_weights(w), b)
+            assert_within_bound(got, want)
+            assert calls == ([m] if vnni and m >= handover else []), (m, vnni)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("m", [1, 5, 70, 130])
+def test_every_int8_weight_byte_sums_exactly_on_every_path(level: str, m: int) -> None:
+    # Integer activations with one 127 quantize with scale 1 to themselves, and unit weight
+    # scales leave the exact integer sums, under 2^24 here, so fp32 holds them: every
+    # weight byte, -128 (which no quantizer writes, but a checkpoint may hold) and 127
+    # included, in every position of a step (vpdpbusd reads the weight as w + 128), a
+    # partial last step, each path (one token, a few, integer panels past 64 tokens).
+    n, k = 21, 256 * 9 + 37
+    config = kp.quant_config("int8_per_channel", weight_shape=(n, k), out_dtype="float32")
+    impl = _bind("cpu_int8_gemm", level, config)
+    generator = torch.Generator().manual_seed(m)
+    codes = torch.arange(-128, 128, dtype=torch.int16).repeat(k // 256 + 1)[:k]
+    w = torch.stack([codes.roll(3 * r) for r in range(n)]).to(torch.int8)
+    x = torch.randint(-8, 9, (m, k), generator=generator, dtype=torch.int16)
+    x[:, 5] = 127
+    x[0, k - 1] = -127
+    bundle = impl.prepare_weights(w.contiguous(), torch.ones(n, 1))
+    got = impl.apply(x.float(), bundle)
+    want = (x.long() @ w.long().t()).float()
+    assert torch.equal(got, want)
 
 
 def test_each_compiled_w8a8_family_refuses_the_other_ones_activation_format() -> None:
