@@ -186,8 +186,8 @@ _CPU = (
         "int8 x int8 in registers (the FP8 kernel's AVX2/AVX-512 C++: int16 vpmaddwd, or "
         "vpdpbusd with AVX512-VNNI; exact int32 sums), per-token int8 quantization fused; "
         "on a CPU with VNNI or AMX it hands the product to torch._int_mm, which wins there "
-        "(and sums wrong without them), from 49 tokens (vpdpbusd: 96 from K = 2048, 256 "
-        "from K = 4096)",
+        "(and sums wrong without them), from 49 tokens (vpdpbusd: from 65, or 192 from "
+        "K = 2048)",
     ),
     KernelSpec(
         # torch's CPU _int_mm is oneDNN's int8 GEMM for any M, K and N (measured on torch

@@ -233,16 +233,14 @@ class CpuFp8GemmW8A16(CpuFp8Gemm):
 # 0.84 at 40, 0.96 at 48, 1.01 at 56, 1.02 at 64: even near 50. Without an int8 dot product
 # _int_mm sums wrong and is never selected.
 INT_MM_FROM_TOKENS = 49
-# The same for the builds with vpdpbusd (VNNI_LEVELS, U8x64), by K, the longest first: the
-# dot products' one horizontal sum per output weighs less against a longer K. Same machine
-# and method, the avx512_vnni build over _int_mm: K = 4096 (N = 4096) 0.30-0.35 at M = 16,
-# 0.64-0.78 at 64, 0.79-0.94 at 128, 0.90 at 192, 0.93 at 256, 1.04 at 512; K = 2048
-# (N = 2048) 0.69 at 32, 0.86 at 64, 1.12 at 128; K = 1024 0.85 at 16, 1.32 at 64.
-VNNI_INT_MM_FROM_TOKENS: tuple[tuple[int, int], ...] = (
-    (4096, 256),
-    (2048, 96),
-    (0, INT_MM_FROM_TOKENS),
-)
+# The same for the builds with vpdpbusd (VNNI_LEVELS, U8x64), by K, the longest first.
+# Measured as above with `python -m benchmarks.int8_handover` (weights rotated past the LLC),
+# the avx512_vnni build over _int_mm: N = K = 4096 0.31 at M = 16, 0.64 at 64, 0.92 at
+# 128, 0.91 at 192, 0.93 at 256, 1.02 at 512; N = 14336, K = 4096 0.79 at 128, 1.04 at
+# 192, 1.01 at 256; N = K = 2048 0.71 at 64, 0.90 at 128, 0.93 at 192, 1.00 at 384;
+# N = 4096, K = 14336 0.89 at 256, 1.17 at 384. Under K = 2048 (N = K = 1024: 0.70 at 48,
+# 0.78 at 64) the op takes fp32 panels past 64 tokens (kIntPanelsBelowK), about 3x.
+VNNI_INT_MM_FROM_TOKENS: tuple[tuple[int, int], ...] = ((2048, 192), (0, 65))
 
 
 def int_mm_from_tokens(level: str, k: int) -> int:

@@ -23,6 +23,7 @@ from benchmarks.schemes import CANDIDATES as SCHEMES
 from benchmarks.schemes import render_schemes, run_schemes
 from benchmarks.suite import SuiteConfig, run_suite
 from kernelpick.core import CpuArch
+from tests.support.cpu_levels import LEVELS, NEEDS_A_LEVEL, NEEDS_INT8_DOT
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_KEYS = {
@@ -289,6 +290,20 @@ def test_the_build_route_figures_run(capsys: pytest.CaptureFixture[str]) -> None
     out = capsys.readouterr().out
     assert "M=1" in out
     assert "inductor_ms" in out
+
+
+@NEEDS_A_LEVEL
+@NEEDS_INT8_DOT
+def test_the_int8_handover_figures_time_every_build_against_int_mm() -> None:
+    from benchmarks.int8_handover import int8_levels, render_handover, run_handover
+
+    record = run_handover(32, 192, (1, 5), repeats=1, levels=LEVELS[-1:])
+    assert [row["m"] for row in record["rows"]] == [1, 5]
+    for row in record["rows"]:
+        assert set(row["ms"]) == {"fp32", "int_mm", LEVELS[-1]}
+        assert row[f"{LEVELS[-1]}_vs_int_mm"] > 0
+    assert int8_levels(kp.probe("cpu")) == LEVELS
+    assert "| 5 | " in "\n".join(render_handover(record))
 
 
 @pytest.mark.slow  # loads a real model (the e2e extra)

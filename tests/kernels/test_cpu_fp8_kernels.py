@@ -83,12 +83,11 @@ def test_each_cpu_gets_the_best_level_its_flags_allow(
     [
         ("avx2", 8192, INT_MM_FROM_TOKENS),
         ("avx512", 4096, INT_MM_FROM_TOKENS),
-        ("avx512_vnni", 4096, 256),
-        ("avx512_vnni", 14336, 256),
-        ("avx512_bf16", 4095, 96),
-        ("avx512_vnni", 2048, 96),
-        ("avx512_bf16", 2047, INT_MM_FROM_TOKENS),
-        ("avx512_vnni", 1, INT_MM_FROM_TOKENS),
+        ("avx512_vnni", 4096, 192),
+        ("avx512_vnni", 14336, 192),
+        ("avx512_bf16", 2048, 192),
+        ("avx512_bf16", 2047, 65),
+        ("avx512_vnni", 1, 65),
     ],
 )
 def test_vpdpbusd_builds_keep_longer_int8_layers_from_int_mm(
