@@ -291,7 +291,7 @@ def shape_record(
         "n": n,
         "k": k,
         "kernels": {c.name: c.decision for c in candidates},
-        # The compiled CPU kernels' ISA build (avx2, avx512, avx512_bf16), where one ran.
+        # The compiled CPU kernels' ISA build (_cpu_build.ISA_LEVELS), where one ran.
         "builds": {c.name: c.kernel.level for c in candidates if isinstance(c.kernel, CpuFp8Gemm)},
         "degraded": {c.name: c.degraded for c in candidates},
         "rotation": {

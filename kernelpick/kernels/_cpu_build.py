@@ -47,26 +47,31 @@ _HEADERS = tuple(
     for n in ("_cpu_fp8_codec.h", "_cpu_fp8_dot.h", "_cpu_fp8_scales.h", "_cpu_int8_codec.h")
 )
 
-# Each level: the /proc/cpuinfo flags it needs and the compiler flags that enable them, best
-# first. Every level needs what the catalog rows' CpuIsa rule names (CPU_FP8_ISA: AVX2 +
-# FMA + F16C, whose vcvtph2ps decodes the FP8 weight), the AVX2 level nothing more;
+# Each level: the ISA flags the device's caps must show and the compiler flags that enable
+# them, best first. Every level needs what the catalog rows' CpuIsa rule names (CPU_FP8_ISA:
+# AVX2 + FMA + F16C, whose vcvtph2ps decodes the FP8 weight), the AVX2 level nothing more;
 # AVX512-VNNI adds vpdpbusd, four int8 products per int32 lane, for the int8 layers (Cascade
-# Lake, Ice Lake); AVX512-BF16 adds vdpbf16ps, two FP8 products per fp32 lane, and keeps
-# VNNI (every CPU with AVX512-BF16 has it: Cooper Lake, Sapphire Rapids, Zen 4).
+# Lake, Ice Lake); AVX512-BF16 adds vdpbf16ps, two FP8 products per fp32 lane, and uses
+# vpdpbusd too: every CPU with AVX512-BF16 has AVX512-VNNI (Cooper Lake, Sapphire Rapids,
+# Zen 4 and 5), which _host_lacks checks before a load. The caps cannot be asked for it:
+# the CPU adapter drops avx512_vnni where ONEDNN_MAX_CPU_ISA keeps oneDNN from it (see
+# usable_isa in kernelpick/adapters/cpu/_device.py), which must not cost FP8 vdpbf16ps.
+# On a Cascade Lake or Ice Lake so capped, the avx512 level runs (int8 with vpmaddwd).
 _ANY_LEVEL = CPU_FP8_ISA.flags
 _AVX512 = frozenset({"avx512f", "avx512bw", "avx512vl"})
 _AVX512_CFLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl")
+_VNNI_CFLAG = "-mavx512vnni"
 ISA_LEVELS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
     "avx512_bf16": (
-        _ANY_LEVEL | _AVX512 | {"avx512vbmi", "avx512_bf16", "avx512_vnni"},
-        (*_AVX512_CFLAGS, "-mavx512vbmi", "-mavx512bf16", "-mavx512vnni"),
+        _ANY_LEVEL | _AVX512 | {"avx512vbmi", "avx512_bf16"},
+        (*_AVX512_CFLAGS, "-mavx512vbmi", "-mavx512bf16", _VNNI_CFLAG),
     ),
-    "avx512_vnni": (_ANY_LEVEL | _AVX512 | {"avx512_vnni"}, (*_AVX512_CFLAGS, "-mavx512vnni")),
+    "avx512_vnni": (_ANY_LEVEL | _AVX512 | {"avx512_vnni"}, (*_AVX512_CFLAGS, _VNNI_CFLAG)),
     "avx512": (_ANY_LEVEL | _AVX512, _AVX512_CFLAGS),
     "avx2": (_ANY_LEVEL, ()),
 }
 # The levels whose int8 layers sum with vpdpbusd (_cpu_int8_codec.h U8x64).
-VNNI_LEVELS = frozenset(level for level, (flags, _) in ISA_LEVELS.items() if "avx512_vnni" in flags)
+VNNI_LEVELS = frozenset(level for level, (_, cflags) in ISA_LEVELS.items() if _VNNI_CFLAG in cflags)
 # Every level also needs these (the AVX-512 levels use AVX2 code for tails and reductions).
 # -fopenmp: at::parallel_for is inline OpenMP in torch's headers, serial without it. The
 # library links libgomp.so.1, the soname torch itself loads, so one OpenMP runtime serves
@@ -216,7 +221,8 @@ def _unusable(directory: Path, error: OSError) -> str:
 
 def _host_lacks(level: str) -> bool:
     # The level comes from the caps' ISA flags, which may describe another machine; loading
-    # it on a CPU without those instructions would end the process with SIGILL.
+    # it on a CPU without those instructions (the bf16 level's VNNI included, which its
+    # flags do not name) would end the process with SIGILL.
     import torch
 
     cpu = torch.cpu

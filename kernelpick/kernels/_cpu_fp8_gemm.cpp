@@ -1,8 +1,8 @@
 // kernelpick's CPU FP8 GEMM: y = (x quantized per token, per 1 x b group or per tensor, or x as is)
 // @ (W_fp8 * scale)^T + bias, the weight scaled per tensor, per channel or per b x b block.
 //
-// Built by kernelpick/kernels/_cpu_build.py at one ISA level (KP_LEVEL: avx2, avx512 or
-// avx512_bf16), which registers the op kernelpick::fp8_gemm_<level>. The FP8 numerics are
+// Built by kernelpick/kernels/_cpu_build.py at one ISA level (KP_LEVEL: avx2, avx512,
+// avx512_vnni or avx512_bf16), which registers the op kernelpick::fp8_gemm_<level>. The FP8 numerics are
 // in _cpu_fp8_codec.h, the dot-product paths in _cpu_fp8_dot.h.
 //
 // Small M (decode) is memory-bound: the kernel reads each FP8 byte once, decodes it in

@@ -112,7 +112,9 @@ struct I16x32 {  // AVX-512BW: 32 weights a step, int16 pairs into 16 int32 lane
 #endif
 
 #if defined(__AVX512VNNI__)
-// The exact sum of an int32 vector's lanes, wrapping as vpdpbusd does (unsigned adds).
+// The sum of an int32 vector's lanes, wrapping as vpdpbusd does: the intrinsics add as
+// unsigned lanes, where _mm512_reduce_add_epi32 (GCC) adds signed ones, whose overflow C++
+// leaves undefined (the lanes of a sum that fits int32 may overflow on their own).
 inline int32_t hsum16_epi32(__m512i v) {
   const __m256i half = _mm512_extracti64x4_epi64(v, 1);
   return hsum8_epi32(_mm256_add_epi32(_mm512_castsi512_si256(v), half));
@@ -137,7 +139,7 @@ struct U8x64 {  // AVX512-VNNI: 64 weights a step, u8 x s8 quadruples into 16 in
   static Acc start(const X* after) {
     int32_t value;
     std::memcpy(&value, after, sizeof value);
-    return _mm512_zextsi128_si512(_mm_cvtsi32_si128(value));
+    return _mm512_maskz_set1_epi32(1, value);
   }
   static W weights(const uint8_t* w, const Ctx&) {
     return _mm512_xor_si512(_mm512_loadu_si512(w), _mm512_set1_epi8(static_cast<char>(0x80)));

@@ -22,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kernelpick as kp
+from kernelpick.adapters.cpu._device import usable_isa
 from kernelpick.core import Dtype, GroupShape, QuantKey, ScaleSpec
 from kernelpick.kernels import LAUNCHES, CpuFp8Gemm, CpuFp8GemmW8A16, KernelBase
 from kernelpick.kernels._cpu_build import VNNI_LEVELS, _build_name, isa_level
@@ -67,8 +68,9 @@ AVX512 = (*AVX2, "avx512f", "avx512bw", "avx512vl")
         ((*AVX2, "avx_vnni"), "avx2"),  # Alder Lake: no 512-bit vpdpbusd
         (AVX512, "avx512"),  # Skylake-X
         ((*AVX512, "avx512_vnni"), "avx512_vnni"),  # Cascade Lake, Ice Lake
-        ((*AVX512, "avx512vbmi", "avx512_bf16"), "avx512"),  # no VNNI: not the bf16 level
         ((*AVX512, "avx512vbmi", "avx512_bf16", "avx512_vnni"), "avx512_bf16"),  # Zen 4, SPR
+        # VNNI dropped by ONEDNN_MAX_CPU_ISA (below): the bf16 level all the same.
+        ((*AVX512, "avx512vbmi", "avx512_bf16"), "avx512_bf16"),
         (("avx2", "fma"), None),  # no F16C: no level
     ],
 )
@@ -76,6 +78,17 @@ def test_each_cpu_gets_the_best_level_its_flags_allow(
     flags: tuple[str, ...], level: str | None
 ) -> None:
     assert isa_level(flags) == level
+
+
+@pytest.mark.parametrize("cap", ["AVX512_CORE", "AVX2", "AVX512_CORE_VNNI"])
+def test_a_onednn_cap_does_not_cost_a_zen4_its_bf16_level(cap: str) -> None:
+    # The probe drops avx512_vnni where oneDNN may not use it (for torch._int_mm's sums);
+    # kernelpick's own kernels do not go through oneDNN, and keep vdpbf16ps.
+    zen4 = [*AVX512, "avx512vbmi", "avx512_bf16", "avx512_vnni"]
+    assert isa_level(usable_isa(zen4, {"ONEDNN_MAX_CPU_ISA": cap})) == "avx512_bf16"
+    ice_lake = [*AVX512, "avx512_vnni"]
+    vnni = "avx512_vnni" if cap == "AVX512_CORE_VNNI" else "avx512"
+    assert isa_level(usable_isa(ice_lake, {"ONEDNN_MAX_CPU_ISA": cap})) == vnni
 
 
 @pytest.mark.parametrize(
@@ -357,8 +370,8 @@ def test_int8_past_64_tokens_with_a_long_k_runs_integer_panels_as_the_emulation(
 ) -> None:
     # Past 64 tokens an int8 layer with K >= 2048 keeps the integer dot products (rows
     # decoded once into panels, every token block against them); 1 and 2 threads agree.
-    # K >= 4096: a VNNI build (whose flags have the int8 dot) keeps them past 131 tokens.
-    n, k = 37, 4096 + 9
+    # (A vpdpbusd build, whose CPU has an int8 dot, hands over to _int_mm at 192 here.)
+    n, k = 37, 2048 + 9
     config = kp.quant_config("int8_per_channel", weight_shape=(n, k), out_dtype="float32")
     impl = _bind("cpu_int8_gemm", level, config)
     generator = torch.Generator().manual_seed(m)
