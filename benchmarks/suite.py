@@ -47,7 +47,7 @@ BF16_UNITS = ("avx512_bf16", "amx_bf16", "bf16")
 
 # The decode figures' token counts (M), and their shapes (N, K): ``full()`` adds the MLP's
 # gate/up projection of a Llama-3-8B layer to the 4096 x 4096 one.
-DECODE_TOKENS = (1, 4, 16, 64, 256, 2048)
+DECODE_TOKENS = SCHEME_TOKENS
 DECODE_SHAPE = (4096, 4096)
 MLP_SHAPE = (14336, 4096)
 
