@@ -44,7 +44,13 @@ _SOURCE = Path(__file__).with_name("_cpu_fp8_gemm.cpp")
 # The headers it includes: ninja tracks them, and the build name hashes them with it.
 _HEADERS = tuple(
     Path(__file__).with_name(n)
-    for n in ("_cpu_fp8_codec.h", "_cpu_fp8_dot.h", "_cpu_fp8_scales.h", "_cpu_int8_codec.h")
+    for n in (
+        "_cpu_bf16_outer.h",
+        "_cpu_fp8_codec.h",
+        "_cpu_fp8_dot.h",
+        "_cpu_fp8_scales.h",
+        "_cpu_int8_codec.h",
+    )
 )
 
 # Each level: the ISA flags the device's caps must show and the compiler flags that enable

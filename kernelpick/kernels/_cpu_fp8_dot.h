@@ -18,9 +18,9 @@ constexpr int kPrefetch = 2048;
 // read back from L2 (measured 3.5 against 4.4 ms at M = 64, N = K = 4096). Beyond, the
 // activations no longer fit in L2 beside the rows, and panels of decoded rows take over.
 constexpr int64_t kSmallM = 64;
-// Rows per panel of the many-token path, and the most decoded bytes it may take (L2). That
-// path runs for more than kSmallM tokens where torch's bf16 GEMM would not be exact
-// enough, which only an AVX512-BF16 build meets; the other builds hand those to fp32 GEMM.
+// Rows per panel of the many-token path, and the most decoded bytes it may take (L2). The
+// integer dot products run it past kSmallM tokens (with a long K); the bf16 build's FP8
+// layers run their own (ManyTokens, _cpu_bf16_outer.h), the fp32 ones torch's fp32 GEMM.
 constexpr int64_t kPanelRows = 64;
 constexpr int64_t kScratchBytes = int64_t(512) << 10;
 
@@ -371,6 +371,18 @@ void many_tokens(const typename V::X* x, int64_t m, int64_t kp, const uint8_t* w
   });
 }
 
+// The many-token path of a vector type, and the batch size from which it runs: panels of
+// rows decoded once each (many_tokens) past kSmallM tokens, unless a type's own path
+// specializes it (the bf16 build's outer products, _cpu_bf16_outer.h).
+template <class V, bool G>
+struct ManyTokens {
+  static constexpr int64_t kFrom = kSmallM + 1;
+  static void run(const typename V::X* x, int64_t m, int64_t kp, const uint8_t* w, int64_t n,
+                  int64_t k, const Epilogue& epi, const KGroups& kg) {
+    many_tokens<V, G>(x, m, kp, w, n, k, epi, kg);
+  }
+};
+
 // The dot-product paths: every output is one K-long dot product in registers, One's for
 // one token and Few's for more (the vector type whose register tile suits each). ``x``
 // rows are ``kp`` apart, zero-padded to a whole number of either type's steps, and after
@@ -385,10 +397,10 @@ void gemv(const typename One::X* x, int64_t m, int64_t kp, const uint8_t* w, int
     if (kg.active()) {
       if (m == 1) {
         one_token_groups<One>(x, w, n, k, epi, kg);
-      } else if (m <= kSmallM) {
+      } else if (m < ManyTokens<Few, true>::kFrom) {
         few_tokens<Few, true>(x, m, kp, w, n, k, epi, kg);
       } else {
-        many_tokens<Few, true>(x, m, kp, w, n, k, epi, kg);
+        ManyTokens<Few, true>::run(x, m, kp, w, n, k, epi, kg);
       }
       return;
     }
@@ -397,10 +409,10 @@ void gemv(const typename One::X* x, int64_t m, int64_t kp, const uint8_t* w, int
   }
   if (m == 1) {
     one_token<One>(x, w, n, k, epi);
-  } else if (m <= kSmallM) {
+  } else if (m < ManyTokens<Few, false>::kFrom) {
     few_tokens<Few, false>(x, m, kp, w, n, k, epi, kg);
   } else {
-    many_tokens<Few, false>(x, m, kp, w, n, k, epi, kg);
+    ManyTokens<Few, false>::run(x, m, kp, w, n, k, epi, kg);
   }
 }
 

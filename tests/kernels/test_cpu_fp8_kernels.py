@@ -164,19 +164,26 @@ def test_per_token_quantization_is_torchs_e4m3_cast_exactly(level: str, m: int) 
 
 @pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("flush_denormal", [False, True], ids=["denormals", "flush_denormal"])
-def test_every_fp8_byte_decodes_exactly(level: str, flush_denormal: bool) -> None:
+@pytest.mark.parametrize("activation", ["float32", "bfloat16"])
+def test_every_fp8_byte_decodes_exactly(level: str, flush_denormal: bool, activation: str) -> None:
     # The weight holds each finite e4m3fn byte once (0x7F and 0xFF are NaN), one per column.
     # Under torch.set_flush_denormal(True) (FTZ and DAZ, on one thread so that every path
     # runs under it) the 14 subnormal bytes must not read as zero: a decode that passes
-    # them through fp32 denormals would (vcvtph2ps's fp16 denormals ignore DAZ).
-    codes = [b for b in range(256) if b & 0x7F != 0x7F]
-    k = len(codes)
-    config = kp.quant_config("fp8_weight_only", weight_shape=(1, k), out_dtype="float32")
+    # them through fp32 denormals would (vcvtph2ps's fp16 denormals ignore DAZ). bf16
+    # activations take the bf16 build's own paths (its table decode, and past 64 tokens
+    # the packed panels of _cpu_bf16_outer.h); fp32 ones the fp32 paths. 33 rows, each
+    # the bytes in another order: every lane of a 32-row panel, and a partial one.
+    codes = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)
+    n, k = 33, len(codes)
+    config = kp.quant_config(
+        "fp8_weight_only", weight_shape=(n, k), input_dtype=activation, out_dtype="float32"
+    )
     impl = _bind("cpu_fp8_w8a16_gemm", level, config)
-    weight = torch.tensor(codes, dtype=torch.uint8).view(torch.float8_e4m3fn).reshape(1, k)
-    bundle = impl.prepare_weights(weight, torch.ones(1, 1))
+    rows = torch.stack([codes.roll(7 * r) for r in range(n)])
+    weight = rows.view(torch.float8_e4m3fn)
+    bundle = impl.prepare_weights(weight, torch.ones(n, 1))
     threads = torch.get_num_threads()
-    eye = torch.eye(k)  # row i picks weight column i
+    eye = torch.eye(k, dtype=getattr(torch, activation))  # row i picks weight column i
     try:
         torch.set_num_threads(1)
         torch.set_flush_denormal(flush_denormal)
@@ -190,7 +197,7 @@ def test_every_fp8_byte_decodes_exactly(level: str, flush_denormal: bool) -> Non
         torch.set_flush_denormal(False)
         torch.set_num_threads(threads)
     for got in outputs:
-        assert torch.equal(got[:, 0], weight[0].float())
+        assert torch.equal(got, weight.float().t())
 
 
 # Each kernel's schemes as the threads test runs them: per-tensor activations take one
