@@ -18,6 +18,9 @@ namespace {
 
 constexpr int kOuterCols = 32;    // output channels per panel: two vectors of fp32 lanes
 constexpr int kOuterTokens = 6;   // tokens per tile: 12 accumulators, 2 weights
+constexpr int kStepPairs = Bf16x64::kStep / 2;  // K pairs of one decoded 64-byte step
+// pack_pairs transposes two halves of 16 rows, 16 pairs at a time.
+static_assert(kOuterCols == 32 && kStepPairs == 32, "pack_pairs lays out 2 x 16 rows x 32 pairs");
 
 // 16 rows of 16 dwords, transposed in registers: r[c] then holds element c of every row
 // (row i in lane i).
@@ -52,7 +55,7 @@ inline void transpose16x16(__m512i (&r)[16]) {
 // decoded into a block in L1, then transposed 16 pairs at a time.
 void pack_pairs(const uint8_t* w, int64_t k, int64_t rows, const Fp8Tables& t, uint32_t* out) {
   const Steps<Bf16x64> steps(k);
-  alignas(64) uint32_t block[16][32];  // 16 rows' 32 pairs of one step
+  alignas(64) uint32_t block[16][kStepPairs];  // 16 rows' pairs of one step
   for (int half = 0; half < 2; ++half) {
     for (int64_t s = 0; s < steps.all; ++s) {
       for (int i = 0; i < 16; ++i) {
@@ -69,7 +72,7 @@ void pack_pairs(const uint8_t* w, int64_t k, int64_t rows, const Fp8Tables& t, u
         __m512i r[16];
         for (int i = 0; i < 16; ++i) r[i] = _mm512_load_si512(block[i] + 16 * q);
         transpose16x16(r);
-        uint32_t* dst = out + (s * 32 + 16 * q) * kOuterCols + 16 * half;
+        uint32_t* dst = out + (s * kStepPairs + 16 * q) * kOuterCols + 16 * half;
         for (int j = 0; j < 16; ++j) _mm512_storeu_si512(dst + j * kOuterCols, r[j]);
       }
     }
@@ -132,7 +135,7 @@ void outer_tokens(const uint16_t* x, int64_t m, int64_t kp, const uint8_t* w, in
   at::parallel_for(0, panels, 1, [&](int64_t b0, int64_t b1) {
     // Kept per thread between calls (a fresh 256 KiB each call would cost page faults).
     thread_local std::vector<uint32_t> packed;
-    const size_t size = size_t(Steps<Bf16x64>(k).all * 32 * kOuterCols);
+    const size_t size = size_t(Steps<Bf16x64>(k).all * kStepPairs * kOuterCols);
     if (packed.size() < size) packed.resize(size);
     GroupTable table = tables.mine();
     Horner buffer, first;

@@ -16,7 +16,8 @@ constexpr int kPrefetch = 2048;
 // Up to this many tokens each weight byte is decoded again for every block of V::kTokens
 // tokens, as it streams in: with table or fp16 decode that is cheaper than a decoded copy
 // read back from L2 (measured 3.5 against 4.4 ms at M = 64, N = K = 4096). Beyond, the
-// activations no longer fit in L2 beside the rows, and panels of decoded rows take over.
+// activations no longer fit in L2 beside the rows, and panels of decoded rows take over
+// (on the bf16 build from 17 tokens already: ManyTokens, _cpu_bf16_outer.h).
 constexpr int64_t kSmallM = 64;
 // Rows per panel of the many-token path, and the most decoded bytes it may take (L2). The
 // integer dot products run it past kSmallM tokens (with a long K); the bf16 build's FP8
@@ -373,7 +374,8 @@ void many_tokens(const typename V::X* x, int64_t m, int64_t kp, const uint8_t* w
 
 // The many-token path of a vector type, and the batch size from which it runs: panels of
 // rows decoded once each (many_tokens) past kSmallM tokens, unless a type's own path
-// specializes it (the bf16 build's outer products, _cpu_bf16_outer.h).
+// specializes it (the bf16 build's outer products, _cpu_bf16_outer.h, which the end of
+// this header includes, so that no file can instantiate gemv without it).
 template <class V, bool G>
 struct ManyTokens {
   static constexpr int64_t kFrom = kSmallM + 1;
@@ -417,3 +419,6 @@ void gemv(const typename One::X* x, int64_t m, int64_t kp, const uint8_t* w, int
 }
 
 }  // namespace
+
+// The specializations of ManyTokens (see there).
+#include "_cpu_bf16_outer.h"

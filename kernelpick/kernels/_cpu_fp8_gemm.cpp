@@ -10,7 +10,6 @@
 // decoded once to bf16 or fp32 and handed to torch's GEMM (oneDNN / MKL), which is tuned
 // for this CPU, where that is exact enough (see fp8_gemm).
 
-#include "_cpu_bf16_outer.h"
 #include "_cpu_fp8_codec.h"
 #include "_cpu_fp8_dot.h"
 #include "_cpu_int8_codec.h"

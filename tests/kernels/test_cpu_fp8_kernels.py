@@ -170,7 +170,7 @@ def test_every_fp8_byte_decodes_exactly(level: str, flush_denormal: bool, activa
     # Under torch.set_flush_denormal(True) (FTZ and DAZ, on one thread so that every path
     # runs under it) the 14 subnormal bytes must not read as zero: a decode that passes
     # them through fp32 denormals would (vcvtph2ps's fp16 denormals ignore DAZ). bf16
-    # activations take the bf16 build's own paths (its table decode, and past 64 tokens
+    # activations take the bf16 build's own paths (its table decode, and from 17 tokens
     # the packed panels of _cpu_bf16_outer.h); fp32 ones the fp32 paths. 33 rows, each
     # the bytes in another order: every lane of a 32-row panel, and a partial one.
     codes = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)
