@@ -355,37 +355,6 @@ struct Bf16x64 {  // AVX512-BF16 + VBMI: vdpbf16ps multiplies pairs of bf16, add
 };
 #endif
 
-// Decode rows of a panel to their bf16 values, for the large-M path (bf16 builds only).
-void decode_rows_bf16(const uint8_t* w, int64_t rows, int64_t k, uint16_t* out) {
-#if defined(__AVX512BF16__)
-  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
-    const Fp8Tables t = kTables;
-    for (int64_t r = r0; r < r1; ++r) {
-      const uint8_t* src = w + r * k;
-      uint16_t* dst = out + r * k;
-      int64_t i = 0;
-      __m512i a, b;
-      for (; i + 64 <= k; i += 64) {
-        decode64(src + i, t, a, b);
-        _mm512_storeu_si512(dst + i, a);
-        _mm512_storeu_si512(dst + i + 32, b);
-      }
-      if (i < k) {
-        alignas(64) uint8_t tail[64] = {0};
-        alignas(64) uint16_t vals[64];
-        std::memcpy(tail, src + i, k - i);
-        decode64(tail, t, a, b);
-        _mm512_storeu_si512(vals, a);
-        _mm512_storeu_si512(vals + 32, b);
-        std::memcpy(dst + i, vals, sizeof(uint16_t) * (k - i));
-      }
-    }
-  });
-#else
-  TORCH_CHECK(false, "kernelpick fp8_gemm: bf16 panels need the avx512_bf16 build");
-#endif
-}
-
 template <class V>
 inline typename V::Ctx context() {
 #if defined(__AVX512BF16__)

@@ -2,13 +2,14 @@
 // @ (W_fp8 * scale)^T + bias, the weight scaled per tensor, per channel or per b x b block.
 //
 // Built by kernelpick/kernels/_cpu_build.py at one ISA level (KP_LEVEL: avx2, avx512,
-// avx512_vnni or avx512_bf16), which registers the op kernelpick::fp8_gemm_<level>. The FP8 numerics are
-// in _cpu_fp8_codec.h, the dot-product paths in _cpu_fp8_dot.h.
+// avx512_vnni or avx512_bf16), which registers the op kernelpick::fp8_gemm_<level>. The
+// FP8 numerics are in _cpu_fp8_codec.h, the dot-product paths in _cpu_fp8_dot.h, the bf16
+// build's outer products in _cpu_bf16_outer.h.
 //
 // Small M (decode) is memory-bound: the kernel reads each FP8 byte once, decodes it in
-// registers and uses it for every token. Large M is compute-bound: weight panels are
-// decoded once to bf16 or fp32 and handed to torch's GEMM (oneDNN / MKL), which is tuned
-// for this CPU, where that is exact enough (see fp8_gemm).
+// registers and uses it for every token. Large M is compute-bound: with bf16 units, panels
+// decoded once per call feed register tiles of outer products; without, weight panels are
+// decoded once to fp32 and handed to torch's fp32 GEMM (MKL / oneDNN), tuned for this CPU.
 
 #include "_cpu_fp8_codec.h"
 #include "_cpu_fp8_dot.h"
@@ -169,29 +170,24 @@ at::Tensor quantize_rows_int(const at::Tensor& x, int64_t step, int64_t start_by
 // ---------------------------------------------------------------------------------------
 // The large-M path: decode a panel of weight rows, multiply with torch's GEMM, epilogue.
 
-void panels(const at::Tensor& xc, const uint8_t* w, int64_t n, int64_t k, bool bf16,
-            const Epilogue& epi, const KGroups& kg, bool int8 = false) {
-  const int64_t elem = bf16 ? 2 : 4;
-  const int64_t rows = std::max<int64_t>(64, kPanelBytes / (k * elem) / 64 * 64);
+void panels(const at::Tensor& xc, const uint8_t* w, int64_t n, int64_t k, const Epilogue& epi,
+            const KGroups& kg, bool int8 = false) {
+  const int64_t rows = std::max<int64_t>(64, kPanelBytes / (k * 4) / 64 * 64);
   const int64_t m = xc.size(0);
-  thread_local std::vector<uint8_t> panel_memory, product_memory, f32_memory;
-  const at::ScalarType dtype = xc.scalar_type();
-  at::Tensor panel = kept(panel_memory, std::min(rows, n), k, dtype);
+  thread_local std::vector<uint8_t> panel_memory, product_memory;
+  at::Tensor panel = kept(panel_memory, std::min(rows, n), k, at::kFloat);
   for (int64_t n0 = 0; n0 < n; n0 += rows) {
     const int64_t nb = std::min(rows, n - n0);
     at::Tensor p = panel.narrow(0, 0, nb);
-    if (bf16) {
-      decode_rows_bf16(w + n0 * k, nb, k, reinterpret_cast<uint16_t*>(p.data_ptr<at::BFloat16>()));
-    } else if (int8) {
+    if (int8) {
       decode_rows_f32_int8(w + n0 * k, nb, k, p.data_ptr<float>());
     } else {
       decode_rows_f32(w + n0 * k, nb, k, p.data_ptr<float>());
       // Block scales go into the decoded values (with the decode's 2^8): fp32 panels only.
       if (kg.weight) scale_weight_blocks(p.data_ptr<float>(), n0, nb, k, kg, kDecodeScale);
     }
-    at::Tensor y = kept(product_memory, m, nb, dtype);
+    at::Tensor y = kept(product_memory, m, nb, at::kFloat);
     at::mm_out(y, xc, p.t());
-    if (bf16) y = kept(f32_memory, m, nb, at::kFloat).copy_(y);
     const float* acc = y.data_ptr<float>();
     at::parallel_for(0, m, 1, [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t) epi.store(t, n0, nb, acc + t * nb);
@@ -200,14 +196,6 @@ void panels(const at::Tensor& xc, const uint8_t* w, int64_t n, int64_t k, bool b
 }
 
 // ---------------------------------------------------------------------------------------
-
-bool bf16_compute_available() {
-#if defined(__AVX512BF16__)
-  return true;
-#else
-  return false;
-#endif
-}
 
 // What the scale arguments say, checked: ``act_group`` (0: per token) and ``weight_block``
 // (0: weight_scale per tensor or per channel) are the K extents of the scale groups, each
@@ -320,22 +308,22 @@ at::Tensor fp8_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Ten
       gemv<V, V>(xi.data_ptr<V::X>(), m, xi.size(1), w, n, k, epi, kg);
     } else {
       at::Tensor f32 = prepare_rows(xs, true, 0, false, 1, scales, 0.0f, true);
-      panels(f32, w, n, k, false, epi, kg, true);
+      panels(f32, w, n, k, epi, kg, true);
     }
     return out;
   }
   // bf16 arithmetic holds the FP8 products exactly where the activations are bf16-exact
   // too (quantized to e4m3, or bf16 to begin with).
   const bool bf16_exact = quantize_input || x.scalar_type() == at::kBFloat16;
-  // torch's bf16 GEMM writes bf16, rounding the sums before the scales are applied: fine
-  // for a bf16 output (two roundings), not for fp32 or fp16, which stay on the exact path.
-  // Nor with a bias: added after that rounding, it could cancel the digits that are left.
-  // Nor with block scales, which differ from one K-group of a sum to the next.
-  const bool vendor_bf16 = large && out_dtype == at::kBFloat16 && !bias.has_value() && !grouped;
-  // Scales that vary along K are applied group by group on the dot paths; scales too far
-  // apart or too small for that (groups_in_range) go to the fp32 panels below instead.
+  // With bf16 units every such layer runs vdpbf16ps, at any M: the products exact, the sums
+  // in fp32, one rounding at the end. torch's bf16 GEMM on decoded panels, which this build
+  // took past 64 tokens for a bf16 output, rounds the sums to bf16 before the scales, and
+  // measured slower than the outer products (fp8_per_channel, N = K = 4096, bf16, 2
+  // threads, over bf16 F.linear: 1.09-1.20 against 0.97-1.07 at M = 65-1024). Scales that
+  // vary along K are applied group by group; scales too far apart or too small for that
+  // (groups_in_range) go to the fp32 panels below instead.
 #if defined(__AVX512BF16__)
-  if (bf16_exact && !vendor_bf16) {
+  if (bf16_exact) {
     at::Tensor xb = prepare_rows(xs, quantize_input, act_group, true, Bf16x64::kStep, scales, fixed);
     if (!grouped || groups_in_range(kg, m, n)) {
       epi.decode_scale = 1.0f;
@@ -359,20 +347,13 @@ at::Tensor fp8_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Ten
       return out;
     }
   }
-  // Large M: decoded panels into torch's GEMM, in bf16 where the CPU has bf16 units and
-  // the output is bf16, otherwise in fp32, whose GEMM is fast on every x86 CPU. Scales
-  // that vary along K (fp32 panels only) go into the operands first: the activations are
-  // scaled to their values, and for blocks so are the decoded weight panels.
-  const bool bf16 = bf16_compute_available() && bf16_exact && vendor_bf16;
-  if (bf16 || kg.weight) epi.decode_scale = 1.0f;
-  at::Tensor xc;
-  if (!quantize_input && bf16) {
-    xc = xs;
-  } else {
-    xc = prepare_rows(xs, quantize_input, act_group, bf16, 1, scales, fixed);
-  }
+  // Large M: fp32 panels decoded into torch's fp32 GEMM, which is fast on every x86 CPU.
+  // Scales that vary along K go into the operands first: the activations are scaled to
+  // their values, and for blocks so are the decoded weight panels.
+  if (kg.weight) epi.decode_scale = 1.0f;
+  at::Tensor xc = prepare_rows(xs, quantize_input, act_group, false, 1, scales, fixed);
   if (grouped && quantize_input) scale_activation_groups(xc.data_ptr<float>(), m, k, k, kg);
-  panels(xc, w, n, k, bf16, epi, kg);
+  panels(xc, w, n, k, epi, kg);
   return out;
 }
 

@@ -2,8 +2,9 @@
 the last dynamic or static) and W8A16, one custom op each ISA.
 
 The math is in ``_cpu_fp8_gemm.cpp``: the FP8 weight is decoded exactly in registers
-(never as a whole-weight copy) with a GEMV path for small M and decoded panels handed to
-torch's GEMM for large M; activation quantization (dynamic per token, per 1 x 128 group or
+(never as a whole-weight copy) with a GEMV path for small M and, for large M, outer
+products over panels decoded once per call (with bf16 units) or decoded fp32 panels handed
+to torch's GEMM; activation quantization (dynamic per token, per 1 x 128 group or
 per tensor, or with a stored per-tensor scale) is fused into the same call. Weights are
 scaled per tensor, per channel or per 128 x 128 block (block FP8: DeepSeek-V3, Qwen3 FP8).
 The op is a ``torch.library`` custom op with a fake (meta) implementation, so
