@@ -36,7 +36,7 @@ from benchmarks.rotation import (
 )
 from kernelpick.core import INT8_DOT_ISA, CpuArch
 from kernelpick.kernels import WeightBundle
-from kernelpick.kernels._cpu_build import ISA_LEVELS
+from kernelpick.kernels._cpu_build import ISA_LEVELS, levels_within, op_name
 
 __all__ = ["HANDOVER_TOKENS", "int8_levels", "render_handover", "run_handover"]
 
@@ -46,12 +46,11 @@ _SCHEME = "int8_per_channel"
 
 def int8_levels(caps: kp.DeviceCaps) -> list[str]:
     """The ISA builds ``caps``' CPU can run, best first."""
-    isa = caps.arch.isa if isinstance(caps.arch, CpuArch) else frozenset()
-    return [level for level, (flags, _) in ISA_LEVELS.items() if flags <= isa]
+    return levels_within(caps.arch.isa if isinstance(caps.arch, CpuArch) else ())
 
 
 def _op_call(level: str, x: torch.Tensor) -> Callable[[WeightBundle], object]:
-    op = getattr(torch.ops.kernelpick, f"fp8_gemm_{level}")
+    op = getattr(torch.ops.kernelpick, op_name(level))
 
     def call(bundle: WeightBundle) -> object:
         return op(x, bundle.weight, bundle.scale, None, True, x.dtype, 0, 0, None)

@@ -35,6 +35,7 @@ __all__ = [
     "VNNI_LEVELS",
     "KernelBuildError",
     "isa_level",
+    "levels_within",
     "load_ops",
     "op_name",
     "toolchain_found",
@@ -145,13 +146,15 @@ def toolchain_found() -> bool:
     return True
 
 
+def levels_within(isa: Iterable[str]) -> list[str]:
+    """Every ISA level whose flags ``isa`` has (see ``ISA_LEVELS``), best first."""
+    flags = frozenset(isa)
+    return [level for level, (needs, _cflags) in ISA_LEVELS.items() if needs <= flags]
+
+
 def isa_level(isa: Iterable[str]) -> str | None:
     """The best ISA level whose flags ``isa`` has (see ``ISA_LEVELS``), or None."""
-    flags = frozenset(isa)
-    for level, (needs, _cflags) in ISA_LEVELS.items():
-        if needs <= flags:
-            return level
-    return None
+    return next(iter(levels_within(isa)), None)
 
 
 def op_name(level: str) -> str:

@@ -129,18 +129,21 @@ at::Tensor prepare_rows(const at::Tensor& x, bool quantize, int64_t group, bool 
   return out;
 }
 
-// The activations quantized per token to int8 values, for the integer dot products: rows of
-// T (int16 for vpmaddwd, int8 for vpdpbusd) padded with zeros to a multiple of ``step``,
-// and with ``start_bytes`` each followed by its start, -128 times the sum of its values
-// (U8x64 reads the weights as w + 128), then zeros; the scales into ``scales``. A row whose
-// scale is not finite (a NaN or an infinity in it) gets a NaN scale, so that all its
-// outputs are NaN, as they are where its quantized values (NaN) enter an fp32 sum.
-template <class T>
-at::Tensor quantize_rows_int(const at::Tensor& x, int64_t step, int64_t start_bytes,
-                             float* scales) {
+// The activations quantized per token to int8 values, for V's integer dot products: rows of
+// V::X (int16 for vpmaddwd, int8 for vpdpbusd) padded with zeros to a multiple of V::kStep,
+// and where V carries a start (CarriesStart) each followed by it, -128 times the sum of
+// its values (U8x64 reads the weights as w + 128), then zeros to V::kStartBytes; the
+// scales into ``scales``. A row whose scale is not finite (a NaN or an infinity in it)
+// gets a NaN scale, so that all its outputs are NaN, as they are where its quantized
+// values (NaN) enter an fp32 sum.
+template <class V>
+at::Tensor quantize_rows_int(const at::Tensor& x, float* scales) {
+  using T = typename V::X;
+  constexpr bool kStart = CarriesStart<V>::value;
   const int64_t m = x.size(0), k = x.size(1);
-  const int64_t kp = (k + step - 1) / step * step;
-  const int64_t stride = kp + start_bytes / int64_t(sizeof(T));
+  const int64_t kp = (k + V::kStep - 1) / V::kStep * V::kStep;
+  int64_t stride = kp;
+  if constexpr (kStart) stride += V::kStartBytes / int64_t(sizeof(T));
   thread_local std::vector<uint8_t> memory;  // valid until this thread's next call (kept)
   at::Tensor out = kept(memory, m, stride, sizeof(T) == 1 ? at::kChar : at::kShort);
   T* rows = out.data_ptr<T>();
@@ -157,9 +160,9 @@ at::Tensor quantize_rows_int(const at::Tensor& x, int64_t step, int64_t start_by
         dst[i] = finite ? static_cast<T>(row[i]) : 0;
         sum += dst[i];
       }
-      if (start_bytes > 0) {
+      if constexpr (kStart) {
         const int32_t start = -128 * sum;
-        std::memset(dst + kp, 0, start_bytes);
+        std::memset(dst + kp, 0, V::kStartBytes);
         std::memcpy(dst + kp, &start, sizeof start);
       }
     }
@@ -296,15 +299,12 @@ at::Tensor fp8_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Ten
     if (k <= kExactIntK && (!large || k >= kIntPanelsBelowK)) {
 #if defined(__AVX512VNNI__)
       using V = U8x64;
-      const int64_t start_bytes = V::kStartBytes;
 #elif defined(__AVX512BW__)
       using V = I16x32;
-      const int64_t start_bytes = 0;
 #else
       using V = I16x16;
-      const int64_t start_bytes = 0;
 #endif
-      at::Tensor xi = quantize_rows_int<V::X>(xs, V::kStep, start_bytes, scales);
+      at::Tensor xi = quantize_rows_int<V>(xs, scales);
       gemv<V, V>(xi.data_ptr<V::X>(), m, xi.size(1), w, n, k, epi, kg);
     } else {
       at::Tensor f32 = prepare_rows(xs, true, 0, false, 1, scales, 0.0f, true);

@@ -255,10 +255,11 @@ def int_mm_from_tokens(level: str, k: int) -> int:
 @attrs.frozen
 class CpuInt8Gemm(CpuFp8Gemm):
     """W8A8 int8 on the CPU (``int8_per_channel``): per-token int8 activations quantized in
-    the op, int8 weights per channel or per tensor, decoded exactly in registers and summed
-    in fp32: for CPUs where ``torch._int_mm`` has no int8 dot product (no VNNI), and at
-    decode sizes where it has one; from ``int_mm_from_tokens(level, K)`` tokens on such a
-    CPU the product goes to ``torch._int_mm`` (exact int32 sums), which wins there."""
+    the op, int8 weights per channel or per tensor, multiplied in registers and summed
+    exactly in int32 (``vpmaddwd``, or ``vpdpbusd`` with AVX512-VNNI): for CPUs where
+    ``torch._int_mm`` has no int8 dot product (no VNNI), and at decode sizes where it has
+    one; from ``int_mm_from_tokens(level, K)`` tokens on such a CPU the product goes to
+    ``torch._int_mm`` (exact int32 sums), which wins there."""
 
     _WEIGHT: ClassVar[Dtype] = Dtype.INT8
 

@@ -11,12 +11,12 @@ import torch
 import kernelpick as kp
 from kernelpick.core import FEATURE_CPP_TOOLCHAIN, CpuArch
 from kernelpick.core._catalog_facts import INT8_DOT_ISA
-from kernelpick.kernels._cpu_build import ISA_LEVELS
+from kernelpick.kernels._cpu_build import ISA_LEVELS, levels_within
 
 HOST = kp.probe("cpu")
 HOST_ISA = HOST.arch.isa if isinstance(HOST.arch, CpuArch) else frozenset()
 # Every level whose flags the host has; the others cannot run here.
-LEVELS = [level for level, (flags, _) in ISA_LEVELS.items() if flags <= HOST_ISA]
+LEVELS = levels_within(HOST_ISA)
 NEEDS_A_LEVEL = pytest.mark.skipif(
     not LEVELS or "cpp_toolchain" not in HOST.features,
     reason="needs an x86 CPU with AVX2+FMA+F16C and a C++ toolchain",
