@@ -167,8 +167,10 @@ _CPU = (
         W8A8,
         (CPU_FP8_ISA, CPP_TOOLCHAIN, *CPU_FP8_W8A8, ANY_OUT),
         "FP8 weights decoded in registers (AVX2/AVX-512 C++): GEMV for small M, bf16/fp32 "
-        "tiles for large M, per-token, 1x128-group or per-tensor (dynamic or static) "
-        "quantization fused",
+        "tiles for large M (with AMX, from 8 tokens, bf16 panels on AMX tiles through "
+        "oneDNN's brgemm: N = K = 4096, M = 64, 0.29 of fp32 F.linear's time against 1.22 "
+        "without), per-token, 1x128-group or per-tensor (dynamic or static) quantization "
+        "fused",
     ),
     KernelSpec(
         "cpu_fp8_w8a16_gemm",
@@ -176,7 +178,8 @@ _CPU = (
         W8A16,
         (CPU_FP8_ISA, CPP_TOOLCHAIN, E4M3, CPU_FP8_WEIGHTS, ANY_OUT),
         "FP8 weights decoded in registers (AVX2/AVX-512 C++): GEMV for small M, bf16/fp32 "
-        "tiles for large M, activations kept in their own dtype",
+        "tiles for large M (with AMX, bf16 panels on AMX tiles from 8 tokens), activations "
+        "kept in their own dtype",
     ),
     KernelSpec(
         "cpu_int8_gemm",
@@ -187,7 +190,8 @@ _CPU = (
         "vpdpbusd with AVX512-VNNI; exact int32 sums), per-token int8 quantization fused; "
         "on a CPU with VNNI or AMX it hands the product to torch._int_mm, which wins there "
         "(and sums wrong without them), from 49 tokens (vpdpbusd: from 65, or 192 from "
-        "K = 2048)",
+        "K = 2048; with AMX-INT8, where _int_mm runs on AMX tiles, from 41: N = K = 4096, "
+        "0.89 of its time at M = 40, 1.30 at 64)",
     ),
     KernelSpec(
         # torch's CPU _int_mm is oneDNN's int8 GEMM for any M, K and N (measured on torch

@@ -50,10 +50,12 @@ inline void transpose16x16(__m512i (&r)[16]) {
 }
 
 // Rows [0, rows) of a panel (FP8, k bytes apart), decoded to bf16 and laid out for the tile:
-// ``out[p][c]`` holds row c's pair p (K 2p and 2p + 1), for every pair of the row's whole
-// 64-byte steps; zeros for K past k and for rows past ``rows``. Each step of 16 rows is
-// decoded into a block in L1, then transposed 16 pairs at a time.
-void pack_pairs(const uint8_t* w, int64_t k, int64_t rows, const Fp8Tables& t, uint32_t* out) {
+// ``out[p * ld + c]`` holds row c's pair p (K 2p and 2p + 1), for every pair of the row's
+// whole 64-byte steps; zeros for K past k and for rows past ``rows``: the VNNI layout of a
+// bf16 B matrix, which AMX reads too (_cpu_bf16_amx.h, ``ld`` its panel's width). Each
+// step of 16 rows is decoded into a block in L1, then transposed 16 pairs at a time.
+void pack_pairs(const uint8_t* w, int64_t k, int64_t rows, const Fp8Tables& t, uint32_t* out,
+                int64_t ld = kOuterCols) {
   const Steps<Bf16x64> steps(k);
   alignas(64) uint32_t block[16][kStepPairs];  // 16 rows' pairs of one step
   for (int half = 0; half < 2; ++half) {
@@ -72,8 +74,8 @@ void pack_pairs(const uint8_t* w, int64_t k, int64_t rows, const Fp8Tables& t, u
         __m512i r[16];
         for (int i = 0; i < 16; ++i) r[i] = _mm512_load_si512(block[i] + 16 * q);
         transpose16x16(r);
-        uint32_t* dst = out + (s * kStepPairs + 16 * q) * kOuterCols + 16 * half;
-        for (int j = 0; j < 16; ++j) _mm512_storeu_si512(dst + j * kOuterCols, r[j]);
+        uint32_t* dst = out + (s * kStepPairs + 16 * q) * ld + 16 * half;
+        for (int j = 0; j < 16; ++j) _mm512_storeu_si512(dst + j * ld, r[j]);
       }
     }
   }
@@ -173,14 +175,32 @@ void outer_tokens(const uint16_t* x, int64_t m, int64_t kp, const uint8_t* w, in
 // against this one: fp8_per_channel 0.62 / 0.88 at M = 16, 1.03-1.63 / 0.89-0.95 at 24,
 // 0.95-1.12 / 0.97 at 32, 1.02-1.18 / 0.92-0.93 at 48; fp8_block 0.83 / 0.84 at 16,
 // 0.96-1.24 / 0.90-0.91 at 24, 1.10 / 0.92-1.01 at 32, 1.31 / 1.02 at 64 (a noisy machine).
+// With AMX (the avx512_amx level) the panels go to AMX tiles instead, from kAmxFrom tokens
+// (_cpu_bf16_amx.h, included at the end of this header).
+#if defined(KERNELPICK_AMX)
+constexpr int64_t kAmxFrom = 8;
+template <bool G>
+void amx_tokens(const uint16_t* x, int64_t m, int64_t kp, const uint8_t* w, int64_t n,
+                int64_t k, const Epilogue& epi, const KGroups& kg);
+#endif
 template <bool G>
 struct ManyTokens<Bf16x64, G> {
+#if defined(KERNELPICK_AMX)
+  static constexpr int64_t kFrom = kAmxFrom;
+#else
   static constexpr int64_t kFrom = 17;
+#endif
   static void run(const uint16_t* x, int64_t m, int64_t kp, const uint8_t* w, int64_t n,
                   int64_t k, const Epilogue& epi, const KGroups& kg) {
+#if defined(KERNELPICK_AMX)
+    amx_tokens<G>(x, m, kp, w, n, k, epi, kg);
+#else
     outer_tokens<G>(x, m, kp, w, n, k, epi, kg);
+#endif
   }
 };
 
 }  // namespace
 #endif
+
+#include "_cpu_bf16_amx.h"

@@ -46,6 +46,7 @@ _SOURCE = Path(__file__).with_name("_cpu_fp8_gemm.cpp")
 _HEADERS = tuple(
     Path(__file__).with_name(n)
     for n in (
+        "_cpu_bf16_amx.h",
         "_cpu_bf16_outer.h",
         "_cpu_fp8_codec.h",
         "_cpu_fp8_dot.h",
@@ -68,11 +69,11 @@ _ANY_LEVEL = CPU_FP8_ISA.flags
 _AVX512 = frozenset({"avx512f", "avx512bw", "avx512vl"})
 _AVX512_CFLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl")
 _VNNI_CFLAG = "-mavx512vnni"
+_BF16 = _ANY_LEVEL | _AVX512 | {"avx512vbmi", "avx512_bf16"}
+_BF16_CFLAGS = (*_AVX512_CFLAGS, "-mavx512vbmi", "-mavx512bf16", _VNNI_CFLAG)
 ISA_LEVELS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
-    "avx512_bf16": (
-        _ANY_LEVEL | _AVX512 | {"avx512vbmi", "avx512_bf16"},
-        (*_AVX512_CFLAGS, "-mavx512vbmi", "-mavx512bf16", _VNNI_CFLAG),
-    ),
+    "avx512_amx": (_BF16 | {"amx_bf16", "amx_tile"}, (*_BF16_CFLAGS, "-DKERNELPICK_AMX")),
+    "avx512_bf16": (_BF16, _BF16_CFLAGS),
     "avx512_vnni": (_ANY_LEVEL | _AVX512 | {"avx512_vnni"}, (*_AVX512_CFLAGS, _VNNI_CFLAG)),
     "avx512": (_ANY_LEVEL | _AVX512, _AVX512_CFLAGS),
     "avx2": (_ANY_LEVEL, ()),
@@ -241,6 +242,7 @@ def _host_lacks(level: str) -> bool:
         "avx512_vnni": cpu._is_avx512_supported() and cpu._is_vnni_supported(),
         "avx512_bf16": cpu._is_avx512_bf16_supported() and cpu._is_vnni_supported(),
     }
+    has["avx512_amx"] = has["avx512_bf16"] and cpu._is_amx_tile_supported()
     return not has[level]
 
 

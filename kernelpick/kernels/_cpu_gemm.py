@@ -45,6 +45,7 @@ from kernelpick.kernels._int8 import int_mm_weight
 from kernelpick.kernels._scaled_mm import apply_scales
 
 __all__ = [
+    "AMX_INT_MM_FROM_TOKENS",
     "BLOCK",
     "INT_MM_FROM_TOKENS",
     "VNNI_INT_MM_FROM_TOKENS",
@@ -242,11 +243,19 @@ INT_MM_FROM_TOKENS = 49
 # N = 4096, K = 14336 0.89 at 256, 1.17 at 384. Under K = 2048 (N = K = 1024: 0.70 at 48,
 # 0.78 at 64) the op takes fp32 panels past 64 tokens (kIntPanelsBelowK), about 3x.
 VNNI_INT_MM_FROM_TOKENS: tuple[tuple[int, int], ...] = ((2048, 192), (0, 65))
+# Where the CPU has AMX-INT8 (and oneDNN may use it), _int_mm runs on AMX tiles, for every
+# build. Measured as above on a 2-core AMX Xeon, the avx512_amx build over _int_mm:
+# N = K = 4096 0.65 / 0.81 / 0.89 / 1.00 / 1.30 at M = 16 / 32 / 40 / 48 / 64 (1.59 at
+# 256); N = 14336, K = 4096 0.86 / 0.95 / 1.10 at 32 / 40 / 48; N = K = 2048 0.85 / 0.88 /
+# 1.06; N = K = 1024 0.81 / 0.98 / 1.11.
+AMX_INT_MM_FROM_TOKENS = 41
 
 
-def int_mm_from_tokens(level: str, k: int) -> int:
+def int_mm_from_tokens(level: str, k: int, amx: bool = False) -> int:
     """The batch size (tokens) from which ``cpu_int8_gemm``'s ``level`` build hands a layer of
-    K ``k`` to ``torch._int_mm``, on a CPU with an int8 dot product."""
+    K ``k`` to ``torch._int_mm``, on a CPU with an int8 dot product (``amx``: AMX-INT8)."""
+    if amx:
+        return AMX_INT_MM_FROM_TOKENS
     if level not in VNNI_LEVELS:
         return INT_MM_FROM_TOKENS
     return next(tokens for shortest, tokens in VNNI_INT_MM_FROM_TOKENS if k >= shortest)
@@ -270,7 +279,8 @@ class CpuInt8Gemm(CpuFp8Gemm):
         super().__attrs_post_init__()
         handover = None
         if self.isa & INT8_DOT_ISA.flags:
-            handover = int_mm_from_tokens(self.level, self.config.weight_shape[1])
+            amx = "amx_int8" in self.isa
+            handover = int_mm_from_tokens(self.level, self.config.weight_shape[1], amx)
         object.__setattr__(self, "_int_mm_from", handover)
 
     def _matmul(

@@ -26,7 +26,11 @@ from kernelpick.adapters.cpu._device import usable_isa
 from kernelpick.core import Dtype, GroupShape, QuantKey, ScaleSpec
 from kernelpick.kernels import LAUNCHES, CpuFp8Gemm, CpuFp8GemmW8A16, KernelBase
 from kernelpick.kernels._cpu_build import VNNI_LEVELS, _build_name, isa_level
-from kernelpick.kernels._cpu_gemm import INT_MM_FROM_TOKENS, int_mm_from_tokens
+from kernelpick.kernels._cpu_gemm import (
+    AMX_INT_MM_FROM_TOKENS,
+    INT_MM_FROM_TOKENS,
+    int_mm_from_tokens,
+)
 from tests.support.cpu_levels import (
     EVERY_LEVEL,
     HOST_ISA,
@@ -35,6 +39,7 @@ from tests.support.cpu_levels import (
     NEEDS_INT8_DOT,
     caps_at,
     on_one_and_two_threads,
+    with_flags,
     with_int8_dot,
 )
 from tests.support.emulation import Emulated, assert_within_bound, emulated
@@ -59,6 +64,7 @@ def test_the_host_builds_its_best_level() -> None:
 
 AVX2 = ("avx2", "fma", "f16c")
 AVX512 = (*AVX2, "avx512f", "avx512bw", "avx512vl")
+AMX = ("amx_bf16", "amx_int8", "amx_tile")
 
 
 @pytest.mark.parametrize(
@@ -68,7 +74,9 @@ AVX512 = (*AVX2, "avx512f", "avx512bw", "avx512vl")
         ((*AVX2, "avx_vnni"), "avx2"),  # Alder Lake: no 512-bit vpdpbusd
         (AVX512, "avx512"),  # Skylake-X
         ((*AVX512, "avx512_vnni"), "avx512_vnni"),  # Cascade Lake, Ice Lake
-        ((*AVX512, "avx512vbmi", "avx512_bf16", "avx512_vnni"), "avx512_bf16"),  # Zen 4, SPR
+        ((*AVX512, "avx512vbmi", "avx512_bf16", "avx512_vnni"), "avx512_bf16"),  # Zen 4, 5
+        ((*AVX512, "avx512vbmi", "avx512_bf16", "avx512_vnni", *AMX), "avx512_amx"),  # SPR on
+        ((*AVX512, "avx512vbmi", "avx512_bf16", "amx_int8"), "avx512_bf16"),  # no amx_bf16
         # VNNI dropped by ONEDNN_MAX_CPU_ISA (below): the bf16 level all the same.
         ((*AVX512, "avx512vbmi", "avx512_bf16"), "avx512_bf16"),
         (("avx2", "fma"), None),  # no F16C: no level
@@ -92,21 +100,45 @@ def test_a_onednn_cap_does_not_cost_a_zen4_its_bf16_level(cap: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("level", "k", "tokens"),
+    ("cap", "level"),
     [
-        ("avx2", 8192, INT_MM_FROM_TOKENS),
-        ("avx512", 4096, INT_MM_FROM_TOKENS),
-        ("avx512_vnni", 4096, 192),
-        ("avx512_vnni", 14336, 192),
-        ("avx512_bf16", 2048, 192),
-        ("avx512_bf16", 2047, 65),
-        ("avx512_vnni", 1, 65),
+        ("AVX512_CORE_AMX", "avx512_amx"),
+        ("DEFAULT", "avx512_amx"),
+        ("AVX512_CORE_BF16", "avx512_bf16"),
+        ("AVX512_CORE_FP16", "avx512_bf16"),
+        ("AVX2_VNNI", "avx512_bf16"),
     ],
 )
-def test_vpdpbusd_builds_keep_longer_int8_layers_from_int_mm(
-    level: str, k: int, tokens: int
+def test_amx_tiles_run_only_where_onednn_may_use_them(cap: str, level: str) -> None:
+    # The avx512_amx build multiplies through oneDNN (at::native::cpublas::brgemm): capped
+    # below AMX, oneDNN would run that on AVX-512, so the caps drop the AMX units and the
+    # bf16 build's own outer products run instead.
+    sapphire_rapids = [*AVX512, "avx512vbmi", "avx512_bf16", "avx512_vnni", *AMX]
+    usable = usable_isa(sapphire_rapids, {"ONEDNN_MAX_CPU_ISA": cap})
+    assert isa_level(usable) == level
+    assert ("amx_int8" in usable) == (level == "avx512_amx")
+
+
+@pytest.mark.parametrize(
+    ("level", "k", "amx", "tokens"),
+    [
+        ("avx2", 8192, False, INT_MM_FROM_TOKENS),
+        ("avx512", 4096, False, INT_MM_FROM_TOKENS),
+        ("avx512_vnni", 4096, False, 192),
+        ("avx512_vnni", 14336, False, 192),
+        ("avx512_bf16", 2048, False, 192),
+        ("avx512_bf16", 2047, False, 65),
+        ("avx512_vnni", 1, False, 65),
+        # AMX-INT8: _int_mm on AMX tiles wins from 41 tokens, whatever the build.
+        ("avx512_amx", 4096, True, AMX_INT_MM_FROM_TOKENS),
+        ("avx512_bf16", 14336, True, AMX_INT_MM_FROM_TOKENS),
+        ("avx2", 1024, True, AMX_INT_MM_FROM_TOKENS),
+    ],
+)
+def test_int8_hands_over_to_int_mm_where_it_measured_faster(
+    level: str, k: int, amx: bool, tokens: int
 ) -> None:
-    assert int_mm_from_tokens(level, k) == tokens
+    assert int_mm_from_tokens(level, k, amx) == tokens
 
 
 def _case(
@@ -497,7 +529,6 @@ def test_int8_hands_larger_batches_to_int_mm_only_where_the_cpu_has_an_int8_dot(
     # Both routes against the emulation, either side of the level's hand-over (and at 1 and
     # 300 tokens); torch._int_mm counted, so the switch is seen.
     n, k = 96, 2048 + 8
-    handover = int_mm_from_tokens(level, k)
     config = kp.quant_config(
         "int8_per_channel", weight_shape=(n, k), out_dtype="float32", bias=True
     )
@@ -510,21 +541,27 @@ def test_int8_hands_larger_batches_to_int_mm_only_where_the_cpu_has_an_int8_dot(
 
     monkeypatch.setattr(torch, "_int_mm", counted)
     plain = caps_at(level)
-    routes = [(with_int8_dot(plain), True)]
+    # (caps, the hand-over there, or None where _int_mm is never called)
+    routes: list[tuple[kp.DeviceCaps, int | None]] = [
+        (with_int8_dot(plain), int_mm_from_tokens(level, k)),
+    ]
     if level not in VNNI_LEVELS:  # a VNNI level's flags have the int8 dot product
-        routes.append((plain, False))
-    for m in (1, handover + offset, 300):
-        generator = torch.Generator().manual_seed(m)
-        x = torch.randn(m, k, generator=generator)
-        w = torch.randn(n, k, generator=generator) * 0.05
-        b = torch.randn(n, generator=generator)
-        want = emulated(x, w, config, Dtype.FLOAT8_E4M3FN, bias=b)
-        for caps, vnni in routes:
+        routes.append((plain, None))
+    if "amx_int8" in HOST_ISA:  # _int_mm on AMX tiles: an earlier hand-over
+        routes.append((with_flags(plain, "amx_int8"), AMX_INT_MM_FROM_TOKENS))
+    for caps, handover in routes:
+        for m in (1, (handover or INT_MM_FROM_TOKENS) + offset, 300):
+            generator = torch.Generator().manual_seed(m)
+            x = torch.randn(m, k, generator=generator)
+            w = torch.randn(n, k, generator=generator) * 0.05
+            b = torch.randn(n, generator=generator)
+            want = emulated(x, w, config, Dtype.FLOAT8_E4M3FN, bias=b)
             impl = kp.bind("cpu_int8_gemm", config, caps)
             calls.clear()
             got = impl.apply(x, impl.quantize_weights(w), b)
             assert_within_bound(got, want)
-            assert calls == ([m] if vnni and m >= handover else []), (m, vnni)
+            called = handover is not None and m >= handover
+            assert calls == ([m] if called else []), (m, handover)
 
 
 @pytest.mark.parametrize("level", LEVELS)

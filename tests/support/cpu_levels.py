@@ -35,9 +35,14 @@ NEEDS_INT8_DOT = pytest.mark.skipif(
 def with_int8_dot(caps: kp.DeviceCaps) -> kp.DeviceCaps:
     """``caps`` of a CPU that also has VNNI, where the catalog selects ``cpu_int8_int_mm``:
     AVX-VNNI, which no build level needs, so the caps keep the level they select."""
+    return with_flags(caps, "avx_vnni")
+
+
+def with_flags(caps: kp.DeviceCaps, *flags: str) -> kp.DeviceCaps:
+    """``caps`` of a CPU that also has ``flags``."""
     arch = caps.arch
     assert isinstance(arch, CpuArch)
-    return attrs.evolve(caps, arch=attrs.evolve(arch, isa=arch.isa | {"avx_vnni"}))
+    return attrs.evolve(caps, arch=attrs.evolve(arch, isa=arch.isa | set(flags)))
 
 
 def skip_unless_runs(level: str) -> pytest.MarkDecorator:

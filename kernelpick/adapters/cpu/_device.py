@@ -70,6 +70,7 @@ KERNEL_ISA_FLAGS = frozenset(
 _ONEDNN_CAPS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
 _INT8_DOT_FLAGS = INT8_DOT_ISA.flags
 _AVX2_VNNI, _AVX512_VNNI = frozenset({"avx_vnni"}), frozenset({"avx512_vnni"})
+_AMX_UNITS = frozenset({"amx_bf16", "amx_int8", "amx_tile"})
 _ONEDNN_INT8_DOT: dict[str, frozenset[str]] = {
     **dict.fromkeys(("SSE41", "AVX", "AVX2", "AVX512_CORE"), frozenset()),
     **dict.fromkeys(("AVX2_VNNI", "AVX2_VNNI_2"), _AVX2_VNNI),
@@ -116,12 +117,17 @@ def parse_cpuinfo(text: str) -> tuple[str | None, list[str]]:
 
 
 def usable_isa(flags: Iterable[str], environ: Mapping[str, str]) -> list[str]:
-    """The CPU's ``flags`` less the int8 dot products oneDNN is told not to use (its
-    ``ONEDNN_MAX_CPU_ISA`` names a level without them), sorted."""
+    """The CPU's ``flags`` less the int8 dot products and AMX units oneDNN is told not to
+    use (its ``ONEDNN_MAX_CPU_ISA`` names a level without them), sorted."""
     level = next((environ[key] for key in _ONEDNN_CAPS if environ.get(key)), "")
     if not level.strip():
         return sorted(set(flags))
     allowed = _ONEDNN_INT8_DOT.get(level.strip().upper(), frozenset())
+    # AMX is what the AMX levels allow (their int8 dot products include amx_int8): below
+    # them oneDNN runs the avx512_amx build's bf16 tiles (at::native::cpublas::brgemm) and
+    # torch's bf16 GEMM on AVX-512 instead.
+    if "amx_int8" not in allowed:
+        flags = set(flags) - _AMX_UNITS
     return sorted(set(flags) - (_INT8_DOT_FLAGS - allowed))
 
 
