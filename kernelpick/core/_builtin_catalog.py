@@ -187,11 +187,11 @@ _CPU = (
         W8A8,
         (CPU_FP8_ISA, CPP_TOOLCHAIN, *INT8_PER_TOKEN, ANY_OUT),
         "int8 x int8 in registers (the FP8 kernel's AVX2/AVX-512 C++: int16 vpmaddwd, or "
-        "vpdpbusd with AVX512-VNNI; exact int32 sums), per-token int8 quantization fused; "
-        "on a CPU with VNNI or AMX it hands the product to torch._int_mm, which wins there "
-        "(and sums wrong without them), from 49 tokens (vpdpbusd: from 65, or 192 from "
-        "K = 2048; with AMX-INT8, where _int_mm runs on AMX tiles, from 41: N = K = 4096, "
-        "0.89 of its time at M = 40, 1.30 at 64)",
+        "vpdpbusd with AVX512-VNNI or AVX-VNNI; exact int32 sums), per-token int8 "
+        "quantization fused; on a CPU with VNNI or AMX it hands the product to "
+        "torch._int_mm, which wins there (and sums wrong without them), from 49 tokens "
+        "(vpdpbusd: from 65, or 192 from K = 2048; with AMX-INT8, where _int_mm runs on "
+        "AMX tiles, from 41: N = K = 4096, 0.89 of its time at M = 40, 1.30 at 64)",
     ),
     KernelSpec(
         # torch's CPU _int_mm is oneDNN's int8 GEMM for any M, K and N (measured on torch

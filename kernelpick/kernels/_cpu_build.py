@@ -65,10 +65,13 @@ _HEADERS = tuple(
 # the CPU adapter drops avx512_vnni where ONEDNN_MAX_CPU_ISA keeps oneDNN from it (see
 # usable_isa in kernelpick/adapters/cpu/_device.py), which must not cost FP8 vdpbf16ps.
 # On a Cascade Lake or Ice Lake so capped, the avx512 level runs (int8 with vpmaddwd).
+# AVX-VNNI (avx_vnni: Alder Lake to Arrow Lake, with no AVX-512) adds the 256-bit vpdpbusd
+# to the AVX2 level; a CPU with AVX-512 takes an AVX-512 level instead.
 _ANY_LEVEL = CPU_FP8_ISA.flags
 _AVX512 = frozenset({"avx512f", "avx512bw", "avx512vl"})
 _AVX512_CFLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl")
 _VNNI_CFLAG = "-mavx512vnni"
+_AVX_VNNI_CFLAG = "-mavxvnni"
 _BF16 = _ANY_LEVEL | _AVX512 | {"avx512vbmi", "avx512_bf16"}
 _BF16_CFLAGS = (*_AVX512_CFLAGS, "-mavx512vbmi", "-mavx512bf16", _VNNI_CFLAG)
 ISA_LEVELS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
@@ -76,10 +79,15 @@ ISA_LEVELS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
     "avx512_bf16": (_BF16, _BF16_CFLAGS),
     "avx512_vnni": (_ANY_LEVEL | _AVX512 | {"avx512_vnni"}, (*_AVX512_CFLAGS, _VNNI_CFLAG)),
     "avx512": (_ANY_LEVEL | _AVX512, _AVX512_CFLAGS),
+    "avx2_vnni": (_ANY_LEVEL | {"avx_vnni"}, (_AVX_VNNI_CFLAG,)),
     "avx2": (_ANY_LEVEL, ()),
 }
-# The levels whose int8 layers sum with vpdpbusd (_cpu_int8_codec.h U8x64).
-VNNI_LEVELS = frozenset(level for level, (_, cflags) in ISA_LEVELS.items() if _VNNI_CFLAG in cflags)
+# The levels whose int8 layers sum with vpdpbusd (_cpu_int8_codec.h U8x64, U8x32).
+VNNI_LEVELS = frozenset(
+    level
+    for level, (_, cflags) in ISA_LEVELS.items()
+    if {_VNNI_CFLAG, _AVX_VNNI_CFLAG} & set(cflags)
+)
 # Every level also needs these (the AVX-512 levels use AVX2 code for tails and reductions).
 # -fopenmp: at::parallel_for is inline OpenMP in torch's headers, serial without it. The
 # library links libgomp.so.1, the soname torch itself loads, so one OpenMP runtime serves
@@ -229,6 +237,20 @@ def _unusable(directory: Path, error: OSError) -> str:
     return f"its build directory {directory} cannot be created or written ({error}); {valid}"
 
 
+def _host_cpuinfo_flags() -> frozenset[str]:
+    # torch reports no AVX-VNNI, Linux's cpuinfo does (the first "flags" line); elsewhere
+    # none is known, and the CPU adapter, which reads the same file, reports no ISA at all.
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return frozenset(value.split())
+    return frozenset()
+
+
 def _host_lacks(level: str) -> bool:
     # The level comes from the caps' ISA flags, which may describe another machine; loading
     # it on a CPU without those instructions (the bf16 level's VNNI included, which its
@@ -243,6 +265,7 @@ def _host_lacks(level: str) -> bool:
         "avx512_bf16": cpu._is_avx512_bf16_supported() and cpu._is_vnni_supported(),
     }
     has["avx512_amx"] = has["avx512_bf16"] and cpu._is_amx_tile_supported()
+    has["avx2_vnni"] = has["avx2"] and "avx_vnni" in _host_cpuinfo_flags()
     return not has[level]
 
 

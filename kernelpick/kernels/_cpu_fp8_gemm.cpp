@@ -301,6 +301,8 @@ at::Tensor fp8_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Ten
       using V = U8x64;
 #elif defined(__AVX512BW__)
       using V = I16x32;
+#elif defined(__AVXVNNI__)
+      using V = U8x32;
 #else
       using V = I16x16;
 #endif

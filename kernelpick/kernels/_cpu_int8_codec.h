@@ -10,7 +10,7 @@
 // a longer K goes to the fp32 panels. No unsigned offset is needed (vpmaddubsw's u8 x s8
 // pairs would saturate int16 at 2 * 255 * 127).
 //
-// With AVX512-VNNI, vpdpbusd multiplies 64 u8 x s8 pairs a step and adds each four into an
+// With AVX512-VNNI, vpdpbusd multiplies 64 u8 x s8 pairs a step (with AVX-VNNI, 32) and adds each four into an
 // int32 lane, with no widening and no saturation. Its first operand is unsigned: the
 // weights are read as w + 128 (their sign bit flipped, one vpxord a step), the activations
 // stay int8, and each token's sum starts from -128 * (the sum of its activations), which
@@ -108,6 +108,43 @@ struct I16x32 {  // AVX-512BW: 32 weights a step, int16 pairs into 16 int32 lane
   static Acc madd(Acc acc, W x, W w) { return _mm512_add_epi32(_mm512_madd_epi16(x, w), acc); }
   static Acc add(Acc a, Acc b) { return _mm512_add_epi32(a, b); }
   static float sum(Acc acc) { return static_cast<float>(_mm512_reduce_add_epi32(acc)); }
+};
+#endif
+
+#if defined(__AVXVNNI__) && !defined(__AVX512VNNI__)
+struct U8x32 {  // AVX-VNNI: 32 weights a step, u8 x s8 quadruples into 8 int32 lanes
+  // U8x64's numerics (see there and the top of this file) on 256-bit registers, for the
+  // CPUs with AVX-VNNI and no AVX-512 (Alder Lake to Arrow Lake, Zen 5 desktop parts).
+  using Acc = __m256i;
+  using W = __m256i;
+  using X = int8_t;
+  struct Ctx {};
+  static constexpr int kStep = 32;
+  static constexpr int kStartBytes = 32;
+  // 8 accumulators, 2 weights, 1 activation and the sign-bit constant, as I16x16's tile.
+  static constexpr int kTokens = 4, kRows = 2;
+  static constexpr bool kKGroups = false;
+  static Acc zero() { return _mm256_setzero_si256(); }
+  static Acc start(const X* after) {
+    int32_t value;
+    std::memcpy(&value, after, sizeof value);
+    return _mm256_setr_epi32(value, 0, 0, 0, 0, 0, 0, 0);
+  }
+  static W weights(const uint8_t* w, const Ctx&) {
+    return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)),
+                            _mm256_set1_epi8(static_cast<char>(0x80)));
+  }
+  static W activations(const X* x) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  }
+  // In asm, as U8x64's, with the VEX encoding (ymm0-15) that AVX-VNNI has ({vex}, its
+  // braces escaped from asm's dialect syntax).
+  static Acc madd(Acc acc, W x, W w) {
+    asm("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(w), "x"(x));  // acc += w (u8) . x (s8)
+    return acc;
+  }
+  static Acc add(Acc a, Acc b) { return _mm256_add_epi32(a, b); }
+  static float sum(Acc acc) { return static_cast<float>(hsum8_epi32(acc)); }
 };
 #endif
 

@@ -71,7 +71,8 @@ AMX = ("amx_bf16", "amx_int8", "amx_tile")
     ("flags", "level"),
     [
         (AVX2, "avx2"),
-        ((*AVX2, "avx_vnni"), "avx2"),  # Alder Lake: no 512-bit vpdpbusd
+        ((*AVX2, "avx_vnni"), "avx2_vnni"),  # Alder Lake: 256-bit vpdpbusd only
+        ((*AVX512, "avx_vnni"), "avx512"),  # AVX-512 first: vpmaddwd on 32 weights a step
         (AVX512, "avx512"),  # Skylake-X
         ((*AVX512, "avx512_vnni"), "avx512_vnni"),  # Cascade Lake, Ice Lake
         ((*AVX512, "avx512vbmi", "avx512_bf16", "avx512_vnni"), "avx512_bf16"),  # Zen 4, 5

@@ -11,7 +11,7 @@ import torch
 import kernelpick as kp
 from kernelpick.core import FEATURE_CPP_TOOLCHAIN, CpuArch
 from kernelpick.core._catalog_facts import INT8_DOT_ISA
-from kernelpick.kernels._cpu_build import ISA_LEVELS, levels_within
+from kernelpick.kernels._cpu_build import ISA_LEVELS, isa_level, levels_within
 
 HOST = kp.probe("cpu")
 HOST_ISA = HOST.arch.isa if isinstance(HOST.arch, CpuArch) else frozenset()
@@ -34,8 +34,15 @@ NEEDS_INT8_DOT = pytest.mark.skipif(
 
 def with_int8_dot(caps: kp.DeviceCaps) -> kp.DeviceCaps:
     """``caps`` of a CPU that also has VNNI, where the catalog selects ``cpu_int8_int_mm``:
-    AVX-VNNI, which no build level needs, so the caps keep the level they select."""
-    return with_flags(caps, "avx_vnni")
+    the VNNI flag that leaves the level they select as it was (AVX-VNNI is a level of its
+    own without AVX-512, AVX512-VNNI one with it)."""
+    arch = caps.arch
+    assert isinstance(arch, CpuArch)
+    level = isa_level(arch.isa)
+    for flag in ("avx_vnni", "avx512_vnni"):
+        if flag in arch.isa or isa_level(arch.isa | {flag}) == level:
+            return with_flags(caps, flag)
+    raise AssertionError(f"every VNNI flag changes the level of {sorted(arch.isa)}")
 
 
 def with_flags(caps: kp.DeviceCaps, *flags: str) -> kp.DeviceCaps:
