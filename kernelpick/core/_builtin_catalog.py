@@ -216,14 +216,17 @@ _CPU = (
         "torch._scaled_mm on CPU with (M,1) x (1,N) fp32 scales: oneDNN only where the CPU "
         "has amx_int8; elsewhere an emulation that copies and decodes the whole weight on "
         "every call (N=K=4096, M=1: 24x fp32 nn.Linear's time on the AVX512-BF16 dev VM, "
-        "about 40x on a 2-core AVX2 EPYC). Serves where cpu_fp8_gemm cannot (no toolchain)",
+        "about 40x on a 2-core AVX2 EPYC). Even with AMX it does not win: 77 ms at M=1 and "
+        "100 ms at M=256 on a 2-core AMX Xeon, against 0.78 / 7.3 for cpu_fp8_gemm. Serves "
+        "where cpu_fp8_gemm cannot (no toolchain)",
     ),
     KernelSpec(
         "cpu_tensorwise_scaled_mm",
         CPU,
         W8A8,
         (NeedsTorchFeature(FEATURE_SCALED_MM, "torch._scaled_mm on CPU"), *TENSORWISE, ANY_OUT),
-        "torch._scaled_mm on CPU with scalar scales",
+        "torch._scaled_mm on CPU with scalar scales (an emulation: N=K=4096 on a 2-core AMX "
+        "Xeon, 0.45 s at M=1 and 97 s at M=256)",
     ),
     KernelSpec(
         "cpu_dequant_reference",
