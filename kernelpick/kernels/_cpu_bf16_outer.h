@@ -49,36 +49,42 @@ inline void transpose16x16(__m512i (&r)[16]) {
   }
 }
 
+// Step s of up to 16 rows (FP8, k bytes apart; ``rows`` of them, zeros after), decoded to
+// bf16 and laid out pair by pair: ``out[p * ld + c]`` holds row c's pair p of the step (K
+// 64s + 2p and 64s + 2p + 1), for its 32 pairs. The rows are decoded into a block in L1,
+// then transposed 16 pairs at a time.
+inline void pack_step16(const uint8_t* w, int64_t k, int64_t rows, int64_t s,
+                        const Steps<Bf16x64>& steps, uint32_t* out, int64_t ld) {
+  alignas(64) uint32_t block[16][kStepPairs];  // 16 rows' pairs of one step
+  for (int i = 0; i < 16; ++i) {
+    Bf16x64::W v{(__m512bh)_mm512_setzero_si512(), (__m512bh)_mm512_setzero_si512()};
+    if (i < rows) {
+      const uint8_t* src = w + i * k;
+      v = s < steps.full ? full_step<Bf16x64>(src, s, kTables)
+                         : tail_step<Bf16x64>(src, k, s, kTables);
+    }
+    _mm512_store_si512(block[i], (__m512i)v.a);
+    _mm512_store_si512(block[i] + 16, (__m512i)v.b);
+  }
+  for (int q = 0; q < 2; ++q) {
+    __m512i r[16];
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_load_si512(block[i] + 16 * q);
+    transpose16x16(r);
+    for (int j = 0; j < 16; ++j) _mm512_storeu_si512(out + (16 * q + j) * ld, r[j]);
+  }
+}
+
 // Rows [0, rows) of a panel (FP8, k bytes apart), decoded to bf16 and laid out for the tile:
 // ``out[p * ld + c]`` holds row c's pair p (K 2p and 2p + 1), for every pair of the row's
 // whole 64-byte steps; zeros for K past k and for rows past ``rows``: the VNNI layout of a
-// bf16 B matrix, which AMX reads too (_cpu_bf16_amx.h, ``ld`` its panel's width). Each
-// step of 16 rows is decoded into a block in L1, then transposed 16 pairs at a time.
-void pack_pairs(const uint8_t* w, int64_t k, int64_t rows, const Fp8Tables& t, uint32_t* out,
+// bf16 B matrix, which AMX reads too (_cpu_bf16_amx.h, ``ld`` its panel's width).
+void pack_pairs(const uint8_t* w, int64_t k, int64_t rows, uint32_t* out,
                 int64_t ld = kOuterCols) {
   const Steps<Bf16x64> steps(k);
-  alignas(64) uint32_t block[16][kStepPairs];  // 16 rows' pairs of one step
-  for (int half = 0; half < 2; ++half) {
-    for (int64_t s = 0; s < steps.all; ++s) {
-      for (int i = 0; i < 16; ++i) {
-        const int64_t c = 16 * half + i;
-        Bf16x64::W v{(__m512bh)_mm512_setzero_si512(), (__m512bh)_mm512_setzero_si512()};
-        if (c < rows) {
-          const uint8_t* src = w + c * k;
-          v = s < steps.full ? full_step<Bf16x64>(src, s, t) : tail_step<Bf16x64>(src, k, s, t);
-        }
-        _mm512_store_si512(block[i], (__m512i)v.a);
-        _mm512_store_si512(block[i] + 16, (__m512i)v.b);
-      }
-      for (int q = 0; q < 2; ++q) {
-        __m512i r[16];
-        for (int i = 0; i < 16; ++i) r[i] = _mm512_load_si512(block[i] + 16 * q);
-        transpose16x16(r);
-        uint32_t* dst = out + (s * kStepPairs + 16 * q) * ld + 16 * half;
-        for (int j = 0; j < 16; ++j) _mm512_storeu_si512(dst + j * ld, r[j]);
-      }
-    }
-  }
+  for (int half = 0; half < 2; ++half)
+    for (int64_t s = 0; s < steps.all; ++s)
+      pack_step16(w + 16 * half * k, k, rows - 16 * half, s, steps,
+                  out + s * kStepPairs * ld + 16 * half, ld);
 }
 
 // Pairs [p0, p1) of R tokens (rows of x, kp apart) against a packed panel, into acc.
@@ -145,7 +151,7 @@ void outer_tokens(const uint16_t* x, int64_t m, int64_t kp, const uint8_t* w, in
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t n0 = b * kOuterCols;
       const int64_t nb = std::min<int64_t>(kOuterCols, n - n0);
-      pack_pairs(w + n0 * k, k, nb, kTables, packed.data());
+      pack_pairs(w + n0 * k, k, nb, packed.data());
       // kOuterCols divides the block size: the panel lies in one weight block.
       const Horner* h = nullptr;
       if constexpr (G) h = horner(kg, m, n0, 2, table, first);
@@ -175,10 +181,13 @@ void outer_tokens(const uint16_t* x, int64_t m, int64_t kp, const uint8_t* w, in
 // against this one: fp8_per_channel 0.62 / 0.88 at M = 16, 1.03-1.63 / 0.89-0.95 at 24,
 // 0.95-1.12 / 0.97 at 32, 1.02-1.18 / 0.92-0.93 at 48; fp8_block 0.83 / 0.84 at 16,
 // 0.96-1.24 / 0.90-0.91 at 24, 1.10 / 0.92-1.01 at 32, 1.31 / 1.02 at 64 (a noisy machine).
-// With AMX (the avx512_amx level) the panels go to AMX tiles instead, from kAmxFrom tokens
-// (_cpu_bf16_amx.h, included at the end of this header).
+// With AMX (the avx512_amx level) the weights go to AMX tiles instead, from kAmxFrom tokens
+// (_cpu_bf16_amx.h, included at the end of this header). On the 2-core AMX Xeon
+// (fp8_per_channel, N = K = 4096, bf16, one weight, hot), the few-token tile against AMX's:
+// 0.62 / 0.75-0.79 / 0.90-0.96 / 1.46-1.52 ms at M = 2 / 3 / 4 / 6 against 0.75 /
+// 0.72-0.78 / 0.72-0.74 / 0.72-0.75.
 #if defined(KERNELPICK_AMX)
-constexpr int64_t kAmxFrom = 8;
+constexpr int64_t kAmxFrom = 4;
 template <bool G>
 void amx_tokens(const uint16_t* x, int64_t m, int64_t kp, const uint8_t* w, int64_t n,
                 int64_t k, const Epilogue& epi, const KGroups& kg);

@@ -34,6 +34,7 @@ __all__ = [
     "LOCK",
     "VNNI_LEVELS",
     "KernelBuildError",
+    "compile_failed",
     "isa_level",
     "levels_within",
     "load_ops",
@@ -75,7 +76,10 @@ _AVX_VNNI_CFLAG = "-mavxvnni"
 _BF16 = _ANY_LEVEL | _AVX512 | {"avx512vbmi", "avx512_bf16"}
 _BF16_CFLAGS = (*_AVX512_CFLAGS, "-mavx512vbmi", "-mavx512bf16", _VNNI_CFLAG)
 ISA_LEVELS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
-    "avx512_amx": (_BF16 | {"amx_bf16", "amx_tile"}, (*_BF16_CFLAGS, "-DKERNELPICK_AMX")),
+    "avx512_amx": (
+        _BF16 | {"amx_bf16", "amx_tile"},
+        (*_BF16_CFLAGS, "-mamx-tile", "-mamx-bf16", "-DKERNELPICK_AMX"),
+    ),
     "avx512_bf16": (_BF16, _BF16_CFLAGS),
     "avx512_vnni": (_ANY_LEVEL | _AVX512 | {"avx512_vnni"}, (*_AVX512_CFLAGS, _VNNI_CFLAG)),
     "avx512": (_ANY_LEVEL | _AVX512, _AVX512_CFLAGS),
@@ -238,16 +242,17 @@ def _unusable(directory: Path, error: OSError) -> str:
 
 
 def _host_cpuinfo_flags() -> frozenset[str]:
-    # torch reports no AVX-VNNI, Linux's cpuinfo does (the first "flags" line); elsewhere
-    # none is known, and the CPU adapter, which reads the same file, reports no ISA at all.
+    # torch reports no AVX-VNNI, Linux's cpuinfo does: the first non-empty "flags" line,
+    # read as the CPU adapter's probe reads it (keys and flags in any case). Elsewhere none
+    # is known, and the probe, which reads the same file, reports no ISA at all.
     try:
         text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:
         return frozenset()
     for line in text.splitlines():
         key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            return frozenset(value.split())
+        if key.strip().lower() == "flags" and value.split():
+            return frozenset(flag.lower() for flag in value.split())
     return frozenset()
 
 
@@ -267,6 +272,13 @@ def _host_lacks(level: str) -> bool:
     has["avx512_amx"] = has["avx512_bf16"] and cpu._is_amx_tile_supported()
     has["avx2_vnni"] = has["avx2"] and "avx_vnni" in _host_cpuinfo_flags()
     return not has[level]
+
+
+def compile_failed(level: str) -> bool:
+    """Whether building ``level`` failed in this process because the compiler failed (an
+    older compiler may lack a level's flags: -mavxvnni and -mamx-tile need GCC 11), which
+    the next level down may not; a lock, a directory or the CPU failing is no such cause."""
+    return level in _FAILED
 
 
 def load_ops(level: str) -> None:

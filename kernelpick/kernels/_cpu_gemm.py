@@ -37,10 +37,13 @@ from kernelpick.kernels._cpu_build import (
     ISA_LEVELS,
     LOCK,
     VNNI_LEVELS,
-    isa_level,
+    KernelBuildError,
+    compile_failed,
+    levels_within,
     load_ops,
     op_name,
 )
+from kernelpick.kernels._cpu_cache import LOGGER
 from kernelpick.kernels._int8 import int_mm_weight
 from kernelpick.kernels._scaled_mm import apply_scales
 
@@ -125,6 +128,26 @@ def _custom_op(level: str) -> _Op:
         return op
 
 
+def _best_op(kernel_id: str, levels: list[str]) -> tuple[str, _Op]:
+    """The best of ``levels`` that builds, and its op. A level whose compile fails gives way
+    to the next, with a warning: a compiler too old for one level's flags must not cost a
+    CPU the levels below it. Any other failure, or every level's, raises the best one's."""
+    failure: KernelBuildError | None = None
+    for level in levels:
+        try:
+            return level, _custom_op(level)
+        except KernelBuildError as error:
+            if not compile_failed(level):
+                raise
+            failure = failure or error
+            LOGGER.warning(
+                "%s: the %s CPU kernel did not compile, trying the next ISA level down: %s",
+                kernel_id, level, error.detail.strip()[-500:],
+            )  # fmt: skip
+    assert failure is not None, "levels is never empty here"
+    raise failure
+
+
 # The op's act_group for one scale over the whole activation (dynamic, or the stored one).
 PER_TENSOR_GROUP = -1
 
@@ -183,8 +206,8 @@ class CpuFp8Gemm(RowMajorKernel):
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
-        level = isa_level(self.isa)
-        if level is None:
+        levels = levels_within(self.isa)
+        if not levels:
             needs = " or ".join("+".join(sorted(flags)) for flags, _cflags in ISA_LEVELS.values())
             raise InvalidValueError(f"{self.kernel_id} CPU ISA", sorted(self.isa), needs)
         if self.fp8_format is not Dtype.FLOAT8_E4M3FN and self._WEIGHT is not Dtype.INT8:
@@ -199,10 +222,11 @@ class CpuFp8Gemm(RowMajorKernel):
                 f"{self.kernel_id} weight dtype", self.config.weight.dtype.value, self._WEIGHT.value
             )
         groups = self._groups_for(self.config)
+        # Built or loaded now, at set-up, not inside the first forward.
+        level, op = _best_op(self.kernel_id, levels)
         object.__setattr__(self, "level", level)
         object.__setattr__(self, "_groups", groups)
-        # Built or loaded now, at set-up, not inside the first forward.
-        object.__setattr__(self, "_op", _custom_op(level))
+        object.__setattr__(self, "_op", op)
 
     def _groups_for(self, config: QuantConfig) -> tuple[int, int]:
         return _scale_groups(self.kernel_id, config, self._QUANTIZE)

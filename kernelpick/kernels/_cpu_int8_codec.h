@@ -114,7 +114,7 @@ struct I16x32 {  // AVX-512BW: 32 weights a step, int16 pairs into 16 int32 lane
 #if defined(__AVXVNNI__) && !defined(__AVX512VNNI__)
 struct U8x32 {  // AVX-VNNI: 32 weights a step, u8 x s8 quadruples into 8 int32 lanes
   // U8x64's numerics (see there and the top of this file) on 256-bit registers, for the
-  // CPUs with AVX-VNNI and no AVX-512 (Alder Lake to Arrow Lake, Zen 5 desktop parts).
+  // CPUs with AVX-VNNI and no AVX-512 (Alder Lake to Arrow Lake, Lunar Lake).
   using Acc = __m256i;
   using W = __m256i;
   using X = int8_t;
