@@ -128,10 +128,15 @@ def _custom_op(level: str) -> _Op:
         return op
 
 
+# The levels whose failed compile was logged: once per process, not once per layer bound.
+_WARNED: set[str] = set()
+
+
 def _best_op(kernel_id: str, levels: list[str]) -> tuple[str, _Op]:
     """The best of ``levels`` that builds, and its op. A level whose compile fails gives way
     to the next, with a warning: a compiler too old for one level's flags must not cost a
-    CPU the levels below it. Any other failure, or every level's, raises the best one's."""
+    CPU the levels below it (logged once per level). Any other failure, or every
+    level's, raises the best one's."""
     failure: KernelBuildError | None = None
     for level in levels:
         try:
@@ -140,6 +145,9 @@ def _best_op(kernel_id: str, levels: list[str]) -> tuple[str, _Op]:
             if not compile_failed(level):
                 raise
             failure = failure or error
+            if level in _WARNED:
+                continue
+            _WARNED.add(level)
             LOGGER.warning(
                 "%s: the %s CPU kernel did not compile, trying the next ISA level down: %s",
                 kernel_id, level, error.detail.strip()[-500:],

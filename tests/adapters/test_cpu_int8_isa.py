@@ -166,3 +166,29 @@ def test_without_an_int8_dot_product_int_mm_is_wrong_and_never_selected() -> Non
         assert free["kernel"] == "cpu_dequant_reference"
     assert isinstance(free["error"], float)
     assert free["error"] < 0.03
+
+
+SAPPHIRE_RAPIDS = (
+    "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\nflags\t\t: avx2 fma f16c "
+    "avx512f avx512bw avx512vl avx512_bf16 avx512_vnni amx_bf16 amx_int8 amx_tile\n"
+)
+
+
+@pytest.mark.parametrize("granted", [True, False])
+def test_amx_units_count_only_where_linux_grants_this_process_their_tiles(
+    granted: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # cpuinfo lists AMX whatever the kernel lends; an older kernel or a seccomp filter that
+    # refuses arch_prctl's request leaves oneDNN and the avx512_amx build without them.
+    from kernelpick.adapters.cpu import _device
+
+    monkeypatch.setattr(_device, "_read_cpuinfo", lambda: SAPPHIRE_RAPIDS)
+    monkeypatch.setattr(_device, "_amx_granted", lambda: granted)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    listed = _device.read_properties(0)["isa"]
+    assert isinstance(listed, list)
+    isa = set(listed)
+    amx = {"amx_bf16", "amx_int8", "amx_tile"}
+    assert isa & amx == (amx if granted else set[str]())
+    assert {"avx512_bf16", "avx512_vnni"} <= isa

@@ -131,6 +131,14 @@ def usable_isa(flags: Iterable[str], environ: Mapping[str, str]) -> list[str]:
     return sorted(set(flags) - (_INT8_DOT_FLAGS - allowed))
 
 
+def _amx_granted() -> bool:
+    # Linux lends AMX's tile state only to a process that asks (arch_prctl, kernel 5.16 and
+    # later): where it refuses (an older kernel, a seccomp filter), cpuinfo still lists the
+    # units, and neither oneDNN nor the avx512_amx build may use them.
+    init = getattr(torch.cpu, "_init_amx", None)
+    return bool(init()) if callable(init) else False
+
+
 def _read_cpuinfo() -> str:
     try:
         return _CPUINFO.read_text(encoding="utf-8", errors="replace")
@@ -175,7 +183,8 @@ def read_properties(device_index: int = 0) -> dict[str, object]:
     """The raw facts of the host CPU and torch build, JSON-ready (``translate`` reads them).
 
     Keys: ``machine``, ``name``, ``isa`` (sorted ``KERNEL_ISA_FLAGS`` present, less the
-    int8 dot products ``ONEDNN_MAX_CPU_ISA`` keeps oneDNN from: see ``usable_isa``),
+    int8 dot products ``ONEDNN_MAX_CPU_ISA`` keeps oneDNN from, see ``usable_isa``, and
+    less the AMX units where Linux does not grant this process their tile state),
     ``torch_version``, ``scaled_mm`` / ``scaled_mm_rowwise`` found by a tiny trial call, and
     ``cpp_toolchain``: a C++ compiler and ninja on PATH (nothing is compiled). Only index 0
     exists.
@@ -183,6 +192,8 @@ def read_properties(device_index: int = 0) -> dict[str, object]:
     _check_index(device_index)
     machine = platform.machine()
     model, isa = parse_cpuinfo(_read_cpuinfo())
+    if _AMX_UNITS & set(isa) and not _amx_granted():
+        isa = sorted(set(isa) - _AMX_UNITS)
     return {
         "machine": machine,
         "name": model or platform.processor() or machine or "CPU",
