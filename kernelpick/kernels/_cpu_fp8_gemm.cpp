@@ -170,6 +170,25 @@ at::Tensor quantize_rows_int(const at::Tensor& x, float* scales) {
   return out;
 }
 
+#if defined(KERNELPICK_AMX)
+// Activations that bf16 does not hold, as ``planes`` planes of bf16 rows (split_planes in
+// _cpu_bf16_amx.h), each [M][kp] with kp a multiple of ``step``, one after the other.
+at::Tensor split_rows(const at::Tensor& x, int64_t step, int planes) {
+  const int64_t m = x.size(0), k = x.size(1);
+  const int64_t kp = (k + step - 1) / step * step;
+  thread_local std::vector<uint8_t> memory;  // valid until this thread's next call (kept)
+  at::Tensor out = kept(memory, planes * m, kp, at::kBFloat16);
+  auto* bits = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  for_rows(x, kp, [&](int64_t r0, int64_t r1, float* row, const auto& to_f32) {
+    for (int64_t r = r0; r < r1; ++r) {
+      to_f32(r, row);
+      split_planes(row, kp, planes, m * kp, bits + r * kp);
+    }
+  });
+  return out;
+}
+#endif
+
 // ---------------------------------------------------------------------------------------
 // The large-M path: decode a panel of weight rows, multiply with torch's GEMM, epilogue.
 
@@ -333,6 +352,23 @@ at::Tensor fp8_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Ten
                     xb.size(1), w, n, k, epi, kg);
       return out;
     }
+  }
+#endif
+#if defined(KERNELPICK_AMX)
+  // fp32 or fp16 activations (weight-only layers) on the tiles too, where their decode is
+  // shared: each value split exactly into bf16 planes, three for fp32, two for fp16.
+  if (!bf16_exact && m >= kSplitFrom && m <= kSplitTokens) {
+    const int planes = x.scalar_type() == at::kHalf ? 2 : 3;
+    at::Tensor xb = split_rows(xs, Bf16x64::kStep, planes);
+    const auto* bits = reinterpret_cast<const uint16_t*>(xb.data_ptr<at::BFloat16>());
+    const int64_t kp = xb.size(1);
+    epi.decode_scale = 1.0f;
+    if (grouped) {
+      tile_tokens<true>(bits, m, kp, w, n, k, epi, kg, planes, m * kp);
+    } else {
+      tile_tokens<false>(bits, m, kp, w, n, k, epi, kg, planes, m * kp);
+    }
+    return out;
   }
 #endif
   if (!large) {
