@@ -22,6 +22,7 @@ from kernelpick.core._catalog_facts import (
     INT8_DOT_ISA,
     INT_MM_MIN_TOKENS,
 )
+from kernelpick.core._cpuinfo import KERNEL_ISA_FLAGS, parse_cpuinfo
 from kernelpick.core._decision import (
     DEGRADED_NOTE,
     SCHEMA_VERSION,
@@ -133,11 +134,13 @@ __all__ += [
     "HIGH_PRECISION",
     "INT8_DOT_ISA",
     "INT_MM_MIN_TOKENS",
+    "KERNEL_ISA_FLAGS",
     "MX_BLOCK_SIZE",
     "block_size_of",
     "is_bool",
     "is_positive_int",
     "kind_reason",
+    "parse_cpuinfo",
     "parse_enum",
     "positive_int",
     "reason_lines",

@@ -60,6 +60,23 @@ struct alignas(64) TileConfig {
   }
 };
 
+// Block scales: K group g's sums of tokens [t0, t0 + tokens) against channels [n0, n0 +
+// cols) (``part``, a row of ``cols`` a token, a multiple of 16) scaled by the group's
+// activation and weight scales into ``sums``, which group 0 starts.
+inline void add_group(const float* part, const KGroups& kg, int64_t t0, int64_t tokens,
+                      int64_t n0, int64_t cols, int64_t g, float* sums) {
+  for (int64_t t = 0; t < tokens; ++t) {
+    const __m512 scale = _mm512_set1_ps(kg.scale(t0 + t, n0, g));
+    const float* in = part + t * cols;
+    float* out = sums + t * cols;
+    for (int64_t c = 0; c < cols; c += 16) {
+      const __m512 v = _mm512_loadu_ps(in + c);
+      _mm512_storeu_ps(out + c, g == 0 ? _mm512_mul_ps(v, scale)
+                                       : _mm512_fmadd_ps(v, scale, _mm512_loadu_ps(out + c)));
+    }
+  }
+}
+
 // fp32 and fp16 activations of weight-only layers take the tiles as bf16 planes from
 // kSplitFrom to kSplitTokens tokens; elsewhere the fp32 tiles and panels. On the 2-core AMX
 // Xeon (128 x 128 block weights, N = K = 4096, fp32, weights rotated past the LLC), planes
@@ -155,16 +172,7 @@ void tile_tokens(const uint16_t* x, int64_t m, int64_t kp, const uint8_t* w, int
             _tile_stored(2, &into[16][0], kCols * 4);
             _tile_stored(3, &into[16][16], kCols * 4);
           }
-          if constexpr (G) {
-            for (int64_t t = 0; t < mt; ++t) {
-              const __m512 scale = _mm512_set1_ps(kg.scale(t0 + t, n0, g));
-              for (int j = 0; j < kCols; j += 16) {
-                const __m512 v = _mm512_load_ps(&part[t][j]);
-                _mm512_store_ps(&sums[t][j], g == 0 ? _mm512_mul_ps(v, scale)
-                                                    : _mm512_fmadd_ps(v, scale, _mm512_load_ps(&sums[t][j])));
-              }
-            }
-          }
+          if constexpr (G) add_group(&part[0][0], kg, t0, mt, n0, kCols, g, &sums[0][0]);
         }
         for (int64_t t = 0; t < mt; ++t) epi.store(t0 + t, n0, nb, sums[t]);
       }
@@ -221,16 +229,7 @@ void amx_tokens(const uint16_t* x, int64_t m, int64_t kp, const uint8_t* w, int6
             const int64_t k0 = g * kg.size, len = std::min(kg.size, kk - k0);
             at::native::cpublas::brgemm(mt, cols, len, kp, cols, cols, false, a + k0,
                                         b + k0 * cols, part.data());
-            for (int64_t t = 0; t < mt; ++t) {
-              const __m512 s = _mm512_set1_ps(kg.scale(t0 + t, n0, g));
-              float* out = sums.data() + t * cols;
-              const float* in = part.data() + t * cols;
-              for (int64_t c = 0; c < cols; c += 16) {
-                const __m512 v = _mm512_loadu_ps(in + c);
-                _mm512_storeu_ps(out + c, g == 0 ? _mm512_mul_ps(v, s)
-                                                 : _mm512_fmadd_ps(v, s, _mm512_loadu_ps(out + c)));
-              }
-            }
+            add_group(part.data(), kg, t0, mt, n0, cols, g, sums.data());
           }
         }
         for (int64_t t = 0; t < mt; ++t) epi.store(t0 + t, n0, nb, sums.data() + t * cols);

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 
-from kernelpick.core import CPU_FP8_ISA, KernelpickError
+from kernelpick.core import CPU_FP8_ISA, KernelpickError, parse_cpuinfo
 from kernelpick.kernels._cpu_cache import (
     LOGGER,
     build_lock,
@@ -242,18 +242,13 @@ def _unusable(directory: Path, error: OSError) -> str:
 
 
 def _host_cpuinfo_flags() -> frozenset[str]:
-    # torch reports no AVX-VNNI, Linux's cpuinfo does: the first non-empty "flags" line,
-    # read as the CPU adapter's probe reads it (keys and flags in any case). Elsewhere none
-    # is known, and the probe, which reads the same file, reports no ISA at all.
+    # torch reports no AVX-VNNI; Linux's cpuinfo does, read as the CPU adapter's probe reads
+    # it. Elsewhere none is known, and the probe reports no ISA at all.
     try:
         text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:
         return frozenset()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip().lower() == "flags" and value.split():
-            return frozenset(flag.lower() for flag in value.split())
-    return frozenset()
+    return frozenset(parse_cpuinfo(text)[1])
 
 
 def _host_lacks(level: str) -> bool:
