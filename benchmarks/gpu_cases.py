@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -27,7 +28,13 @@ from benchmarks.gpu_common import (
     relative_error,
     time_paired,
 )
-from kernelpick.kernels import bind, dequantize_weight, quantize_canonical
+from kernelpick.kernels import (
+    bind,
+    dequantize_int,
+    dequantize_weight,
+    quantize_canonical,
+    quantize_int,
+)
 
 __all__ = ["gemv_crossover_case", "kernel_case"]
 
@@ -35,6 +42,30 @@ __all__ = ["gemv_crossover_case", "kernel_case"]
 # units of the coarsest type the kernel computes or writes in (GPU GEMMs sum in their own
 # order, and the activation quantizers may differ by a rounding tie).
 _UNIT = {"float32": 2.5e-4, "bfloat16": 2.0**-8, "float16": 2.0**-11}
+
+
+def _canonical(
+    w: torch.Tensor, config: kp.QuantConfig
+) -> Callable[[Any, torch.Tensor | None], tuple[Any, torch.Tensor]]:
+    """How to prepare a fresh bundle of ``w``'s canonical tensors (FP8, or an integer
+    weight-only layer's packed words), and the fp32 weight they mean."""
+    if config.weight.dtype.is_integer and config.activation is None:
+        packed, scale, zero = quantize_int(w, config)
+        meant = dequantize_int(packed, scale, zero, config)
+
+        def integer(impl: Any, input_scale: torch.Tensor | None) -> tuple[Any, torch.Tensor]:
+            zp = None if zero is None else zero.clone()
+            return impl.prepare_weights(packed.clone(), scale.clone(), zero_point=zp), meant
+
+        return integer
+    weight, fp8_scale = quantize_canonical(w, config)
+    dequantized = dequantize_weight(weight, fp8_scale, config).float()
+
+    def fp8(impl: Any, input_scale: torch.Tensor | None) -> tuple[Any, torch.Tensor]:
+        bundle = impl.prepare_weights(weight.clone(), fp8_scale.clone(), input_scale)
+        return bundle, dequantized
+
+    return fp8
 
 
 def _bundle_bytes(bundle: Any) -> int:
@@ -88,14 +119,14 @@ def kernel_case(
     static = act is not None and act.scale.static
     input_scale = (x.float().abs().amax() / caps.fp8_format.quant_max) if static else None
     impl = bind(decision, config, caps, device)
-    fp8_weight, scale = quantize_canonical(w, config)
-    bundle = impl.prepare_weights(fp8_weight, scale, input_scale)
+    prepare = _canonical(w, config)
+    bundle, dequantized = prepare(impl, input_scale)
     out = impl.apply(x, bundle, b)
     weight_only = verdict.kind is kp.KernelKind.W8A16
     x_ref = (
         x.float() if weight_only else activation_reference(x, config, caps.fp8_format, input_scale)
     )
-    reference = x_ref @ dequantize_weight(fp8_weight, scale, config).float().t()
+    reference = x_ref @ dequantized.t()
     exact = x.float() @ w.t()
     if b is not None:
         reference, exact = reference + b.float(), exact + b.float()
@@ -115,8 +146,7 @@ def kernel_case(
     del out, reference, exact, x_ref
     # The kernel's bundles and the baseline's weights, each ring past the L2 cache.
     bundles = [bundle] + [
-        impl.prepare_weights(fp8_weight.clone(), scale.clone(), input_scale)
-        for _ in range(copies(_bundle_bytes(bundle)) - 1)
+        prepare(impl, input_scale)[0] for _ in range(copies(_bundle_bytes(bundle)) - 1)
     ]
     baseline = [w.to(dtype) for _ in range(copies(n * k * dtype.itemsize))]
     del w

@@ -27,6 +27,8 @@ KERNELS: dict[str, tuple[str, ...]] = {
     "cuda_int8_int_mm_padded": ("int8_per_channel",),
     "cuda_w8a16_cupy": ("fp8_weight_only", "fp8_per_tensor"),
     "cuda_w8a16_torch": ("fp8_weight_only", "fp8_per_tensor", "fp8_block", "mxfp8"),
+    "cuda_int4pack_mm": ("int4_weight_only",),
+    "cuda_wna16_torch": ("int4_weight_only", "int8_weight_only"),
 }
 _SQUARE = {"n": 8192, "k": 8192}
 _FP16 = {"in_dtype": "float16", "out_dtype": "float16"}

@@ -13,7 +13,7 @@ import torch
 import kernelpick as kp
 from kernelpick.core import CpuArch, Dtype
 from kernelpick.integration import ModelConversionError, quantize_model
-from kernelpick.kernels import LAUNCHES, KernelBase
+from kernelpick.kernels import LAUNCHES, IntWeightOnly, KernelBase
 from kernelpick.kernels._canonical import quantize_canonical
 from tests.support.snapshots import snapshot
 from tests.support.torch_cpu import FNUZ_REFUSED, refuses_fnuz
@@ -166,9 +166,16 @@ HOST_ISA = HOST.arch.isa if isinstance(HOST.arch, CpuArch) else frozenset()
 COMPILED = frozenset({"cpu_fp8_gemm", "cpu_fp8_w8a16_gemm", "cpu_int8_gemm"})
 # int8 kernels store int8 whatever the device's FP8 flavour: one case is enough.
 ONE_FLAVOUR = COMPILED | {"cpu_int8_int_mm"}
+
+
+def _integer(kernel: str) -> bool:
+    return issubclass(LAUNCHES[kernel].family, IntWeightOnly)
+
+
 CASES = [
     pytest.param(kernel, fp8, id=f"{kernel}-{fp8.value}")
-    for kernel in sorted(k for k in LAUNCHES if k.startswith("cpu"))
+    # The integer weight-only families: tests/kernels/test_wna16_kernels.py.
+    for kernel in sorted(k for k in LAUNCHES if k.startswith("cpu") and not _integer(k))
     for fp8 in FP8
     if kernel not in ONE_FLAVOUR or fp8 is Dtype.FLOAT8_E4M3FN
 ]

@@ -38,7 +38,7 @@ from kernelpick.core._device import (
     FEATURE_SCALED_MM_ROWWISE,
     DeviceCaps,
 )
-from kernelpick.core._dtypes import HIGH_PRECISION, Dtype
+from kernelpick.core._dtypes import HIGH_PRECISION, INTEGER_FORMATS, Dtype
 from kernelpick.core._errors import (
     InvalidValueError,
     KernelInputError,
@@ -133,6 +133,7 @@ __all__ += [
     "DEGRADED_NOTE",
     "HIGH_PRECISION",
     "INT8_DOT_ISA",
+    "INTEGER_FORMATS",
     "INT_MM_MIN_TOKENS",
     "KERNEL_ISA_FLAGS",
     "MX_BLOCK_SIZE",

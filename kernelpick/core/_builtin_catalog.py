@@ -23,7 +23,9 @@ from kernelpick.core._catalog_facts import (
     CPU_FP8_WEIGHTS,
     DEQUANT_ANY,
     E4M3,
+    INT4_PACK_MM,
     INT8_DOT_ISA,
+    INT8_PACK_MM,
     INT8_PER_TOKEN,
     INT_MM_ALIGN,
     INT_MM_CUDA,
@@ -39,16 +41,23 @@ from kernelpick.core._catalog_facts import (
     TORCH_2_10,
     UNFUSED,
     WEIGHT_ONLY,
+    WNA16_ANY,
 )
-from kernelpick.core._config_rules import InputDtypes, ScaleDtypes
+from kernelpick.core._config_rules import Alignment, InputDtypes, ScaleDtypes
 from kernelpick.core._device import FEATURE_SCALED_MM, FEATURE_SCALED_MM_ROWWISE
-from kernelpick.core._device_rules import MinComputeCapability, NeedsLibrary, NeedsTorchFeature
+from kernelpick.core._device_rules import (
+    MinComputeCapability,
+    NeedsLibrary,
+    NeedsTorchFeature,
+    RocmArchs,
+)
 from kernelpick.core._dtypes import Dtype
 from kernelpick.core._specs import Catalog, KernelKind, KernelSpec
 
 __all__ = ["DEFAULT_CATALOG"]
 
 W8A8, W8A16 = KernelKind.W8A8, KernelKind.W8A16
+_BF16_IN = InputDtypes(frozenset({Dtype.BFLOAT16}))
 CUDA, ROCM, CPU = Platform.CUDA, Platform.ROCM, Platform.CPU
 
 _CUDA = (
@@ -124,6 +133,26 @@ _CUDA = (
         (*DEQUANT_ANY, ANY_OUT),
         "dequantize with torch ops (any scale grouping, blocks too), then matmul",
     ),
+    KernelSpec(
+        # tinygemm's CUDA kernels are built for SM 8.0 on (int4mm.cu, __CUDA_ARCH__ >= 800)
+        # and take bf16 only ("expected A to be bf16"); K in tiles of 16 x innerKTiles
+        # (2, 4 or 8), which a K of whole groups of 32 or more always fills, N % 8.
+        "cuda_int4pack_mm",
+        CUDA,
+        W8A16,
+        (MinComputeCapability(CudaArch(8, 0)), *INT4_PACK_MM, _BF16_IN, BF16, Alignment(8)),
+        "torch._weight_int4pack_mm (tinygemm): int4 groups of 32-256, zero points folded",
+        fallback=frozenset(),
+    ),
+    KernelSpec(
+        "cuda_wna16_torch",
+        CUDA,
+        W8A16,
+        (*WNA16_ANY, ANY_OUT),
+        "int4/int8 weights dequantized with torch ops (any group, zero points, act-order), "
+        "then matmul",
+        fallback=frozenset(),
+    ),
 )
 
 _ROCM = (
@@ -157,6 +186,31 @@ _ROCM = (
         W8A16,
         (E4M3, ScaleDtypes(frozenset({Dtype.FLOAT32})), ANY_OUT),
         "dequantize with torch ops (any scale grouping, blocks too), then matmul",
+    ),
+    KernelSpec(
+        # int4mm.cu's ROCm path: MFMA on CDNA2 and later (gfx90a, gfx942, gfx950; "only
+        # supported on AMD gpu arch greater than or equal to CDNA2"), N padded to 16.
+        "rocm_int4pack_mm",
+        ROCM,
+        W8A16,
+        (
+            RocmArchs({"gfx90a": None, "gfx942": None, "gfx950": None}),
+            *INT4_PACK_MM,
+            _BF16_IN,
+            BF16,
+            Alignment(16),
+        ),
+        "torch._weight_int4pack_mm (tinygemm on CDNA2+): int4 groups of 32-256",
+        fallback=frozenset(),
+    ),
+    KernelSpec(
+        "rocm_wna16_torch",
+        ROCM,
+        W8A16,
+        (*WNA16_ANY, ANY_OUT),
+        "int4/int8 weights dequantized with torch ops (any group, zero points, act-order), "
+        "then matmul",
+        fallback=frozenset(),
     ),
 )
 
@@ -229,6 +283,24 @@ _CPU = (
         "Xeon, 0.45 s at M=1 and 97 s at M=256)",
     ),
     KernelSpec(
+        # N % 16: _convert_weight_to_int4pack_for_cpu's "expect N to be dividable by 16".
+        "cpu_int4pack_mm",
+        CPU,
+        W8A16,
+        (*INT4_PACK_MM, Alignment(16), ANY_OUT),
+        "torch._weight_int4pack_mm_for_cpu: int4 groups of 32-256, zero points folded, "
+        "packed at load for this CPU's ISA",
+        fallback=frozenset(),
+    ),
+    KernelSpec(
+        "cpu_int8pack_mm",
+        CPU,
+        W8A16,
+        (*INT8_PACK_MM, ANY_OUT),
+        "torch._weight_int8pack_mm: per-channel symmetric int8",
+        fallback=frozenset(),
+    ),
+    KernelSpec(
         "cpu_dequant_reference",
         CPU,
         W8A8,
@@ -241,6 +313,15 @@ _CPU = (
         W8A16,
         (*DEQUANT_ANY, ANY_OUT),
         "dequantize the weight (any scale grouping), fp32 matmul",
+    ),
+    KernelSpec(
+        "cpu_wna16_reference",
+        CPU,
+        W8A16,
+        (*WNA16_ANY, ANY_OUT),
+        "int4/int8 weights dequantized to fp32 (any group, zero points, act-order), fp32 "
+        "matmul: the numerics reference",
+        fallback=frozenset(),
     ),
 )
 

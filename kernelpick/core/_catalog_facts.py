@@ -26,9 +26,16 @@ from kernelpick.core._device_rules import (
     NeedsToolchain,
     RocmArchs,
 )
-from kernelpick.core._dtypes import E4M3_FORMATS, HIGH_PRECISION, SCALE_DTYPES, Dtype
+from kernelpick.core._dtypes import (
+    E4M3_FORMATS,
+    HIGH_PRECISION,
+    INTEGER_FORMATS,
+    SCALE_DTYPES,
+    Dtype,
+)
 from kernelpick.core._quant import GroupShape
 from kernelpick.core._specs import Requirement
+from kernelpick.core._weight_rules import ActOrder, GroupSizes, ZeroPoints
 
 __all__ = [
     "ALIGN_16",
@@ -51,8 +58,10 @@ __all__ = [
     "DEQUANT_ANY",
     "E4M3",
     "E8M0",
+    "INT4_PACK_MM",
     "INT8",
     "INT8_DOT_ISA",
+    "INT8_PACK_MM",
     "INT8_PER_TOKEN",
     "INT_MM_ALIGN",
     "INT_MM_CUDA",
@@ -73,6 +82,7 @@ __all__ = [
     "TORCH_2_10",
     "UNFUSED",
     "WEIGHT_ONLY",
+    "WNA16_ANY",
 ]
 
 # Either e4m3 flavour: the integration quantizes into the device's native one (gfx94x
@@ -207,4 +217,40 @@ CPU_FP8_W8A8: tuple[Requirement, ...] = (
 ANY_GROUPING: tuple[Requirement, ...] = (
     QuantDtypes(E4M3_FORMATS | {Dtype.INT8}),
     ScaleDtypes(SCALE_DTYPES),
+)
+
+# Integer weight-only (W4A16, W8A16): compressed-tensors' pack-quantized weights, fp32
+# scales (a checkpoint's bf16 or fp16 ones widen exactly), activations as they come.
+_INT_SCALES = ScaleDtypes(frozenset({Dtype.FLOAT32}))
+_INT4 = QuantDtypes(frozenset({Dtype.INT4}))
+# Dequantizing with torch ops reads any group, either zero point and act-order (its
+# columns put in group order at prepare): the fallback no integer config lacks.
+WNA16_ANY: tuple[Requirement, ...] = (
+    QuantDtypes(INTEGER_FORMATS),
+    GroupSizes(None),
+    ZeroPoints(INTEGER_FORMATS),
+    ActOrder(True),
+    _INT_SCALES,
+)
+# torch's tinygemm int4 ops, on CPU (_weight_int4pack_mm_for_cpu) and CUDA/ROCm
+# (_weight_int4pack_mm): qGroupSize 32, 64, 128 or 256 and K a multiple of it
+# (aten/src/ATen/native/LinearAlgebra.cpp, _weight_int4pack_mm_cpu; cuda/int4mm.cu);
+# dequant (q - 8) * scale + zero, so a zero point folds into zero = -scale * z; the
+# columns of an act-order weight are put in group order at prepare.
+INT4_PACK_MM: tuple[Requirement, ...] = (
+    _INT4,
+    GroupSizes(frozenset({32, 64, 128, 256}), per_channel=False, whole_k=True),
+    ZeroPoints(frozenset({Dtype.INT4})),
+    ActOrder(True),
+    _INT_SCALES,
+)
+# torch's CPU _weight_int8pack_mm: int8 [N, K] with one scale per channel, symmetric
+# (aten LinearAlgebra.cpp, _weight_int8pack_mm_cpu: "expect scales to be 1d tensor").
+# Its bf16 kernel steps K by 16 with no tail (cpu/int8mm_kernel.cpp): measured on torch
+# 2.13, K = 75 faults at M >= 2 and reads past the row at M = 1, so K % 16.
+INT8_PACK_MM: tuple[Requirement, ...] = (
+    QuantDtypes(frozenset({Dtype.INT8})),
+    GroupSizes(frozenset(), per_channel=True),
+    Alignment(16),
+    _INT_SCALES,
 )

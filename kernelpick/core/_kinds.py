@@ -32,7 +32,12 @@ __all__ = [
 
 
 class KernelKind(enum.Enum):
-    """Whether a kernel quantizes activations (W8A8) or only weights (W8A16)."""
+    """Whether a kernel quantizes activations (W8A8) or only weights (W8A16).
+
+    The kind is about activations only: W8A16 names every weight-only kernel, whatever its
+    weight's width (FP8, int8 or int4, vLLM's W8A16 and WNA16 alike); what weights a
+    kernel reads is its ``QuantDtypes`` / ``Fp8Dtypes`` rule's business.
+    """
 
     W8A8 = "W8A8"
     W8A16 = "W8A16"

@@ -90,18 +90,48 @@ class ScaleSpec:
 
 def _quantized(_inst: object, attribute: attrs.Attribute[Dtype], value: Dtype) -> None:
     if not value.is_quantized:
-        raise InvalidValueError("quantized dtype", value.value, "an FP8 dtype or int8")
+        raise InvalidValueError("quantized dtype", value.value, "an FP8 dtype, int8 or int4")
+
+
+def _zero_point_dtype(value: object) -> Dtype | None:
+    return None if value is None else Dtype.parse(value)
+
+
+def _zero_point(inst: QuantKey, attribute: attrs.Attribute[Dtype | None], value: object) -> None:
+    # One reading of a zero point only: an integer in the operand's own format, subtracted
+    # before the scale, as GPTQ, AWQ and compressed-tensors store it (w = s * (q - z)).
+    if value is not None and (value is not inst.dtype or not inst.dtype.is_integer):
+        expected = (
+            f"None (symmetric) or {inst.dtype}, the operand's own format"
+            if inst.dtype.is_integer
+            else f"None: {inst.dtype} is symmetric; zero points are for int8 and int4"
+        )
+        raise InvalidValueError("zero_point", str(value), expected)
 
 
 @attrs.frozen(cache_hash=True)
 class QuantKey:
-    """One quantized operand: its FP8 or int8 dtype and how it is scaled."""
+    """One quantized operand: its FP8 or integer dtype, how it is scaled, and the dtype of
+    its zero points (None: symmetric, no zero point).
+
+    A zero point ``z`` is an integer in the operand's own format, one per scale, and a
+    value reads ``scale * (q - z)`` (asymmetric int4 and int8 weights: AWQ, GPTQ without
+    ``sym``, compressed-tensors' ``symmetric: false``).
+    """
 
     dtype: Dtype = attrs.field(converter=as_dtype, validator=_quantized)
     scale: ScaleSpec = attrs.field(validator=attrs.validators.instance_of(ScaleSpec))
+    zero_point: Dtype | None = attrs.field(
+        default=None, converter=_zero_point_dtype, validator=_zero_point, kw_only=True
+    )
+
+    @property
+    def asymmetric(self) -> bool:
+        return self.zero_point is not None
 
     def render(self) -> str:
-        return f"{self.scale.render()} {self.dtype}"
+        zero = f" with {self.zero_point} zero points" if self.zero_point is not None else ""
+        return f"{self.scale.render()} {self.dtype}{zero}"
 
 
 def _weight_shape(value: object) -> tuple[int, int]:
@@ -130,6 +160,34 @@ def _min_tokens(_inst: object, attribute: attrs.Attribute[int], value: object) -
     positive_int("min_tokens", value, "a positive integer (1 includes decode)")
 
 
+def _k_parts(_inst: object, attribute: attrs.Attribute[int], value: object) -> None:
+    positive_int("k_parts", value, "a positive integer: 1, or the row-parallel ranks")
+
+
+def _operands(config: QuantConfig) -> None:
+    # What no kernel can be asked for, refused when the config is built, so no rule has to
+    # guess: int4 and zero points are weight formats, and act-order permutes weight groups.
+    act = config.activation
+    if act is not None and act.dtype is Dtype.INT4:
+        raise InvalidValueError(
+            "activation dtype", "int4", "an FP8 dtype or int8 (int4 is a weight format)"
+        )
+    if act is not None and act.zero_point is not None:
+        raise InvalidValueError(
+            "activation zero_point",
+            act.zero_point.value,
+            "None: activations are quantized symmetrically",
+        )
+    group = config.weight.scale.group
+    if config.act_order and not (
+        config.weight.dtype.is_integer and group.cols == 1 and 1 <= group.rows < config.k
+    ):
+        expected = "False, unless the weight is int8 or int4 in groups (g, 1) with g < K"
+        raise InvalidValueError(
+            "act_order", f"True with {config.weight.render()}, K={config.k}", expected
+        )
+
+
 @attrs.frozen(cache_hash=True)
 class QuantConfig:
     """What one linear layer asks of a kernel.
@@ -138,8 +196,11 @@ class QuantConfig:
     ``activation=None`` means weight-only: activations stay in ``input_dtype``.
     ``min_tokens`` is the fewest rows (tokens, M) one call passes; 1, the default, includes
     decode, and a kernel with a floor on M (``torch._int_mm`` on CUDA needs M > 16) is
-    turned down for it. Build one with ``kp.quant_config(...)`` unless you need a
-    combination no named scheme has.
+    turned down for it. ``act_order``: the weight's K groups are permuted (GPTQ's
+    ``desc_act``, compressed-tensors' ``actorder``; a ``g_idx`` names each column's group).
+    ``k_parts``: K is one of that many equal row-parallel parts of the layer's K (tensor
+    parallelism), so a group may straddle two ranks. Build one with
+    ``kp.quant_config(...)`` unless you need a combination no named scheme has.
     """
 
     weight: QuantKey = attrs.field(validator=attrs.validators.instance_of(QuantKey))
@@ -149,6 +210,11 @@ class QuantConfig:
     out_dtype: Dtype = attrs.field(converter=as_dtype, validator=_high_precision)
     bias: bool = attrs.field(default=False, validator=is_bool)
     min_tokens: int = attrs.field(default=1, validator=_min_tokens, kw_only=True)
+    act_order: bool = attrs.field(default=False, validator=is_bool, kw_only=True)
+    k_parts: int = attrs.field(default=1, validator=_k_parts, kw_only=True)
+
+    def __attrs_post_init__(self) -> None:
+        _operands(self)
 
     @property
     def n(self) -> int:
@@ -191,9 +257,11 @@ class QuantConfig:
         n, k = self.weight_shape
         bias = ", bias" if self.bias else ""
         tokens = f", M >= {self.min_tokens}" if self.min_tokens > 1 else ""
+        order = ", act-order" if self.act_order else ""
+        parts = f" (1 of {self.k_parts} K parts)" if self.k_parts > 1 else ""
         return (
-            f"weight {self.weight.render()}, activation {act}, N={n} K={k}{tokens}, "
-            f"{self.input_dtype} -> {self.out_dtype}{bias}"
+            f"weight {self.weight.render()}{order}, activation {act}, N={n} K={k}{parts}"
+            f"{tokens}, {self.input_dtype} -> {self.out_dtype}{bias}"
         )
 
     @property

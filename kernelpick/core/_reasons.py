@@ -35,6 +35,10 @@ class RejectCode(enum.Enum):
     ACTIVATION_SCALES = "activation_scales"
     WEIGHT_SCALES = "weight_scales"
     SCALE_COMBINATION = "scale_combination"
+    GROUP_SIZE = "group_size"
+    ZERO_POINTS = "zero_points"
+    ACT_ORDER = "act_order"
+    GROUP_STRADDLE = "group_straddle"
     SHAPE_ALIGNMENT = "shape_alignment"
     TOKEN_COUNT = "token_count"
     INPUT_DTYPE = "input_dtype"
@@ -73,6 +77,12 @@ TEMPLATES: dict[RejectCode, str] = {
     RejectCode.ACTIVATION_SCALES: "supports {needed} activation scales; config has {found}",
     RejectCode.WEIGHT_SCALES: "supports {needed} weight scales; config has {found}",
     RejectCode.SCALE_COMBINATION: "requires {needed}; config has {found}",
+    RejectCode.GROUP_SIZE: "supports weight groups {needed}; config has {found}",
+    RejectCode.ZERO_POINTS: "reads {needed}; config has {found}",
+    RejectCode.ACT_ORDER: "reads {needed}; config has {found}",
+    RejectCode.GROUP_STRADDLE: (
+        "requires {needed}; layer has {found}, so a group straddles two ranks"
+    ),
     RejectCode.SHAPE_ALIGNMENT: "requires {needed}; layer has {found}",
     RejectCode.TOKEN_COUNT: "requires {needed}; layer is called with {found}",
     RejectCode.INPUT_DTYPE: "supports input dtype {needed}; config has {found}",

@@ -26,6 +26,7 @@ from kernelpick.core._kinds import (
 )
 from kernelpick.core._quant import GroupShape, QuantConfig
 from kernelpick.core._reasons import Reason
+from kernelpick.core._weight_rules import LAWS, OPT_IN_DEFAULTS
 
 __all__ = ["KIND_RULES", "Catalog", "KernelKind", "KernelSpec", "Requirement", "as_kind"]
 
@@ -106,6 +107,9 @@ class KernelSpec:
 
     The kind's own rule (W8A16 kernels cannot honour per-token activations, W8A8 kernels
     need an activation quantization) is added by the core and must not be listed here.
+    So are the weight-layout laws (``kernelpick.core._weight_rules``): a spec that lists
+    no ``ZeroPoints`` or ``ActOrder`` rule reads symmetric weights in group order only,
+    and no spec serves a group that tensor parallelism cuts in two.
     ``fallback`` narrows which activation groupings a W8A16 kernel serves as a degraded
     stand-in: None takes every one the kind table allows (per-tensor and per-token groups
     such as block FP8's 1x128), a set of ``GroupShape`` only those, ``frozenset()`` none.
@@ -126,7 +130,9 @@ class KernelSpec:
     def __attrs_post_init__(self) -> None:
         fallback = fallback_groups(self.kind, self.fallback)
         own = KIND_RULES[self.kind] if fallback is None else (WeightOnlyActivation(fallback),)
-        object.__setattr__(self, "_rules", own + self.requires)
+        declared = {type(rule) for rule in self.requires}
+        defaults = tuple(rule for rule in OPT_IN_DEFAULTS if type(rule) not in declared)
+        object.__setattr__(self, "_rules", own + self.requires + defaults + LAWS)
 
     @property
     def alignment(self) -> int | None:
@@ -137,7 +143,8 @@ class KernelSpec:
 
     @property
     def rules(self) -> tuple[Requirement, ...]:
-        """Everything the kernel is checked against: its kind's rules, then its own."""
+        """Everything the kernel is checked against: its kind's rules, its own, then the
+        refusing defaults of the opt-in rules it omits, and the laws."""
         return self._rules
 
 

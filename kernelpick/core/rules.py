@@ -29,10 +29,21 @@ from kernelpick.core._device_rules import (
 from kernelpick.core._kinds import KIND_TABLE, Service
 from kernelpick.core._quant import ActivationGrouping
 from kernelpick.core._specs import KIND_RULES, Requirement
+from kernelpick.core._weight_rules import (
+    LAWS,
+    OPT_IN_DEFAULTS,
+    ActOrder,
+    GroupSizes,
+    WholeGroupsPerPart,
+    ZeroPoints,
+)
 
 __all__ = [
     "KIND_RULES",
     "KIND_TABLE",
+    "LAWS",
+    "OPT_IN_DEFAULTS",
+    "ActOrder",
     "ActivationGrouping",
     "ActivationScales",
     "Alignment",
@@ -41,6 +52,7 @@ __all__ = [
     "CudaArchs",
     "DynamicActivationScales",
     "Fp8Dtypes",
+    "GroupSizes",
     "InputDtypes",
     "MinComputeCapability",
     "MinTokens",
@@ -56,4 +68,6 @@ __all__ = [
     "ScaleDtypes",
     "Service",
     "WeightScales",
+    "WholeGroupsPerPart",
+    "ZeroPoints",
 ]

@@ -39,12 +39,21 @@ from kernelpick.kernels._cpu_build import KernelBuildError, toolchain_found
 from kernelpick.kernels._cpu_gemm import CpuFp8Gemm, CpuFp8GemmW8A16, CpuInt8Gemm
 from kernelpick.kernels._cupy_runtime import cupy_usable
 from kernelpick.kernels._int8 import Int8IntMM, Int8IntMMPadded
+from kernelpick.kernels._int_canonical import (
+    dequantize_int,
+    group_order,
+    int_range,
+    pack_int,
+    quantize_int,
+    unpack_int,
+)
 from kernelpick.kernels._launch import LAUNCHES, Launch, check_rows, launch_table
 from kernelpick.kernels._quantize import CHUNK_ROWS, AmaxReduce
 from kernelpick.kernels._reference import ReferenceW8A8, ReferenceW8A16
 from kernelpick.kernels._scaled_mm import ChannelwiseUnfused, RowwiseScaledMM, TensorwiseScaledMM
 from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
 from kernelpick.kernels._w8a16 import CupyGemvW8A16, DequantMatmul
+from kernelpick.kernels._wna16 import Int4PackMM, Int8PackMM, IntDequantMatmul, IntWeightOnly
 
 __all__ = [
     "LAUNCHES",
@@ -55,8 +64,12 @@ __all__ = [
     "CpuInt8Gemm",
     "CupyGemvW8A16",
     "DequantMatmul",
+    "Int4PackMM",
     "Int8IntMM",
     "Int8IntMMPadded",
+    "Int8PackMM",
+    "IntDequantMatmul",
+    "IntWeightOnly",
     "Kernel",
     "KernelBase",
     "KernelBuildError",
@@ -71,9 +84,13 @@ __all__ = [
     "bind",
     "canonicalize_fp8_",
     "check_rows",
+    "dequantize_int",
     "dequantize_weight",
     "launch_table",
+    "pack_int",
     "quantize_canonical",
+    "quantize_int",
+    "unpack_int",
 ]
 # For kernelpick's other packages (adapters, integration, engines, bench): the canonical
 # layout's checks, torch's side of a Dtype, and what the probes ask of the build and of
@@ -92,7 +109,9 @@ __all__ += [
     "check_fp8_finite",
     "check_tensor",
     "cupy_usable",
+    "group_order",
     "has_negative_zero",
+    "int_range",
     "one_tensor_scale",
     "positive_zero_",
     "reject",

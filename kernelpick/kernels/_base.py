@@ -149,6 +149,9 @@ class KernelBase:
         weight: torch.Tensor,
         weight_scale: torch.Tensor,
         input_scale: torch.Tensor | None = None,
+        *,
+        zero_point: torch.Tensor | None = None,
+        g_idx: torch.Tensor | None = None,
     ) -> WeightBundle:
         """Check a layer's canonical tensors (see ``kernels._canonical``) and derive the
         kernel's bundle from them: what the kernel runs on. The integration prepares once
@@ -165,7 +168,13 @@ class KernelBase:
           an e4m3fnuz device (gfx94x) the bytes are reread as e4m3fnuz, where 0x80 is NaN;
           ``kernelpick.kernels.canonicalize_fp8_`` makes a weight of one's own canonical.
         - ``weight_scale`` and a static ``input_scale`` are positive and finite.
+
+        ``zero_point`` and ``g_idx`` are the integer weight-only families' (an FP8 or int8
+        W8A8 weight is symmetric and in order): refused here.
         """
+        for name, extra in (("zero_point", zero_point), ("g_idx", g_idx)):
+            if extra is not None:
+                raise reject(name, extra, f"None: {self.config.weight.render()} has none")
         n, k = self.config.weight_shape
         stored = (torch_dtype(canonical_dtype(self.config)),)
         check_tensor("weight", weight, dtypes=stored, shape=(n, k), device=self.device)
@@ -246,10 +255,16 @@ class KernelBase:
         weight_scale: torch.Tensor,
         input_scale: torch.Tensor | None = None,
         bias: torch.Tensor | None = None,
+        *,
+        zero_point: torch.Tensor | None = None,
+        g_idx: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``apply`` on the bundle ``prepare_weights`` derives from the canonical tensors,
         in one call: the bundle is made here, so its form needs no second check."""
-        return self._apply(x, self.prepare_weights(weight, weight_scale, input_scale), bias)
+        bundle = self.prepare_weights(
+            weight, weight_scale, input_scale, zero_point=zero_point, g_idx=g_idx
+        )
+        return self._apply(x, bundle, bias)
 
     def _apply(
         self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None

@@ -129,10 +129,15 @@ class _ArrangedScales(KernelBase):
         weight: torch.Tensor,
         weight_scale: torch.Tensor,
         input_scale: torch.Tensor | None = None,
+        *,
+        zero_point: torch.Tensor | None = None,
+        g_idx: torch.Tensor | None = None,
     ) -> WeightBundle:
         """``KernelBase.prepare_weights``, then the weight scales arranged for the GEMM: a copy
         of the scales only (1/4096 of the weight's bytes for 128-blocks, 1/32 for MX)."""
-        bundle = super().prepare_weights(weight, weight_scale, input_scale)
+        bundle = super().prepare_weights(
+            weight, weight_scale, input_scale, zero_point=zero_point, g_idx=g_idx
+        )
         return bundle._replace(scale=self._arrange_scales(bundle.scale.reshape(self._grid)))
 
     def _finish(self, out: torch.Tensor, bias: torch.Tensor | None, fused: bool) -> torch.Tensor:

@@ -18,13 +18,18 @@ class WeightBundle(NamedTuple):
     ``[N, 1]`` per channel, 0-dim per tensor, one per block, or E8M0 for MXFP8, arranged as
     the kernel's GEMM reads it (a copy where it must be: padded blocks, MX's blocked tiles,
     doubled for e4m3fnuz); ``input_scale`` is the static activation
-    scale (0-dim), if any. A NamedTuple rather than an attrs class, because it is built on the
+    scale (0-dim), if any. An integer weight-only family (``kernels._wna16``) holds its own
+    packing in ``weight`` and ``scale``, an asymmetric weight's ``zero_point`` where its
+    op reads them apart, and, for an act-order weight, ``perm``: the column order each
+    call reads ``x`` in. A NamedTuple rather than an attrs class, because it is built on the
     hot path and ``torch.compile`` traces a NamedTuple without a graph break.
     """
 
     weight: torch.Tensor
     scale: torch.Tensor
     input_scale: torch.Tensor | None = None
+    zero_point: torch.Tensor | None = None
+    perm: torch.Tensor | None = None
 
 
 class Kernel(Protocol):
@@ -41,6 +46,9 @@ class Kernel(Protocol):
         weight: torch.Tensor,
         weight_scale: torch.Tensor,
         input_scale: torch.Tensor | None = None,
+        *,
+        zero_point: torch.Tensor | None = None,
+        g_idx: torch.Tensor | None = None,
     ) -> WeightBundle: ...
 
     def quantize_weights(
@@ -58,4 +66,7 @@ class Kernel(Protocol):
         weight_scale: torch.Tensor,
         input_scale: torch.Tensor | None = None,
         bias: torch.Tensor | None = None,
+        *,
+        zero_point: torch.Tensor | None = None,
+        g_idx: torch.Tensor | None = None,
     ) -> torch.Tensor: ...

@@ -34,6 +34,7 @@ from kernelpick.kernels._int8 import Int8IntMM, Int8IntMMPadded
 from kernelpick.kernels._reference import ReferenceW8A8, ReferenceW8A16
 from kernelpick.kernels._scaled_mm import ChannelwiseUnfused, RowwiseScaledMM, TensorwiseScaledMM
 from kernelpick.kernels._w8a16 import CupyGemvW8A16, DequantMatmul
+from kernelpick.kernels._wna16 import Int4PackMM, Int8PackMM, IntDequantMatmul
 
 __all__ = ["BIAS_IN_16_BIT", "LAUNCHES", "Launch", "check_rows", "launch_table"]
 
@@ -114,18 +115,25 @@ LAUNCHES: Mapping[str, Launch] = MappingProxyType(
         "cuda_int8_int_mm_padded": Launch(Int8IntMMPadded),
         "cuda_w8a16_cupy": Launch(CupyGemvW8A16),
         "cuda_w8a16_torch": Launch(DequantMatmul),
+        "cuda_int4pack_mm": Launch(Int4PackMM),
+        "cuda_wna16_torch": Launch(IntDequantMatmul),
         "rocm_rowwise_scaled_mm": Launch(RowwiseScaledMM, fused_bias=BIAS_IN_16_BIT),
         "rocm_tensorwise_scaled_mm": Launch(TensorwiseScaledMM, fused_bias=BIAS_IN_16_BIT),
         "rocm_channelwise_unfused": Launch(ChannelwiseUnfused, fused_bias=BIAS_IN_16_BIT),
         "rocm_w8a16_torch": Launch(DequantMatmul),
+        "rocm_int4pack_mm": Launch(Int4PackMM),
+        "rocm_wna16_torch": Launch(IntDequantMatmul),
         "cpu_fp8_gemm": Launch(CpuFp8Gemm),
         "cpu_fp8_w8a16_gemm": Launch(CpuFp8GemmW8A16),
         "cpu_int8_gemm": Launch(CpuInt8Gemm),
         "cpu_int8_int_mm": Launch(Int8IntMM),
         "cpu_rowwise_scaled_mm": Launch(RowwiseScaledMM),
         "cpu_tensorwise_scaled_mm": Launch(TensorwiseScaledMM),
+        "cpu_int4pack_mm": Launch(Int4PackMM),
+        "cpu_int8pack_mm": Launch(Int8PackMM),
         "cpu_dequant_reference": Launch(ReferenceW8A8),
         "cpu_w8a16_reference": Launch(ReferenceW8A16),
+        "cpu_wna16_reference": Launch(IntDequantMatmul),
     }
 )
 

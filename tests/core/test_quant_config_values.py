@@ -86,6 +86,14 @@ SCHEME_KEYS: list[tuple[kp.Scheme, QuantKey, QuantKey | None]] = [
         QuantKey(E4M3FN, ScaleSpec(GroupShape(32, 1), static=True, dtype=Dtype.FLOAT8_E8M0FNU)),
         QuantKey(E4M3FN, ScaleSpec(GroupShape(1, 32), static=False, dtype="float8_e8m0fnu")),
     ),
+    # compressed-tensors' W4A16 preset: symmetric int4 in groups of 128 along K.
+    (
+        kp.Scheme.INT4_WEIGHT_ONLY,
+        QuantKey(Dtype.INT4, ScaleSpec(GroupShape(128, 1), static=True)),
+        None,
+    ),
+    # Per channel by default: what torch's _weight_int8pack_mm reads.
+    (kp.Scheme.INT8_WEIGHT_ONLY, QuantKey(Dtype.INT8, ScaleSpec(PER_CHANNEL, static=True)), None),
 ]
 
 

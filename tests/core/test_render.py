@@ -23,9 +23,14 @@ def test_rejected_text_is_the_layout_engines_print_then_the_hints() -> None:
         "  - cuda_rowwise_scaled_mm: requires compute capability 8.9 or higher; device has 8.0"
     )
     reasons = len(decision.reasons)
-    assert lines[reasons] == (
+    assert (
         "  - cuda_w8a16_torch: weight-only (W8A16) kernel cannot honour per-token "
         "activation quantization"
+    ) in lines[:reasons]
+    # The integer weight-only rows come last, and say both what they cannot honour and
+    # what they read instead.
+    assert lines[reasons] == (
+        "  - cuda_wna16_torch: supports quantized int4 or int8; config has float8_e4m3fn"
     )
     assert lines[1 : reasons + 1] == [f"  - {r.kernel}: {r.render()}" for r in decision.reasons]
     assert lines[reasons + 1 :] == [f"Hint: {hint}" for hint in decision.hints]
@@ -113,7 +118,7 @@ def test_selected_text_says_where_each_other_viable_kernel_stands() -> None:
     decision = kp.choose(kp.device_profile("cpu"), config, catalog=catalog)
     assert isinstance(decision, kp.Selected)
     assert [v.kernel for v in decision.trace] == list(catalog.ids_for("cpu"))
-    assert catalog.ids_for("cpu")[:2] == ("cpu_w8a16_reference", "cpu_dequant_reference")
+    assert catalog.ids_for("cpu")[1:3] == ("cpu_w8a16_reference", "cpu_dequant_reference")
     assert decision.kernel == "cpu_dequant_reference"
     lines = decision.render().splitlines()
     assert (

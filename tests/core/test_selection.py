@@ -17,6 +17,8 @@ from kernelpick.core import (
 
 PTPC = "fp8_per_channel"
 SHAPE = (4096, 4096)
+# The FP8 weight-only rows, which serve per-tensor FP8 degraded; the integer ones serve no
+# activation-quantized config at all (fallback=frozenset()).
 W8A16_CUDA = ("cuda_w8a16_cupy", "cuda_w8a16_torch")
 
 
@@ -59,7 +61,10 @@ def test_strict_refuses_the_degraded_fallback() -> None:
     decision = kp.choose(kp.device_profile("a100"), config, kp.Policy(strict=True))
     assert isinstance(decision, kp.Rejected)
     strict = [r for r in decision.reasons if r.code is kp.RejectCode.STRICT_DEGRADED]
-    assert {r.kernel for r in strict} == set(W8A16_CUDA)
+    # Every weight-only row is told so, the integer ones too (whose own rules refuse it).
+    cuda = kp.default_catalog().for_platform("cuda")
+    assert {r.kernel for r in strict} == {s.id for s in cuda if s.kind is kp.KernelKind.W8A16}
+    assert set(W8A16_CUDA) < {r.kernel for r in strict}
 
 
 def test_weight_only_on_a100_selects_cupy_not_degraded() -> None:

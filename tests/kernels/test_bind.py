@@ -13,6 +13,7 @@ import kernelpick as kp
 from kernelpick.core import Dtype
 from kernelpick.kernels import (
     LAUNCHES,
+    IntWeightOnly,
     Launch,
     ReferenceW8A8,
     ReferenceW8A16,
@@ -62,10 +63,13 @@ def test_quantize_weights_refuses_a_weight_of_the_wrong_shape() -> None:
 def test_the_kernel_reads_its_alignment_from_the_catalog_row() -> None:
     weight_only = kp.quant_config("fp8_weight_only", weight_shape=(32, 64), out_dtype="float32")
     int8 = kp.quant_config("int8_per_channel", weight_shape=(32, 64), out_dtype="float32")
+    int4 = kp.quant_config("int4_weight_only", weight_shape=(32, 64), group_size=32)
     for spec in kp.default_catalog():
         config = CONFIG if spec.kind is kp.KernelKind.W8A8 else weight_only
         if "int8" in spec.id:  # an int8 family refuses FP8 weights when it is built
             config = int8
+        if issubclass(LAUNCHES[spec.id].family, IntWeightOnly):
+            config = int4
         kernel = LAUNCHES[spec.id].kernel(spec, config, CPU, torch.device("cpu"))
         assert kernel.spec.alignment == spec.alignment
     assert kp.default_catalog().kernel("cpu_rowwise_scaled_mm").alignment == 16

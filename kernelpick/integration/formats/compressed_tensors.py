@@ -20,7 +20,13 @@ from typing import Any
 import attrs
 import torch
 
-from kernelpick.core import DEFAULT_BLOCK_SIZE, MX_BLOCK_SIZE, Scheme, is_positive_int
+from kernelpick.core import (
+    DEFAULT_BLOCK_SIZE,
+    MX_BLOCK_SIZE,
+    InvalidValueError,
+    Scheme,
+    is_positive_int,
+)
 from kernelpick.integration._errors import CheckpointError
 from kernelpick.integration.formats._layout import Layout, Stored
 from kernelpick.integration.formats._patterns import ct_matches, ct_refusal
@@ -112,7 +118,10 @@ def to_config(
 ) -> dict[str, Any]:
     """The ``quantization_config`` of a checkpoint whose every ``Linear`` but ``ignore`` is
     quantized with ``scheme`` (``block_size``: fp8_block's, 128 when None)."""
-    row = _ROWS[scheme]
+    row = _ROWS.get(scheme)
+    if row is None:
+        valid = ", ".join(s.value for s in SCHEMES)
+        raise InvalidValueError("scheme", scheme.value, f"one this format writes: {valid}")
     size = row.group_size
     if scheme is Scheme.FP8_BLOCK:
         size = DEFAULT_BLOCK_SIZE if block_size is None else block_size

@@ -49,7 +49,10 @@ def test_a100_rejects_before_allocating_with_every_reason() -> None:
     assert "Reasons:" in text
     for kernel in kp.default_catalog().ids_for("cuda"):
         assert f"\n  - {kernel}: " in text
-    assert text.count("cannot honour per-token activation quantization") == 2
+    weight_only = [
+        s for s in kp.default_catalog().for_platform("cuda") if s.kind is kp.KernelKind.W8A16
+    ]
+    assert text.count("cannot honour per-token activation quantization") == len(weight_only) == 4
     assert isinstance(info.value, kp.KernelpickError)
     assert isinstance(info.value, ValueError)
     assert isinstance(info.value.rejected, kp.Rejected)
