@@ -56,7 +56,7 @@ def test_dtype_parse_accepts(value: object, expected: Dtype) -> None:
     [
         ("bfloat61", "bfloat16"),
         ("float61", "float16"),
-        ("int3", "int4"),
+        ("intt4", "int4"),
         ("xyz", None),
         ("", None),
         (None, None),

@@ -40,7 +40,7 @@ SCHEME_NAMES: tuple[str, ...] = tuple(s.value for s in kp.Scheme)
 # (docs/design.md#vocabulary).
 DTYPE_NAMES: dict[str, str] = {
     **{name: name for name in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2")},
-    **{name: name for name in ("int8", "float8_e8m0fnu")},
+    **{name: name for name in ("int8", "int4", "float8_e8m0fnu")},
     **{name: name for name in ("bfloat16", "float16", "float32")},
     "bf16": "bfloat16",
     "fp16": "float16",
@@ -53,6 +53,7 @@ DTYPE_NAMES: dict[str, str] = {
     "e8m0": "float8_e8m0fnu",
     "e8m0fnu": "float8_e8m0fnu",
     "i8": "int8",
+    "i4": "int4",
 }
 HIGH_PRECISION = frozenset({"bfloat16", "float16", "float32"})
 # A gfx name as RocmArch.parse reads it (the arch and the translate fuzzers judge by it).
