@@ -228,7 +228,9 @@ def rotated_weights(
         name: rotation_count(n * k * dtype.itemsize, target, cap)
         for name, dtype in BASELINES.items()
     }
-    quantized = rotation_count(n * k, target, cap)  # one byte per weight, FP8 or int8
+    # Bytes per quantized weight: one (FP8, int8), or half where a candidate packs int4.
+    bits = min((c.kernel.config.weight.dtype.bits for c in candidates if c.kernel), default=8)
+    quantized = rotation_count(n * k * bits // 8, target, cap)
     sources = [
         (torch.randn(n, k, generator=generator) / k**0.5).to(torch.bfloat16)
         for _ in range(max(quantized, *counts.values()))

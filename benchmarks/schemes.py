@@ -12,8 +12,10 @@ order rotating) and each figure is the median of per-repeat ratios.
   ``block`` (``fp8_block``: 1 x 128 dynamic activation groups, 128 x 128 weight blocks),
   ``block_w8a16`` (128 x 128 weight blocks, weight-only), ``int8`` (``int8_per_channel``:
   per-token int8 activations, per-channel int8 weights), ``per_tensor``
-  (``fp8_per_tensor``: one dynamic activation scale, one weight scale) and, for comparison
-  in the same repeats, ``ptpc`` (``fp8_per_channel``).
+  (``fp8_per_tensor``: one dynamic activation scale, one weight scale), ``int4_wo`` and
+  ``int8_wo`` (``int4_weight_only``, groups of 128, and ``int8_weight_only``, per
+  channel: torch's tinygemm int4 and int8pack ops where their rules hold) and, for
+  comparison in the same repeats, ``ptpc`` (``fp8_per_channel``).
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ CANDIDATES: dict[str, str] = {
     "int8": "int8_per_channel",
     "per_tensor": "fp8_per_tensor",
     "ptpc": "fp8_per_channel",
+    "int4_wo": "int4_weight_only",
+    "int8_wo": "int8_weight_only",
 }
 # Every M the decode figures take (the issue's targets judge these layers at every M).
 SCHEME_TOKENS = (1, 4, 16, 64, 256, 2048)
