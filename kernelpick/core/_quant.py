@@ -178,6 +178,11 @@ def _operands(config: QuantConfig) -> None:
             act.zero_point.value,
             "None: activations are quantized symmetrically",
         )
+    if not config.weight.scale.static:
+        # A weight is stored quantized, so its scales are stored with it; "dynamic" would be
+        # read by every kernel as the stored ones anyway.
+        expected = "static weight scales (ScaleSpec(..., static=True)): they are stored with it"
+        raise InvalidValueError("weight scale", config.weight.scale.render(), expected)
     group = config.weight.scale.group
     if config.act_order and not (
         config.weight.dtype.is_integer and group.cols == 1 and 1 <= group.rows < config.k

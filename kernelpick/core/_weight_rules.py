@@ -153,8 +153,10 @@ class WholeGroupsPerPart:
         if config.act_order:
             needed = "K unsplit for an act-order weight"
             return Reason(RejectCode.GROUP_STRADDLE, needed, f"K cut in {config.k_parts} parts")
-        depth = config.weight_block[1]
-        if depth >= config.k or config.k % depth == 0:
+        depth = config.weight.scale.group.rows
+        # One scale down the whole of K (per channel, per tensor, or a group as deep as
+        # every part together) is the same on every rank; any other group must fit a part.
+        if depth == -1 or depth >= config.k * config.k_parts or config.k % depth == 0:
             return None
         needed = f"each part's K ({config.k}) a multiple of the weight group ({depth})"
         return Reason(RejectCode.GROUP_STRADDLE, needed, f"K={config.k} per part")

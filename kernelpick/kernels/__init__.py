@@ -53,7 +53,8 @@ from kernelpick.kernels._reference import ReferenceW8A8, ReferenceW8A16
 from kernelpick.kernels._scaled_mm import ChannelwiseUnfused, RowwiseScaledMM, TensorwiseScaledMM
 from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
 from kernelpick.kernels._w8a16 import CupyGemvW8A16, DequantMatmul
-from kernelpick.kernels._wna16 import Int4PackMM, Int8PackMM, IntDequantMatmul, IntWeightOnly
+from kernelpick.kernels._wna16 import IntDequantMatmul, IntWeightOnly
+from kernelpick.kernels._wna16_ops import Int4PackMM, Int8PackMM
 
 __all__ = [
     "LAUNCHES",

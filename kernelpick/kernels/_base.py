@@ -99,6 +99,7 @@ class KernelBase:
         if refused is not None:
             expected = f"a config a {self.spec.kind} kernel may serve: {refused.render()}"
             raise InvalidValueError("config", self.config.render(), expected)
+        self._check_weight_format()
         n, k = self.config.weight_shape
         view = self._arrange(torch.empty((n, k), dtype=self.weight_dtype, device="meta"))
         strides = tuple(
@@ -107,6 +108,17 @@ class KernelBase:
         scale = self.config.weight_scale_shape
         form = (tuple(view.shape), strides, () if scale == (1,) else scale)
         object.__setattr__(self, "_bundle_form", form)
+
+    def _check_weight_format(self) -> None:
+        # What this family's bundle means: FP8 or int8 values, symmetric and in order. An
+        # int4, asymmetric or act-order weight read by it would be some other weight.
+        weight = self.config.weight
+        if weight.dtype is Dtype.INT4 or weight.zero_point is not None or self.config.act_order:
+            expected = (
+                f"an FP8 or int8 weight, symmetric and in order, for {type(self).__name__}; "
+                "integer weight-only layers run on kernelpick.kernels' IntWeightOnly families"
+            )
+            raise InvalidValueError("config", self.config.render(), expected)
 
     @property
     def kernel_id(self) -> str:

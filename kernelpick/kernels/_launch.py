@@ -34,7 +34,8 @@ from kernelpick.kernels._int8 import Int8IntMM, Int8IntMMPadded
 from kernelpick.kernels._reference import ReferenceW8A8, ReferenceW8A16
 from kernelpick.kernels._scaled_mm import ChannelwiseUnfused, RowwiseScaledMM, TensorwiseScaledMM
 from kernelpick.kernels._w8a16 import CupyGemvW8A16, DequantMatmul
-from kernelpick.kernels._wna16 import Int4PackMM, Int8PackMM, IntDequantMatmul
+from kernelpick.kernels._wna16 import IntDequantMatmul
+from kernelpick.kernels._wna16_ops import Int4PackMM, Int8PackMM
 
 __all__ = ["BIAS_IN_16_BIT", "LAUNCHES", "Launch", "check_rows", "launch_table"]
 

@@ -4,9 +4,8 @@ and never stores it: torch's CPU int4 packing differs by ISA, so it cannot be sa
 
 - ``IntDequantMatmul``: the weight dequantized, then ``F.linear`` (any group, zero points
   and act-order; fp32 where it is the reference).
-- ``Int4PackMM``: torch's tinygemm int4 op (CPU, CUDA, ROCm), ``(q - 8) * scale + zero``
-  per group, a zero point folded into ``zero = -scale * z``.
-- ``Int8PackMM``: torch's ``_weight_int8pack_mm`` (CPU), per-channel symmetric int8.
+- ``Int4PackMM`` and ``Int8PackMM`` (``_wna16_ops``): torch's tinygemm int4 op and its
+  CPU ``_weight_int8pack_mm``.
 
 Act-order weights are prepared with their columns in group order (``group_order``) and
 each call reads ``x`` in that order, as vLLM's Marlin does with ``g_idx_sort_indices``.
@@ -19,7 +18,8 @@ from typing import ClassVar
 import attrs
 import torch
 
-from kernelpick.core import KernelInputError, KernelKind
+from kernelpick.core import Dtype, InvalidValueError, KernelInputError, KernelKind
+from kernelpick.core.rules import ActOrder, GroupSizes, QuantDtypes, WholeGroupsPerPart, ZeroPoints
 from kernelpick.kernels._base import KernelBase
 from kernelpick.kernels._bundle import WeightBundle
 from kernelpick.kernels._canonical import check_finite
@@ -30,9 +30,9 @@ from kernelpick.kernels._int_canonical import (
     quantize_int,
     unpack_int,
 )
-from kernelpick.kernels._torch import check_tensor, reject, torch_dtype
+from kernelpick.kernels._torch import check_tensor, reject
 
-__all__ = ["Int4PackMM", "Int8PackMM", "IntDequantMatmul", "IntWeightOnly"]
+__all__ = ["IntDequantMatmul", "IntWeightOnly"]
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 # Where torch's CPU _weight_int8pack_mm reads with aligned vector loads (bf16 on AVX-512:
@@ -47,6 +47,34 @@ class IntWeightOnly(KernelBase):
     prepares. Subclasses define ``_pack`` (the prepared weight and scales) and ``_matmul``."""
 
     KIND: ClassVar[KernelKind] = KernelKind.W8A16
+    # What the family reads: its weight formats, and whether it reads zero points and an
+    # act-order permutation. Checked when it is built, with the catalog row's layout
+    # rules, so a route that skips bind (Launch.kernel, the constructor) cannot hand it a
+    # layer it would read as another.
+    FORMATS: ClassVar[frozenset[Dtype]] = frozenset({Dtype.INT4, Dtype.INT8})
+    READS_ZERO_POINTS: ClassVar[bool] = True
+    READS_ACT_ORDER: ClassVar[bool] = True
+
+    def _check_weight_format(self) -> None:
+        config = self.config
+        weight = config.weight
+        refused = [
+            rule.check(None, config)  # type: ignore[arg-type]  # layout rules read no caps
+            for rule in self.spec.rules
+            if isinstance(rule, (QuantDtypes, GroupSizes, ZeroPoints, ActOrder, WholeGroupsPerPart))
+        ]
+        reasons = [reason.render() for reason in refused if reason is not None]
+        if weight.dtype not in self.FORMATS:
+            formats = ", ".join(sorted(d.value for d in self.FORMATS))
+            reasons.append(f"{type(self).__name__} reads {formats} weights")
+        if weight.zero_point is not None and not self.READS_ZERO_POINTS:
+            reasons.append(f"{type(self).__name__} reads no zero points")
+        if config.act_order and not self.READS_ACT_ORDER:
+            reasons.append(f"{type(self).__name__} reads no act-order weight")
+        if reasons:
+            raise InvalidValueError(
+                "config", config.render(), "a layer it can read: " + "; ".join(reasons)
+            )
 
     def prepare_weights(
         self,
@@ -140,9 +168,23 @@ class IntWeightOnly(KernelBase):
         ):
             if tensor.dtype != dtype or (shape is not None and tuple(tensor.shape) != shape):
                 raise reject(name, tensor, f"{dtype} {shape}, as {self.kernel_id} prepares it")
+        if (
+            self.READS_ZERO_POINTS
+            and self._keeps_zero_points
+            and ((bundle.zero_point is None) != (self.config.weight.zero_point is None))
+        ):
+            expected = (
+                "a bundle this kernel prepared (zero points exactly where the config has them)"
+            )
+            raise KernelInputError(
+                "bundle.zero_point", (), str(bundle.zero_point is not None), "-", expected
+            )
         if (bundle.perm is None) == self.config.act_order:
             expected = "a bundle this kernel prepared (its perm, act-order's column order)"
             raise KernelInputError("bundle.perm", (), str(bundle.perm is not None), "-", expected)
+
+    # Whether the bundle holds the zero points apart (else they are folded into its scales).
+    _keeps_zero_points: ClassVar[bool] = False
 
     def _columns(self, x: torch.Tensor, bundle: WeightBundle) -> torch.Tensor:
         return x if bundle.perm is None else x.index_select(-1, bundle.perm)
@@ -186,13 +228,18 @@ class IntDequantMatmul(IntWeightOnly):
     scale and a zero point may leave) and run ``F.linear``: any group, zero points and
     act-order. The prepared weight is int8 ``[N, K]`` in group order."""
 
+    _keeps_zero_points: ClassVar[bool] = True
+
     def _form(
         self,
     ) -> tuple[tuple[torch.dtype, tuple[int, ...] | None], tuple[torch.dtype, tuple[int, ...]]]:
         return (torch.int8, self.config.weight_shape), (torch.float32, self._scale_shape())
 
     def _scale_shape(self) -> tuple[int, ...]:
-        return tuple(self.config.weight_scale_shape)
+        # [N, G, depth]: the group depth is in the bundle's shape (a stride-0 view, no
+        # copy), so a bundle of another grouping with as many groups is refused.
+        n, groups = self.config.weight_scale_shape
+        return (n, groups, self.config.weight_block[1])
 
     def _pack(
         self,
@@ -201,109 +248,15 @@ class IntDequantMatmul(IntWeightOnly):
         zero: torch.Tensor | None,
         order: torch.Tensor | None,
     ) -> WeightBundle:
-        return WeightBundle(q.contiguous(), scale, None, zero, order)
+        expanded = scale.unsqueeze(-1).expand(self._scale_shape())
+        return WeightBundle(q.contiguous(), expanded, None, zero, order)
 
     def _matmul(
         self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None
     ) -> torch.Tensor:
         work = torch.float32 if x.dtype == torch.float16 else x.dtype
-        values = dequantize_values(bundle.weight, bundle.scale, bundle.zero_point, self.config)
+        scale = bundle.scale[:, :, 0]
+        values = dequantize_values(bundle.weight, scale, bundle.zero_point, self.config)
         weight = values.to(work)
         out = torch.nn.functional.linear(self._columns(x, bundle).to(work), weight)
-        return self._finish(out, bias)
-
-
-@attrs.frozen
-class Int4PackMM(IntWeightOnly):
-    """torch's tinygemm int4 GEMM: ``_weight_int4pack_mm_for_cpu`` on a CPU, and
-    ``_weight_int4pack_mm`` on CUDA and ROCm (bf16 only there, its catalog rows say so).
-
-    The weight is packed at prepare for this machine (the CPU packing differs by ISA,
-    measured on torch 2.13), with ``scales_and_zeros [K/g, N, 2]`` in the input's dtype.
-    """
-
-    def _form(
-        self,
-    ) -> tuple[tuple[torch.dtype, tuple[int, ...] | None], tuple[torch.dtype, tuple[int, ...]]]:
-        n, k = self.config.weight_shape
-        groups = -(-k // self.config.weight_block[1])
-        packed = torch.uint8 if self.device.type == "cpu" else torch.int32
-        return (packed, None), (self._dtype, (groups, n, 2))
-
-    @property
-    def _dtype(self) -> torch.dtype:
-        return torch_dtype(self.config.input_dtype)
-
-    def _pack(
-        self,
-        q: torch.Tensor,
-        scale: torch.Tensor,
-        zero: torch.Tensor | None,
-        order: torch.Tensor | None,
-    ) -> WeightBundle:
-        unsigned = q.to(torch.int32) + 8
-        # (u - 8) * s + offset == s * (q - z) with u = q + 8: offset = -s * z.
-        # |offset| <= 8 * scale, so it fits wherever the scale does.
-        offset = torch.zeros_like(scale) if zero is None else -scale * zero.to(torch.float32)
-        pairs = torch.stack((self._scale_as(scale, self._dtype), offset.to(self._dtype)), dim=-1)
-        scales_and_zeros = pairs.transpose(0, 1).contiguous()
-        if self.device.type == "cpu":
-            packed = torch._convert_weight_to_int4pack_for_cpu(unsigned.contiguous(), 2)
-        else:
-            # CUDA/ROCm take [N, K/2] bytes, the even column in the high nibble
-            # (aten/src/ATen/native/cuda/int4mm.cu), and K tiles of 16 x inner_k_tiles.
-            u8 = unsigned.to(torch.uint8)
-            packed = torch._convert_weight_to_int4pack(
-                ((u8[:, ::2] << 4) | u8[:, 1::2]).contiguous(), self._inner_k_tiles()
-            )
-        return WeightBundle(packed, scales_and_zeros, None, None, order)
-
-    def _inner_k_tiles(self) -> int:
-        k = self.config.k
-        return next(tiles for tiles in (8, 4, 2) if k % (16 * tiles) == 0)
-
-    def _matmul(
-        self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None
-    ) -> torch.Tensor:
-        group = self.config.weight_block[1]
-        rows = self._columns(x, bundle).contiguous()
-        if self.device.type == "cpu":
-            out = torch._weight_int4pack_mm_for_cpu(rows, bundle.weight, group, bundle.scale)
-        else:
-            out = torch._weight_int4pack_mm(rows, bundle.weight, group, bundle.scale)
-        return self._finish(out, bias)
-
-
-@attrs.frozen
-class Int8PackMM(IntWeightOnly):
-    """torch's CPU ``_weight_int8pack_mm``: per-channel symmetric int8, scales in the
-    input's dtype. Its bf16 path steps K by 16 with aligned loads and no tail (measured on
-    torch 2.13: a K off that step faults or reads past the row), so its row asks K % 16
-    and each call hands it a 64-byte-aligned activation."""
-
-    def _form(
-        self,
-    ) -> tuple[tuple[torch.dtype, tuple[int, ...] | None], tuple[torch.dtype, tuple[int, ...]]]:
-        return (torch.int8, self.config.weight_shape), (self._dtype, (self.config.n,))
-
-    @property
-    def _dtype(self) -> torch.dtype:
-        return torch_dtype(self.config.input_dtype)
-
-    def _pack(
-        self,
-        q: torch.Tensor,
-        scale: torch.Tensor,
-        zero: torch.Tensor | None,
-        order: torch.Tensor | None,
-    ) -> WeightBundle:
-        return WeightBundle(q.contiguous(), self._scale_as(scale.reshape(-1), self._dtype))
-
-    def _matmul(
-        self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None
-    ) -> torch.Tensor:
-        rows = x.contiguous()
-        if rows.data_ptr() % _ALIGN_BYTES:
-            rows = rows.clone()
-        out = torch._weight_int8pack_mm(rows, bundle.weight, bundle.scale)
         return self._finish(out, bias)

@@ -43,7 +43,7 @@ class Multiples:
 def _spec(
     name: str, requires: tuple[R.Requirement, ...], kind: kp.KernelKind = W8A16
 ) -> kp.KernelSpec:
-    fallback = None if kind is W8A8 else frozenset()
+    fallback: frozenset[kp.GroupShape] | None = None if kind is W8A8 else frozenset()
     return kp.KernelSpec(name, CUDA, kind, requires, fallback=fallback)
 
 

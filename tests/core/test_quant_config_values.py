@@ -269,15 +269,20 @@ def test_scheme_of_inverts_scheme(name: kp.Scheme, out_dtype: str, bias: bool) -
             input_dtype="bfloat16",
             out_dtype="bfloat16",
         ),
-        # weight-only with a dynamic weight scale
-        kp.QuantConfig(
-            weight=QuantKey(E4M3FN, ScaleSpec(PER_CHANNEL, static=False)),
-            activation=None,
-            weight_shape=(16, 16),
-            input_dtype="bfloat16",
-            out_dtype="bfloat16",
-        ),
     ],
 )
 def test_scheme_of_custom_is_none(config: kp.QuantConfig) -> None:
     assert scheme_of(config) is None
+
+
+@pytest.mark.parametrize("weight_dtype", [E4M3FN, Dtype.INT8, Dtype.INT4])
+def test_a_dynamic_weight_scale_is_refused_not_read_as_the_stored_one(weight_dtype: Dtype) -> None:
+    # A stored weight's scales are stored with it: every kernel would read them as static.
+    with pytest.raises(kp.InvalidValueError, match="static weight scales"):
+        kp.QuantConfig(
+            weight=QuantKey(weight_dtype, ScaleSpec(PER_CHANNEL, static=False)),
+            activation=None,
+            weight_shape=(16, 16),
+            input_dtype="bfloat16",
+            out_dtype="bfloat16",
+        )

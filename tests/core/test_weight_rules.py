@@ -56,6 +56,9 @@ TABLE = [
     (WholeGroupsPerPart(), _int4(128, k=2000, k_parts=2), CODE.GROUP_STRADDLE),
     (WholeGroupsPerPart(), _int4(128, k=2000), None),  # unsplit: a short last group only
     (WholeGroupsPerPart(), _int4(-1, k=2000, k_parts=2), None),  # per channel: one per part
+    # A group deeper than one part but not the whole K: rank 1 starts inside group 0.
+    (WholeGroupsPerPart(), _int4(384, k=256, k_parts=2), CODE.GROUP_STRADDLE),
+    (WholeGroupsPerPart(), _int4(512, k=256, k_parts=2), None),  # one group down all of K
     (WholeGroupsPerPart(), _int4(128, k=2048, k_parts=2, act_order=True), CODE.GROUP_STRADDLE),
 ]
 

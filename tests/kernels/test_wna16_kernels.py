@@ -179,3 +179,50 @@ def test_a_bundle_from_another_integer_family_is_refused() -> None:
     bundle = reference.quantize_weights(torch.randn(32, 64))
     with pytest.raises(kp.KernelInputError, match="bundle"):
         tinygemm.apply(torch.randn(2, 64), bundle)
+
+
+def test_a_bundle_of_another_grouping_with_as_many_groups_is_refused() -> None:
+    # K = 256 in groups of 128 or of 200: two scales a row either way.
+    def config(group: int) -> kp.QuantConfig:
+        return kp.quant_config(
+            "int4_weight_only", weight_shape=(32, 256), group_size=group, out_dtype="float32"
+        )
+
+    bundle = bind("cpu_wna16_reference", config(128), CPU).quantize_weights(torch.randn(32, 256))
+    with pytest.raises(kp.KernelInputError, match=r"bundle\.scale"):
+        bind("cpu_wna16_reference", config(200), CPU).apply(torch.randn(2, 256), bundle)
+
+
+def test_a_tinygemm_bundle_of_another_shape_is_refused_before_torch_sees_it() -> None:
+    def config(k: int, group: int) -> kp.QuantConfig:
+        return kp.quant_config(
+            "int4_weight_only", weight_shape=(32, k), group_size=group, out_dtype="float32"
+        )
+
+    bundle = bind("cpu_int4pack_mm", config(256, 128), CPU).quantize_weights(torch.randn(32, 256))
+    with pytest.raises(kp.KernelInputError, match=r"bundle\.weight"):
+        bind("cpu_int4pack_mm", config(128, 64), CPU).apply(torch.randn(2, 128), bundle)
+
+
+@pytest.mark.parametrize(
+    ("kernel", "config"),
+    [
+        # Built without bind: the family and its row's layout rules still refuse.
+        (
+            "cpu_int8pack_mm",
+            kp.quant_config("int8_weight_only", weight_shape=(32, 256), symmetric=False),
+        ),
+        (
+            "cpu_int4pack_mm",
+            kp.quant_config("int8_weight_only", weight_shape=(32, 256), group_size=128),
+        ),
+        ("cpu_wna16_reference", kp.quant_config("fp8_weight_only", weight_shape=(32, 256))),
+        ("cpu_w8a16_reference", kp.quant_config("int4_weight_only", weight_shape=(32, 256))),
+    ],
+)
+def test_a_family_built_without_bind_refuses_a_layer_it_would_misread(
+    kernel: str, config: kp.QuantConfig
+) -> None:
+    spec = kp.default_catalog().kernel(kernel)
+    with pytest.raises(kp.InvalidValueError, match="config"):
+        LAUNCHES[kernel].kernel(spec, config, CPU, torch.device("cpu"))
