@@ -44,8 +44,10 @@ from kernelpick.kernels._int_canonical import (
     group_order,
     int_range,
     pack_int,
+    pack_zero_points,
     quantize_int,
     unpack_int,
+    unpack_zero_points,
 )
 from kernelpick.kernels._launch import LAUNCHES, Launch, check_rows, launch_table
 from kernelpick.kernels._quantize import CHUNK_ROWS, AmaxReduce
@@ -89,9 +91,11 @@ __all__ = [
     "dequantize_weight",
     "launch_table",
     "pack_int",
+    "pack_zero_points",
     "quantize_canonical",
     "quantize_int",
     "unpack_int",
+    "unpack_zero_points",
 ]
 # For kernelpick's other packages (adapters, integration, engines, bench): the canonical
 # layout's checks, torch's side of a Dtype, and what the probes ask of the build and of

@@ -34,8 +34,10 @@ __all__ = [
     "group_order",
     "int_range",
     "pack_int",
+    "pack_zero_points",
     "quantize_int",
     "unpack_int",
+    "unpack_zero_points",
 ]
 
 _WORD = 32
@@ -69,6 +71,17 @@ def unpack_int(packed: torch.Tensor, bits: int, k: int) -> torch.Tensor:
     fields = (packed.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
     unsigned = fields.reshape(n, words * per_word)[:, :k]
     return (unsigned - (1 << (bits - 1))).to(torch.int8)
+
+
+def pack_zero_points(zero_point: torch.Tensor, bits: int) -> torch.Tensor:
+    """Zero points ``[N, G]`` (int8) as a pack-quantized checkpoint stores them: packed
+    along N, int32 ``[ceil(N * bits / 32), G]`` (compressed-tensors' ``packed_dim=0``)."""
+    return pack_int(zero_point.t().contiguous(), bits).t().contiguous()
+
+
+def unpack_zero_points(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
+    """``pack_zero_points`` undone: int8 ``[N, G]``."""
+    return unpack_int(packed.t().contiguous(), bits, n).t().contiguous()
 
 
 def _depth(config: QuantConfig) -> int:
