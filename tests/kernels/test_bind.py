@@ -64,12 +64,14 @@ def test_the_kernel_reads_its_alignment_from_the_catalog_row() -> None:
     weight_only = kp.quant_config("fp8_weight_only", weight_shape=(32, 64), out_dtype="float32")
     int8 = kp.quant_config("int8_per_channel", weight_shape=(32, 64), out_dtype="float32")
     int4 = kp.quant_config("int4_weight_only", weight_shape=(32, 64), group_size=32)
+    int8_wo = kp.quant_config("int8_weight_only", weight_shape=(32, 64))
     for spec in kp.default_catalog():
+        family = LAUNCHES[spec.id].family
         config = CONFIG if spec.kind is kp.KernelKind.W8A8 else weight_only
-        if "int8" in spec.id:  # an int8 family refuses FP8 weights when it is built
+        if issubclass(family, IntWeightOnly):  # each integer family reads its own widths
+            config = int4 if Dtype.INT4 in family.FORMATS else int8_wo
+        elif "int8" in spec.id:  # an int8 family refuses FP8 weights when it is built
             config = int8
-        if issubclass(LAUNCHES[spec.id].family, IntWeightOnly):
-            config = int4
         kernel = LAUNCHES[spec.id].kernel(spec, config, CPU, torch.device("cpu"))
         assert kernel.spec.alignment == spec.alignment
     assert kp.default_catalog().kernel("cpu_rowwise_scaled_mm").alignment == 16
