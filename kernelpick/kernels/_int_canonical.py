@@ -124,19 +124,20 @@ def quantize_int(
     return pack_int(values, fmt.bits), scale, zero_point
 
 
-def group_order(g_idx: torch.Tensor, config: QuantConfig) -> torch.Tensor:
+def group_order(g_idx: torch.Tensor, config: QuantConfig, name: str = "g_idx") -> torch.Tensor:
     """The column order (int64 ``[K]``) that makes an act-order weight's groups contiguous,
-    or ``InvalidValueError`` where ``g_idx`` is not a permutation of whole groups: a group
-    of the wrong size cannot be read as one, whatever kernel runs it."""
+    or ``KernelInputError`` (naming the tensor ``name``) where ``g_idx`` is not a
+    permutation of whole groups: a group of the wrong size cannot be read as one, whatever
+    kernel runs it."""
     k = config.k
     depth = _depth(config)
-    check_tensor("g_idx", g_idx, dtypes=(torch.int32, torch.int64), shape=(k,))
+    check_tensor(name, g_idx, dtypes=(torch.int32, torch.int64), shape=(k,))
     order = torch.argsort(g_idx.to(torch.int64), stable=True)
     expected = torch.arange(k, device=g_idx.device, dtype=torch.int64) // depth
     if not torch.equal(g_idx.to(torch.int64)[order], expected):
         count = -(-k // depth)
         raise reject(
-            "g_idx", g_idx,
+            name, g_idx,
             f"each group 0..{count - 1} naming exactly {depth} of the K={k} columns (the "
             f"last {k - (count - 1) * depth}), as GPTQ's act-order writes it",
         )  # fmt: skip

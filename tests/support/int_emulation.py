@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["emulated_int_weight"]
+from kernelpick.core import QuantConfig
+
+__all__ = ["dequantize_fp64", "emulated_int_weight"]
 
 
 def _values(packed: torch.Tensor, bits: int, k: int) -> torch.Tensor:
@@ -39,3 +41,17 @@ def emulated_int_weight(
     )
     zero = 0.0 if zero_point is None else zero_point.to(torch.float64)[:, groups]
     return scale.to(torch.float64)[:, groups] * (q - zero)
+
+
+def dequantize_fp64(tensors: dict[str, torch.Tensor], config: QuantConfig) -> torch.Tensor:
+    """The float64 ``[N, K]`` of a layer's pack-quantized ``tensors`` by their format names,
+    the zero points read from their words along N here too."""
+    n, k = config.weight_shape
+    bits = config.weight.dtype.bits
+    packed_zero = tensors.get("weight_zero_point")
+    zero = None if packed_zero is None else _values(packed_zero.t(), bits, n).t()
+    group = config.weight_block[1] if config.weight_scale_shape[1] > 1 else -1
+    return emulated_int_weight(
+        tensors["weight_packed"], tensors["weight_scale"], zero, tensors.get("weight_g_idx"),
+        bits, k, group,
+    )  # fmt: skip

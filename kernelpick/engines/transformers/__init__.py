@@ -54,6 +54,7 @@ from kernelpick.integration.layer import (
     LayerSteps,
     Recipe,
     accept_before_loading,
+    refuse_integer,
 )
 
 __all__ = ["METHOD", "KernelpickConfig", "KernelpickHfQuantizer"]
@@ -95,6 +96,7 @@ class KernelpickConfig(QuantizationConfigMixin):
                 "format_version", version, f"{FORMAT_VERSION} (this kernelpick's)"
             )
         recipe = Recipe.of(scheme, block_size=block_size)  # what every layer is made with
+        refuse_integer(recipe.scheme, "the transformers quantizer")
         skip = check_patterns(
             ["lm_head"] if modules_to_not_convert is None else modules_to_not_convert
         )

@@ -21,6 +21,7 @@ from kernelpick.core import InvalidValueError, KernelpickError
 from kernelpick.integration import CheckpointError, ModelConversionError
 from kernelpick.integration.convert import Swaps, dropped_by_swap
 from kernelpick.integration.layer import (
+    CanonicalWeights,
     LayerState,
     LayerSteps,
     QuantizedLinear,
@@ -151,6 +152,8 @@ class HfLayers:
             except Exception as error:
                 self.errors[path] = error
                 raise
+            if not isinstance(weights, CanonicalWeights):  # the quantizer refuses int schemes
+                raise InvalidValueError("scheme", state.config.render(), "an FP8 or int8 W8A8 one")
             out[key], out[f"{path}.weight_scale"] = weights.weight, weights.weight_scale
             self.scales[path] = weights.weight_scale
         return out

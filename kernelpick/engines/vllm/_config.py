@@ -16,7 +16,7 @@ from kernelpick.engines.vllm._method import KernelpickLinearMethod
 from kernelpick.integration import CheckpointFormat, QuantizedLinearMethod, Recipe
 from kernelpick.integration.formats import check_patterns, kept
 from kernelpick.integration.formats import compressed_tensors as ct
-from kernelpick.integration.layer import LayerSteps
+from kernelpick.integration.layer import LayerSteps, refuse_integer
 
 __all__ = ["KernelpickConfig", "KernelpickLinearMethod", "register_config"]
 
@@ -59,6 +59,7 @@ class KernelpickConfig(QuantizationConfig):
         # Checked here, purely: a value kernelpick refuses (block_size, say) is an error
         # when the config is made, not at the first layer, and nothing is probed for it.
         self.recipe = Recipe.of(scheme, checkpoint_format=checkpoint_format, block_size=block_size)
+        refuse_integer(self.recipe.scheme, "the vLLM plugin")
         self.scheme = self.recipe.scheme
         self.checkpoint_format = self.recipe.checkpoint_format
         self.block_size = self.recipe.block_size

@@ -4,6 +4,8 @@ the new modules; the model is not touched until ``load_quantized`` puts them in 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 import torch
 
@@ -11,7 +13,20 @@ from kernelpick.core import KernelpickError
 from kernelpick.integration._errors import CheckpointError, ModelConversionError
 from kernelpick.integration.checkpoints._load_plan import LoadPlan, PlannedLayer
 from kernelpick.integration.checkpoints._safetensors_io import Checkpoint
-from kernelpick.integration.layer import LayerSteps, QuantizedLinear, accept, install
+from kernelpick.integration.layer import (
+    SHAPE_NAME,
+    IntWeights,
+    LayerState,
+    LayerSteps,
+    LayerWeights,
+    QuantizedLinear,
+    accept,
+    accept_int,
+    check_bias,
+    check_shape,
+    install,
+    is_weight_only_int,
+)
 
 __all__ = ["build"]
 
@@ -38,6 +53,8 @@ def _read_layer(
     bias = None
     if linear.bias is not None:
         bias = _read_as(checkpoint, keys["bias"], linear.bias.dtype, device)
+    if is_weight_only_int(state.config):
+        return _install(steps, layer, bias, _read_int(state, read, label, weight, bias))
     stored_weight = weight if weight is not None else read("weight")
     scale = read("weight_scale")
     if stored_weight is None or scale is None:  # _layer_keys found both
@@ -48,9 +65,36 @@ def _read_layer(
     )  # fmt: skip
     if weight is not None:
         weights = attrs.evolve(weights, weight=weight)  # the tied layer's parameter, shared
+    return _install(steps, layer, bias, weights)
+
+
+def _read_int(
+    state: LayerState,
+    read: Callable[[str], torch.Tensor | None],
+    label: Callable[[str], str],
+    weight: torch.nn.Parameter | None,
+    bias: torch.Tensor | None,
+) -> IntWeights:
+    """An integer layer's pack-quantized tensors, read and accepted (``weight``: the
+    packed weight of the layer the skeleton ties this one to, shared)."""
+    shape = read(SHAPE_NAME)
+    if shape is not None:
+        check_shape(state.config, label(SHAPE_NAME), shape)
+    tensors = {name: read(name) for name in state.plan.names}
+    if weight is not None:
+        tensors["weight_packed"] = weight
+    if bias is not None:
+        check_bias(state.config, label, bias)
+    return accept_int(state.config, label, tensors)
+
+
+def _install(
+    steps: LayerSteps, layer: PlannedLayer, bias: torch.Tensor | None, weights: LayerWeights
+) -> QuantizedLinear:
+    linear = layer.module
     kept = None if bias is None else torch.nn.Parameter(bias, linear.bias.requires_grad)
     module = QuantizedLinear(linear.in_features, linear.out_features, steps, kept)
-    install(module, state, layer.bound, weights)  # it makes the parameters
+    install(module, layer.state, layer.bound, weights)  # it makes the parameters
     return module
 
 
@@ -65,7 +109,7 @@ def build(
         name, linear = layer.paths[0], layer.module
         try:
             module = _read_layer(checkpoint, steps, layer, weights.get(id(linear.weight)), device)
-            weights.setdefault(id(linear.weight), module.get_parameter("weight"))
+            weights.setdefault(id(linear.weight), module.get_parameter(layer.state.plan.names[0]))
             modules.append(module)
         except KernelpickError as error:
             raise ModelConversionError([(name, error)]) from error

@@ -13,8 +13,10 @@ from kernelpick.integration.checkpoints._safetensors_io import Checkpoint
 from kernelpick.integration.convert import SkippedLayer, dropped_by_swap
 from kernelpick.integration.formats import Layout, Stored, check_e8m0_dtype
 from kernelpick.integration.layer import (
+    SHAPE_NAME,
     LayerState,
     LayerSteps,
+    is_weight_only_int,
 )
 from kernelpick.kernels import STORED_SCALE_DTYPES, Kernel
 
@@ -63,8 +65,8 @@ def _layer_keys(
             where = str(checkpoint.directory)
             raise CheckpointError(where, stored, "nothing", "a tensor of this layer")
         dtype, shape = checkpoint.describe(key)
-        if name == "weight":
-            param = state.plan.param("weight")
+        if name in ("weight", "weight_packed", "weight_zero_point"):  # exact, as planned
+            param = state.plan.param(name)
             ok, expected = (
                 dtype == param.dtype and shape == param.shape,
                 f"{str(param.dtype).removeprefix('torch.')} {list(param.shape)}",
@@ -77,6 +79,10 @@ def _layer_keys(
         elif name == "weight_scale" and e8m0:  # shapes are checked with the values, in build
             check_e8m0_dtype(checkpoint.where(key), dtype)
             ok, expected = True, ""
+        elif name in ("weight_g_idx", SHAPE_NAME):  # values are checked in build
+            wanted = (state.config.k,) if name == "weight_g_idx" else (2,)
+            ok = dtype in (torch.int32, torch.int64) and shape == wanted
+            expected = f"int32 or int64 {list(wanted)}"
         else:
             ok, expected = dtype in STORED_SCALE_DTYPES, "fp32, bf16 or fp16"
         keys[name] = _wanted(checkpoint, key, ok, expected)
@@ -110,6 +116,8 @@ def _plan_layer(
     state = LayerState(steps.plan(config, (module.out_features,), module.weight.dtype, name))
     kernel = steps.bind(state, device)
     names = [*state.plan.names, *(["bias"] if bias else [])]
+    if is_weight_only_int(config) and checkpoint.source(f"{name}.{SHAPE_NAME}") is not None:
+        names.append(SHAPE_NAME)  # the format stores it; checked against the layer's shape
     keys = _layer_keys(checkpoint, name, names, layout, state)
     return PlannedLayer(tuple(paths), module, state, kernel, keys)
 
@@ -166,10 +174,11 @@ def _check_ties(checkpoint: Checkpoint, layers: list[PlannedLayer]) -> None:
     first: dict[int, PlannedLayer] = {}
     for layer in layers:
         tied = first.setdefault(id(layer.module.weight), layer)
-        if layer.keys["weight"] != tied.keys["weight"]:
+        weight = layer.state.plan.names[0]  # the weight, or an integer layer's packed one
+        if layer.keys[weight] != tied.keys[weight]:
             raise CheckpointError(
-                checkpoint.where(layer.keys["weight"]), "weight",
-                f"a tensor apart from {tied.keys['weight']}",
+                checkpoint.where(layer.keys[weight]), weight,
+                f"a tensor apart from {tied.keys[weight]}",
                 f"the weight of {tied.paths[0]}, which the skeleton ties to {layer.paths[0]}",
             )  # fmt: skip
 

@@ -169,7 +169,7 @@ def load_quantized(
             "a high-precision skeleton: load into the model the checkpoint was saved from, "
             "before any conversion",
         )  # fmt: skip
-    check_one_config(model, layout.scheme, layout.block_size)
+    check_one_config(model, layout.recipe)
     with Checkpoint(root) as checkpoint:
         planned = plan(model, checkpoint, steps, layout, target)
         before = model_bytes(model)

@@ -38,6 +38,7 @@ from kernelpick.integration.layer import (
     check_float,
     frozen,
     install,
+    weights_from,
 )
 from kernelpick.kernels import CHUNK_ROWS, Kernel, Launch
 
@@ -177,11 +178,16 @@ def quantize_model(
     chunk_rows: int = CHUNK_ROWS,
     progress: bool | None = None,
     block_size: int | None = None,
+    group_size: int | None = None,
+    symmetric: bool = True,
 ) -> ConversionReport:
     """Replace every ``nn.Linear`` of ``model`` (in place) with an ``QuantizedLinear``.
 
     ``scheme`` is one of ``ONLINE_SCHEMES``; ``block_size`` is ``fp8_block``'s (None: 128).
-    An ``int8_per_channel`` layer's ``QuantizedLinear`` holds an int8 weight.
+    An ``int8_per_channel`` layer's ``QuantizedLinear`` holds an int8 weight; an
+    ``int4_weight_only`` or ``int8_weight_only`` one its pack-quantized tensors, quantized
+    round-to-nearest in groups of ``group_size`` along K (None: the scheme's default, -1
+    per channel), with zero points where ``symmetric`` is False.
 
     ``skip(name, module)`` keeps a layer as it is. A linear whose weight is shared with a
     module that stays in high precision (a ``lm_head`` tied to the input embedding) is kept
@@ -213,11 +219,11 @@ def quantize_model(
     del linears  # from here on only the plans hold the linears, and they are popped
     if caps is None:
         caps = default_caps(groups[0][0][0].weight.device if groups else None)
-    recipe = Recipe.of(scheme, block_size=block_size)
+    recipe = Recipe.of(scheme, block_size=block_size, group_size=group_size, symmetric=symmetric)
     steps = LayerSteps.create(
         recipe, caps, policy, catalog=catalog, launches=launches, chunk_rows=chunk_rows
     )
-    check_one_config(model, steps.scheme, steps.block_size)
+    check_one_config(model, recipe)
     plans = _plan_all(steps, groups)
     before = model_bytes(model)
     reports: list[LayerReport] = []
@@ -263,8 +269,10 @@ def _convert(steps: LayerSteps, swaps: Swaps, layers: list[_Layer]) -> None:
     weights = accept_float(  # checked when planned, before any layer changed
         state.config, state.label, first.module.weight, checked=True, chunk_rows=steps.chunk_rows
     )
-    weights = attrs.evolve(weights, weight=frozen(weights.weight),
-                           weight_scale=frozen(weights.weight_scale))  # fmt: skip
+    weights = weights_from(state.config, {  # parameters, so the tied layers share them
+        name: None if tensor is None else frozen(tensor)
+        for name, tensor in zip(weights.NAMES, weights.tensors(), strict=True)
+    })  # fmt: skip
     for layer in layers:  # one parameter each for the layers the weight ties
         linear = layer.module
         quantized = QuantizedLinear(linear.in_features, linear.out_features, steps, linear.bias)

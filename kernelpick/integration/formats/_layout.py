@@ -32,13 +32,17 @@ Stored = Callable[[str], bool]
 @attrs.frozen(kw_only=True)
 class Layout:
     """A checkpoint's layout: ``scheme`` for every quantized layer, ``block_size`` for
-    ``fp8_block`` (else None), and ``scale_name``, the stored name of each layer's
-    canonical ``weight_scale``. ``where`` is the config file, for errors."""
+    ``fp8_block`` (else None), ``scale_name``, the stored name of each layer's
+    canonical ``weight_scale``, and an integer weight-only scheme's ``group_size``,
+    ``symmetric`` and ``act_order``. ``where`` is the config file, for errors."""
 
     where: str
     scheme: Scheme
     block_size: int | None = None
     scale_name: str = "weight_scale"
+    group_size: int | None = None
+    symmetric: bool = True
+    act_order: bool = False
 
     @property
     def recipe(self) -> Recipe:
@@ -46,7 +50,8 @@ class Layout:
         size, pre-quantized (checked: a layout holds only what a reader accepted)."""
         return Recipe.of(
             self.scheme, checkpoint_format=CheckpointFormat.PRE_QUANTIZED,
-            block_size=self.block_size,
+            block_size=self.block_size, group_size=self.group_size, symmetric=self.symmetric,
+            act_order=self.act_order,
         )  # fmt: skip
 
     def stored_name(self, name: str) -> str:

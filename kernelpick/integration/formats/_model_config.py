@@ -20,10 +20,18 @@ from typing import Any
 
 import torch
 
-from kernelpick.core import DEFAULT_BLOCK_SIZE, InvalidValueError, Scheme, block_size_of, scheme_of
+from kernelpick.core import (
+    INTEGER_WEIGHT_ONLY,
+    InvalidValueError,
+    QuantConfig,
+    Scheme,
+    block_size_of,
+    group_size_of,
+    scheme_of,
+)
 from kernelpick.integration.formats._layout import QUANTIZATION_CONFIG
 from kernelpick.integration.formats.compressed_tensors import SCHEMES, matches, to_config
-from kernelpick.integration.layer import LayerState, find_state
+from kernelpick.integration.layer import LayerState, Recipe, find_state
 
 __all__ = [
     "carries_config",
@@ -76,8 +84,13 @@ def quantized_layers(model: torch.nn.Module) -> dict[str, LayerState]:
     return found
 
 
-def _one_scheme(pairs: Iterable[tuple[Scheme | None, int | None]]) -> tuple[Scheme, int | None]:
-    """The one named scheme (and fp8_block's one block size) of ``pairs``, or an error."""
+# A layer's scheme and the settings a config group holds one of: fp8_block's block size,
+# an integer weight-only scheme's (group size, symmetric, act-order); None for the others.
+_Variant = tuple[Scheme | None, object]
+
+
+def _one_scheme(pairs: Iterable[_Variant]) -> tuple[Scheme, object]:
+    """The one named scheme (and its one block size or grouping) of ``pairs``, or an error."""
     found = set(pairs)
     schemes = {scheme for scheme, _ in found}
     named = [s for s in schemes if s is not None]
@@ -92,17 +105,27 @@ def _one_scheme(pairs: Iterable[tuple[Scheme | None, int | None]]) -> tuple[Sche
     if scheme not in SCHEMES:
         valid = ", ".join(s.value for s in SCHEMES)
         raise InvalidValueError("scheme of the quantized layers", scheme.value, f"one of {valid}")
-    sizes = sorted({size for _, size in found if size is not None})
-    if len(sizes) > 1:
+    variants = sorted({variant for _, variant in found})  # type: ignore[type-var]  # one type
+    if len(variants) > 1:
+        what = "block sizes" if scheme is Scheme.FP8_BLOCK else "(group size, symmetric, act-order)"
         raise InvalidValueError(
-            "block sizes of the fp8_block layers", sizes,
-            "one block size: a compressed-tensors config group holds one block_structure",
+            f"{what} of the {scheme.value} layers", variants,
+            "one of them: a compressed-tensors config group holds one",
         )  # fmt: skip
-    return scheme, sizes[0] if sizes else None
+    return scheme, variants[0]
 
 
-def _pairs(layers: dict[str, LayerState]) -> list[tuple[Scheme | None, int | None]]:
-    return [(scheme_of(s.config), block_size_of(s.config)) for s in layers.values()]
+def _variant(config: QuantConfig) -> _Variant:
+    scheme = scheme_of(config)
+    if scheme is Scheme.FP8_BLOCK:
+        return scheme, block_size_of(config)
+    if scheme in INTEGER_WEIGHT_ONLY:
+        return scheme, (group_size_of(config), config.weight.zero_point is None, config.act_order)
+    return scheme, None
+
+
+def _pairs(layers: dict[str, LayerState]) -> list[_Variant]:
+    return [_variant(state.config) for state in layers.values()]
 
 
 def quantization_config(model: torch.nn.Module) -> dict[str, Any]:
@@ -113,19 +136,23 @@ def quantization_config(model: torch.nn.Module) -> dict[str, Any]:
 
 
 def _described(model: torch.nn.Module, layers: dict[str, LayerState]) -> dict[str, Any]:
-    scheme, block_size = _one_scheme(_pairs(layers))
+    scheme, variant = _one_scheme(_pairs(layers))
     ignore = [
         name for name, module in model.named_modules()
         if name and name not in layers and matches(name, module, ["Linear"])
     ]  # fmt: skip
-    return to_config(scheme, ignore, block_size)
+    if isinstance(variant, tuple):
+        size, symmetric, act_order = variant
+        return to_config(scheme, ignore, group_size=size, symmetric=symmetric, act_order=act_order)
+    return to_config(scheme, ignore, variant if isinstance(variant, int) else None)
 
 
-def check_one_config(model: torch.nn.Module, scheme: Scheme, block_size: int | None) -> None:
+def check_one_config(model: torch.nn.Module, recipe: Recipe) -> None:
     """Refuse, before a conversion changes ``model``, one that would leave it holding
     layers no recorded config could describe: where ``model`` carries a transformers config,
-    every kernelpick layer it already has must share ``scheme`` (and ``block_size``), and
-    no other method may have quantized it (transformers' ``hf_quantizer``)."""
+    every kernelpick layer it already has must share ``recipe``'s scheme (and its block
+    size or grouping), and no other method may have quantized it (transformers'
+    ``hf_quantizer``)."""
     if not carries_config(model):
         return
     quantizer = getattr(model, "hf_quantizer", None)
@@ -136,8 +163,7 @@ def check_one_config(model: torch.nn.Module, scheme: Scheme, block_size: int | N
             f"a model no other method quantized ({_KERNELPICK} loads and converts "
             "high-precision ones): one quantization_config cannot describe both",
         )  # fmt: skip
-    size = (block_size or DEFAULT_BLOCK_SIZE) if scheme is Scheme.FP8_BLOCK else None
-    _one_scheme([*_pairs(quantized_layers(model)), (scheme, size)])
+    _one_scheme([*_pairs(quantized_layers(model)), _variant(recipe.sample_config())])
 
 
 def _untied(model: torch.nn.Module) -> None:

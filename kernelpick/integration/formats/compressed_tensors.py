@@ -22,6 +22,7 @@ import torch
 
 from kernelpick.core import (
     DEFAULT_BLOCK_SIZE,
+    INTEGER_WEIGHT_ONLY,
     MX_BLOCK_SIZE,
     InvalidValueError,
     Scheme,
@@ -29,6 +30,12 @@ from kernelpick.core import (
 )
 from kernelpick.integration._errors import CheckpointError
 from kernelpick.integration.formats._layout import Layout, Stored
+from kernelpick.integration.formats._pack_quantized import (
+    INT_FORMAT,
+    IntArgs,
+    int_weight_args,
+    read_int_weights,
+)
 from kernelpick.integration.formats._patterns import ct_matches, ct_refusal
 
 __all__ = [
@@ -81,7 +88,8 @@ _ROWS = {
         "float", "group", ("group", True), "mxfp8-quantized", _E8M0_SCALE_DTYPE, MX_BLOCK_SIZE
     ),
 }
-SCHEMES = tuple(_ROWS)  # the schemes a compressed-tensors config can say
+# The schemes a compressed-tensors config can say: the rows, and pack-quantized's.
+SCHEMES = (*_ROWS, *INTEGER_WEIGHT_ONLY)
 # Settings that, when present and not empty, change what the tensors mean.
 _UNSUPPORTED = ("kv_cache_scheme", "sparsity_config", "transform_config", "moe_sparsity_config")
 
@@ -114,29 +122,41 @@ def _args(row: _Row, strategy: str, dynamic: bool, size: int | None) -> dict[str
 
 
 def to_config(
-    scheme: Scheme, ignore: Iterable[str], block_size: int | None = None
+    scheme: Scheme,
+    ignore: Iterable[str],
+    block_size: int | None = None,
+    *,
+    group_size: int | None = None,
+    symmetric: bool = True,
+    act_order: bool = False,
 ) -> dict[str, Any]:
     """The ``quantization_config`` of a checkpoint whose every ``Linear`` but ``ignore`` is
-    quantized with ``scheme`` (``block_size``: fp8_block's, 128 when None)."""
+    quantized with ``scheme`` (``block_size``: fp8_block's, 128 when None;
+    ``group_size``, ``symmetric`` and ``act_order``: an integer weight-only scheme's)."""
     row = _ROWS.get(scheme)
-    if row is None:
+    if scheme in INTEGER_WEIGHT_ONLY:
+        weights = int_weight_args(scheme, group_size, symmetric, act_order)
+        activations, fmt = None, INT_FORMAT
+    elif row is None:
         valid = ", ".join(s.value for s in SCHEMES)
         raise InvalidValueError("scheme", scheme.value, f"one this format writes: {valid}")
-    size = row.group_size
-    if scheme is Scheme.FP8_BLOCK:
-        size = DEFAULT_BLOCK_SIZE if block_size is None else block_size
-    weights = _args(row, row.weights, False, size)
-    activations = None if row.activations is None else _args(row, *row.activations, size)
+    else:
+        size = row.group_size
+        if scheme is Scheme.FP8_BLOCK:
+            size = DEFAULT_BLOCK_SIZE if block_size is None else block_size
+        weights = _args(row, row.weights, False, size)
+        activations = None if row.activations is None else _args(row, *row.activations, size)
+        fmt = row.format
     group = {
         "targets": ["Linear"],
         "weights": weights,
         "input_activations": activations,
         "output_activations": None,
-        "format": row.format,
+        "format": fmt,
     }
     return {
         "quant_method": METHOD,
-        "format": row.format,
+        "format": fmt,
         "quantization_status": "compressed",
         "config_groups": {"group_0": group},
         "ignore": sorted(ignore),
@@ -251,18 +271,25 @@ def from_config(where: str, config: Mapping[str, Any]) -> CompressedTensorsLayou
     at = f"{where}: config_groups.{name}"
     if not isinstance(group, Mapping):
         raise CheckpointError(at, "", repr(group), "weights and input_activations (not a preset)")
-    weights = _read_args(f"{at}.weights", group.get("weights"), ["float", "int"],
-                         ["channel", "tensor", "block", "group"])  # fmt: skip
-    if weights.dynamic:
-        raise CheckpointError(f"{at}.weights", "dynamic", "True", "False: weights have scales")
     act = group.get("input_activations")
-    activations = None if act is None else _read_args(
-        f"{at}.input_activations", act, ["float", "int"], ["token", "tensor", "group"]
-    )  # fmt: skip
     if group.get("output_activations") is not None:
         raise CheckpointError(at, "output_activations", repr(group["output_activations"]), "None")
-    scheme = _scheme(at, weights, activations)
-    fmt = _ROWS[scheme].format
+    grouping: IntArgs | None = None
+    raw = group.get("weights")
+    if act is None and isinstance(raw, Mapping) and raw.get("type") == "int":
+        grouping = read_int_weights(f"{at}.weights", raw)  # pack-quantized: W4A16, W8A16
+        scheme, fmt = grouping.scheme, INT_FORMAT
+    else:
+        weights = _read_args(f"{at}.weights", raw, ["float", "int"],
+                             ["channel", "tensor", "block", "group"])  # fmt: skip
+        if weights.dynamic:
+            raise CheckpointError(f"{at}.weights", "dynamic", "True", "False: weights have scales")
+        activations = None if act is None else _read_args(
+            f"{at}.input_activations", act, ["float", "int"], ["token", "tensor", "group"]
+        )  # fmt: skip
+        scheme = _scheme(at, weights, activations)
+        fmt = _ROWS[scheme].format
+        block = weights.size if scheme is Scheme.FP8_BLOCK else None
     _field(at, {"format": fmt, **group}, "format", [fmt])
     _field(where, {"format": fmt, **config}, "format", [fmt])
     targets = group.get("targets")
@@ -271,7 +298,12 @@ def from_config(where: str, config: Mapping[str, Any]) -> CompressedTensorsLayou
         raise CheckpointError(at, "targets/ignore", repr((targets, ignore)), "lists of names")
     for place, key, patterns in ((at, "targets", targets), (where, "ignore", ignore)):
         _check_regexes(place, key, patterns)
-    block = weights.size if scheme is Scheme.FP8_BLOCK else None
+    if grouping is not None:
+        return CompressedTensorsLayout(
+            where=where, scheme=scheme, group_size=grouping.group_size,
+            symmetric=grouping.symmetric, act_order=grouping.act_order,
+            targets=tuple(targets), ignore=tuple(ignore),
+        )  # fmt: skip
     return CompressedTensorsLayout(where=where, scheme=scheme, block_size=block,
                                    targets=tuple(targets), ignore=tuple(ignore))  # fmt: skip
 

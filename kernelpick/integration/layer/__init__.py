@@ -26,13 +26,32 @@ from kernelpick.integration.layer._accept import (
     weight_check,
 )
 from kernelpick.integration.layer._allocate import ParameterFactory
+from kernelpick.integration.layer._int_form import (
+    INT_NAMES,
+    SHAPE_NAME,
+    IntWeights,
+    accept_int,
+    check_shape,
+    is_weight_only_int,
+)
 from kernelpick.integration.layer._loaders import WeightLoader, weight_loader_of
 from kernelpick.integration.layer._method import Fp8PtpcLinearMethod, QuantizedLinearMethod
 from kernelpick.integration.layer._module import QuantizedLinear, accept_before_loading
 from kernelpick.integration.layer._parallel import ParallelStyle, TensorParallel
 from kernelpick.integration.layer._plan import LayerPlan, Param
-from kernelpick.integration.layer._prepare import bundle_for, install, run
-from kernelpick.integration.layer._recipe import ONLINE_SCHEMES, CheckpointFormat, Recipe
+from kernelpick.integration.layer._prepare import (
+    LayerWeights,
+    bundle_for,
+    install,
+    run,
+    weights_from,
+)
+from kernelpick.integration.layer._recipe import (
+    ONLINE_SCHEMES,
+    CheckpointFormat,
+    Recipe,
+    refuse_integer,
+)
 from kernelpick.integration.layer._shard_linear import shard_linear
 from kernelpick.integration.layer._shards import scale_shape
 from kernelpick.integration.layer._state import (
@@ -45,14 +64,18 @@ from kernelpick.integration.layer._state import (
 from kernelpick.integration.layer._steps import LayerSteps, frozen
 
 __all__ = [
+    "INT_NAMES",
     "ONLINE_SCHEMES",
+    "SHAPE_NAME",
     "CanonicalWeights",
     "Check",
     "CheckpointFormat",
     "Fp8PtpcLinearMethod",
+    "IntWeights",
     "LayerPlan",
     "LayerState",
     "LayerSteps",
+    "LayerWeights",
     "ParallelStyle",
     "Param",
     "ParameterFactory",
@@ -65,19 +88,24 @@ __all__ = [
     "accept",
     "accept_before_loading",
     "accept_float",
+    "accept_int",
     "attach",
     "bundle_for",
     "check_bias",
     "check_float",
+    "check_shape",
     "find_state",
     "float_weight_check",
     "frozen",
     "install",
+    "is_weight_only_int",
     "layer_state",
+    "refuse_integer",
     "run",
     "scale_check",
     "scale_shape",
     "shard_linear",
     "weight_check",
     "weight_loader_of",
+    "weights_from",
 ]

@@ -31,7 +31,12 @@ from typing import ClassVar
 import attrs
 import torch
 
-from kernelpick.core import Dtype, QuantConfig
+from kernelpick.core import Dtype, InvalidValueError, QuantConfig
+from kernelpick.integration.layer._int_form import (
+    IntWeights,
+    is_weight_only_int,
+    quantize_int_weights,
+)
 from kernelpick.integration.layer._shards import per_tensor
 from kernelpick.kernels import (
     CANONICAL_FP8,
@@ -237,13 +242,21 @@ def accept_float(
     checked: bool = False,
     chunk_rows: int = CHUNK_ROWS,
     reduce_amax: AmaxReduce | None = None,
-) -> CanonicalWeights:
+) -> CanonicalWeights | IntWeights:
     """A high-precision weight, checked (``check_float``; ``checked``: the caller already
     did) and quantized to the canonical layout (fp32 amax, clamp floor, ``chunk_rows`` rows
-    at a time). A tensor-parallel shard passes ``reduce_amax`` (see
-    ``kernelpick.kernels.quantize_canonical``). ``weight`` itself is never changed."""
+    at a time), or for an integer weight-only config to its pack-quantized form
+    (round-to-nearest, as compressed-tensors quantizes). A tensor-parallel shard passes
+    ``reduce_amax`` (see ``kernelpick.kernels.quantize_canonical``). ``weight`` itself is
+    never changed."""
     if not checked:
         check_float(config, label, weight, bias, chunk_rows=chunk_rows)
+    if is_weight_only_int(config):
+        if reduce_amax is not None:  # allocate refuses such a layer first
+            raise InvalidValueError(
+                "reduce_amax", "an all-reduce", "None: integer layers are not split yet"
+            )
+        return quantize_int_weights(config, weight)
     with torch.no_grad():
         q, scale = quantize_canonical(
             weight.detach(), config, chunk_rows=chunk_rows, reduce_amax=reduce_amax

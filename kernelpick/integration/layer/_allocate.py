@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from kernelpick.core import InvalidValueError
+from kernelpick.integration.layer._int_form import is_weight_only_int
 from kernelpick.integration.layer._loaders import EngineLoader, WeightLoader, loader_for
 from kernelpick.integration.layer._parallel import TensorParallel, check_split_blocks
 from kernelpick.integration.layer._plan import Param
@@ -61,6 +62,8 @@ def allocate(
             tp.check_group()  # raises: its amax is all-reduced, so the group must be up
     if pre_quantized:  # before selecting: a layer it refuses logs no kernel
         check_shards(config, sizes, prefix or "layer")
+    if is_weight_only_int(config):
+        _check_whole(tp, sizes, output_size, input_size, input_size_per_partition, prefix)
     engine: tuple[EngineLoader, CheckpointShape] | None = None
     if weight_loader is not None:
         whole = CheckpointShape.of_engine(sizes, input_size, output_size, checkpoint_shards)
@@ -99,3 +102,23 @@ def allocate(
     # every layer before loading any weight, and this is when it wants to know the
     # kernel; what goes wrong later is raised to it by process_weights_after_loading.
     steps.log(state)
+
+
+def _check_whole(
+    tp: TensorParallel | None,
+    sizes: Sequence[int],
+    output_size: int,
+    input_size: int,
+    input_size_per_partition: int,
+    prefix: str,
+) -> None:
+    """Refuse a split integer weight-only layer: its packed words, packed zero points and
+    g_idx do not narrow by rows and columns, and splitting them is not built yet."""
+    split = tp is not None or sum(sizes) != output_size or input_size != input_size_per_partition
+    if split:
+        raise InvalidValueError(
+            f"tensor-parallel split of {prefix or 'layer'}",
+            "a part" if tp is None else tp.describe(),
+            "a whole layer (tensor parallel size 1): kernelpick does not split integer "
+            "weight-only layers yet",
+        )  # fmt: skip

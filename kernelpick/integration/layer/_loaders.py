@@ -36,8 +36,9 @@ from kernelpick.integration.layer._accept import (
     scale_check,
     weight_check,
 )
+from kernelpick.integration.layer._int_form import int_check
 from kernelpick.integration.layer._plan import param_dims
-from kernelpick.integration.layer._shards import per_tensor, scale_rows
+from kernelpick.integration.layer._shards import per_tensor, scale_rows, zero_point_rows
 from kernelpick.integration.layer._state import ALL_SHARDS, CheckpointShape, LayerState
 from kernelpick.kernels import canonical_scale, reject
 
@@ -183,7 +184,7 @@ def _loader(
     ``own`` weakly: it is an attribute of ``own``, and a cycle would keep a replaced
     high-precision weight alive until the garbage collector runs."""
     own_ref = weakref.ref(own)
-    dims = {} if per_shard else param_dims(state.config, name)
+    dims = {} if per_shard else dict(state.plan.param(name).dims)
     columns = list(own.shape[1:])
 
     def weight_loader(
@@ -250,6 +251,49 @@ def _engine_loader(
     return weight_loader
 
 
+def _g_idx_loader(state: LayerState, own: torch.Tensor, check: Check) -> WeightLoader:
+    """An act-order layer's ``weight_g_idx [K]``: every shard of a fused layer reads the
+    same columns, so each shard's must be the one already loaded (GPTQ orders the columns
+    of q, k and v alike, from their one input); a shard whose order differs is refused,
+    never overwritten."""
+    own_ref = weakref.ref(own)
+
+    def weight_loader(
+        param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | str | None = None
+    ) -> None:
+        name = "weight_g_idx"
+        label = state.label(name if shard_id is None else f"{name}[shard {shard_id}]")
+        _check_open(state, label)
+        if param is not own_ref():
+            raise InvalidValueError(
+                "param", tuple(getattr(param, "shape", ())),
+                f"{state.name}.{name}, the parameter this loader was made for",
+            )  # fmt: skip
+        index = shard_index(state, shard_id)
+        value = check(label, _tensor(label, loaded_weight), tuple(own.shape))
+        loaded = state.loaded.setdefault(name, set())
+        if loaded and not torch.equal(param, value.to(param.dtype)):
+            raise reject(
+                label, value, "the g_idx of the shards already loaded: a fused layer's shards "
+                "share one column order",
+            )  # fmt: skip
+        with torch.no_grad():
+            param.copy_(value)
+        loaded.add(index)
+
+    return weight_loader
+
+
+def _check_of(state: LayerState, name: str, pre_quantized: bool) -> Check:
+    if name == "weight":
+        return weight_check(state.config) if pre_quantized else float_weight_check
+    if name == "weight_scale":
+        return scale_check(state.config)
+    if name == "input_scale":
+        return canonical_scale  # fp32 wherever it is stored
+    return int_check(state.config, name)  # an integer layer's packed tensors and g_idx
+
+
 def loader_for(
     state: LayerState,
     own: torch.Tensor,
@@ -262,17 +306,21 @@ def loader_for(
     ``engine``'s (its loader, and the whole layer it is handed tensors of) behind the same
     checks. ``weight`` is the float weight (online) or the canonical FP8 or int8 one
     (``pre_quantized``); ``weight_scale`` one per output row, one row per ``b`` output rows
-    per block, or one per shard per tensor; ``input_scale`` one per shard."""
+    per block, or one per shard per tensor; ``input_scale`` one per shard; an integer
+    layer's ``weight_packed`` one row per output row, its ``weight_zero_point`` one row
+    per word of packed output rows, its ``weight_g_idx`` one per layer."""
     per_shard = name == "input_scale" or (name == "weight_scale" and per_tensor(state.config))
-    check: Check = canonical_scale  # input_scale, fp32 wherever it is stored
-    if name == "weight":
-        check = weight_check(state.config) if pre_quantized else float_weight_check
-    elif name == "weight_scale":
-        check = scale_check(state.config)
+    check = _check_of(state, name, pre_quantized)
     if engine is not None:
         return _engine_loader(state, name, check, per_shard, *engine)
+    if name == "weight_g_idx":
+        return _g_idx_loader(state, own, check)
 
     def rows_of(start: int, rows: int) -> tuple[int, int]:
-        return (start, rows) if name == "weight" else scale_rows(state.config, start, rows)
+        if name == "weight_zero_point":
+            return zero_point_rows(state.config, start, rows)
+        if name == "weight_scale":
+            return scale_rows(state.config, start, rows)
+        return (start, rows)
 
     return _loader(state, own, name, check, per_shard, rows_of)

@@ -40,8 +40,11 @@ class QuantizedLinearMethod:
     so ``KERNELPICK_*`` variables reach engines. ``checkpoint_format`` says what the loaders
     receive: ``"high_precision"`` float weights, quantized after loading (one of
     ``ONLINE_SCHEMES``), or ``"pre_quantized"`` (also spelled ``"fp8"``) weights already in
-    the canonical layout (FP8 with fp32 or E8M0 scales, or int8). ``block_size`` is
-    ``fp8_block``'s (None: 128).
+    the canonical layout (FP8 with fp32 or E8M0 scales, or int8), or for the integer
+    weight-only schemes compressed-tensors' pack-quantized tensors (``weight_packed``,
+    ``weight_scale``, ``weight_zero_point`` where asymmetric, ``weight_g_idx`` where
+    act-order). ``block_size`` is ``fp8_block``'s (None: 128); ``group_size``,
+    ``symmetric`` and ``act_order`` the integer schemes' (see ``kp.quant_config``).
     ``tensor_parallel`` makes the layers this method creates one rank's shards of
     column- or row-parallel layers (see ``TensorParallel``): their loaders narrow the
     whole checkpoint tensors to the rank's part, and their weight scales are the whole
@@ -62,8 +65,14 @@ class QuantizedLinearMethod:
         chunk_rows: int = CHUNK_ROWS,
         block_size: int | None = None,
         tensor_parallel: TensorParallel | None = None,
+        group_size: int | None = None,
+        symmetric: bool = True,
+        act_order: bool = False,
     ) -> None:
-        recipe = Recipe.of(scheme, checkpoint_format=checkpoint_format, block_size=block_size)
+        recipe = Recipe.of(
+            scheme, checkpoint_format=checkpoint_format, block_size=block_size,
+            group_size=group_size, symmetric=symmetric, act_order=act_order,
+        )  # fmt: skip
         self._steps = LayerSteps.create(
             recipe, caps, policy, catalog=catalog, launches=launches, chunk_rows=chunk_rows
         )

@@ -10,7 +10,14 @@ from typing import Any
 import torch
 
 from kernelpick.core import HIGH_PRECISION, InvalidValueError
-from kernelpick.integration.layer._accept import CanonicalWeights, accept
+from kernelpick.integration.layer._accept import CanonicalWeights, accept, check_bias
+from kernelpick.integration.layer._int_form import (
+    SHAPE_NAME,
+    IntWeights,
+    accept_int,
+    check_shape,
+    is_weight_only_int,
+)
 from kernelpick.integration.layer._loaders import closed_loader
 from kernelpick.integration.layer._prepare import run
 from kernelpick.integration.layer._state import LayerState, attach, layer_state
@@ -23,7 +30,7 @@ __all__ = ["QuantizedLinear", "accept_before_loading"]
 # a move to another device or into shared memory still carries them.
 _BITS = {
     torch.float8_e4m3fn: torch.uint8, torch.float8_e8m0fnu: torch.uint8, torch.int8: torch.int8,
-    torch.float32: torch.int32,
+    torch.float32: torch.int32, torch.int32: torch.int32, torch.int64: torch.int64,
 }  # fmt: skip
 _COMPUTE = {torch_dtype(dtype): dtype for dtype in HIGH_PRECISION}
 
@@ -133,6 +140,9 @@ class QuantizedLinear(torch.nn.Module):
         self, destination: dict[str, Any], prefix: str, keep_vars: bool
     ) -> None:
         super()._save_to_state_dict(destination, prefix, keep_vars)
+        config = layer_state(self).config
+        if is_weight_only_int(config):  # stored beside the packed tensors, as the format does
+            destination[prefix + SHAPE_NAME] = torch.tensor(config.weight_shape)
         key = prefix + "weight_scale"
         scale = destination.get(key)
         if not keep_vars and isinstance(scale, torch.Tensor):  # kept: the live parameters
@@ -165,10 +175,10 @@ class QuantizedLinear(torch.nn.Module):
             ChainMap(canonical, dict(state_dict)) if canonical else state_dict, prefix,
             local_metadata, strict, missing_keys, unexpected_keys, error_msgs,
         )  # fmt: skip
+        if prefix + SHAPE_NAME in unexpected_keys:  # checked by _accepted; held by the plan
+            unexpected_keys.remove(prefix + SHAPE_NAME)
         state.prepared = None  # the kernel prepares the new tensors before the next forward
-        for (
-            name
-        ) in CanonicalWeights.NAMES:  # assign=True puts new parameters in: they stay closed too
+        for name in _names(state):  # assign=True puts new parameters in: they stay closed too
             param = self._parameters.get(name)
             if param is not None:
                 param.weight_loader = closed_loader(state, name)  # type: ignore[attr-defined]
@@ -183,21 +193,36 @@ class QuantizedLinear(torch.nn.Module):
         def label(name: str) -> str:
             return prefix + name
 
-        own = {name: param for name in CanonicalWeights.NAMES
-               if (param := self._parameters.get(name)) is not None}  # fmt: skip
+        shape = state_dict.get(prefix + SHAPE_NAME)
+        if shape is not None:
+            check_shape(state.config, label(SHAPE_NAME), shape)
+        names = _names(state)
+        own = {name: param for name in names if (param := self._parameters.get(name)) is not None}
         given = {name: state_dict.get(prefix + name) for name in own}
         bias = state_dict.get(prefix + "bias") if self.bias is not None else None
         if all(tensor is None for tensor in given.values()) and bias is None:
             return {}
         filled = {name: own[name].detach() if tensor is None else check_tensor(label(name), tensor)
                   for name, tensor in given.items()}  # fmt: skip
-        weights = accept(
-            state.config, label, filled["weight"], filled["weight_scale"],
-            filled.get("input_scale"), None if bias is None else check_tensor(label("bias"), bias),
-        )  # fmt: skip
-        named = zip(CanonicalWeights.NAMES, weights.tensors(), strict=True)
+        checked_bias = None if bias is None else check_tensor(label("bias"), bias)
+        weights: CanonicalWeights | IntWeights
+        if is_weight_only_int(state.config):
+            weights = accept_int(state.config, label, filled)
+            if checked_bias is not None:
+                check_bias(state.config, label, checked_bias)
+        else:
+            weights = accept(
+                state.config, label, filled["weight"], filled["weight_scale"],
+                filled.get("input_scale"), checked_bias,
+            )  # fmt: skip
+        named = zip(weights.NAMES, weights.tensors(), strict=True)
         return {prefix + name: tensor for name, tensor in named
                 if tensor is not None and given.get(name) is not None}  # fmt: skip
+
+
+def _names(state: LayerState) -> tuple[str, ...]:
+    """The names a processed layer's quantized tensors go by, in its form."""
+    return IntWeights.NAMES if is_weight_only_int(state.config) else CanonicalWeights.NAMES
 
 
 _GUARDED = "_kernelpick_accepts_state_dicts"

@@ -9,13 +9,13 @@ computes a parameter's shape on its own.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import attrs
 import torch
 
 from kernelpick.core import DeviceCaps, QuantConfig, Selected
+from kernelpick.integration.layer._int_form import int_params, is_weight_only_int
 from kernelpick.integration.layer._parallel import TensorParallel
+from kernelpick.integration.layer._param import Param
 from kernelpick.integration.layer._shards import per_tensor, scale_shape
 from kernelpick.kernels import canonical_dtype, canonical_scale_dtype, torch_dtype
 
@@ -33,20 +33,6 @@ def param_dims(config: QuantConfig, name: str) -> dict[str, int]:
     group = config.weight.scale.group  # over the GEMM's [K, N]: rows are K, columns N
     dims = {"output_dim": 0} if group.cols != -1 else {}
     return dims | ({"input_dim": 1} if group.rows != -1 else {})
-
-
-def _plain(dims: Mapping[str, int]) -> dict[str, int]:
-    return dict(dims)  # a plain dict: a model holding it can still be deep-copied
-
-
-@attrs.frozen
-class Param:
-    """A parameter a layer registers before any weight loads."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    dims: Mapping[str, int] = attrs.field(factory=dict, converter=_plain)
 
 
 @attrs.frozen(eq=False)
@@ -68,12 +54,15 @@ class LayerPlan:
         config: QuantConfig, shards: tuple[int, ...], dtype: torch.dtype, *, online: bool
     ) -> tuple[Param, ...]:
         """What a layer registers: online, the high-precision ``weight [N, K]`` in
-        ``dtype``; pre-quantized, the canonical ``weight``, ``weight_scale`` (one per shard
+        ``dtype``; pre-quantized, an integer weight-only layer's pack-quantized tensors
+        (``_int_form``), else the canonical ``weight``, ``weight_scale`` (one per shard
         per tensor, which processing merges; else the config's shape) and, for a static
         scheme, ``input_scale`` (one per shard)."""
         weight = Param("weight", config.weight_shape, dtype, param_dims(config, "weight"))
         if online:
             return (weight,)
+        if is_weight_only_int(config):
+            return int_params(config)
         weight = attrs.evolve(weight, dtype=torch_dtype(canonical_dtype(config)))
         scale = Param(
             "weight_scale", scale_shape(config, shards), canonical_scale_dtype(config),

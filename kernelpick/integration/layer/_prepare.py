@@ -11,20 +11,45 @@ tensors are final (its loaders refuse), so write them through ``load_state_dict`
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
-from kernelpick.core import InvalidValueError
+from kernelpick.core import InvalidValueError, QuantConfig
 from kernelpick.integration.layer._accept import CanonicalWeights
+from kernelpick.integration.layer._int_form import IntWeights, is_weight_only_int, prepare_int
 from kernelpick.integration.layer._loaders import closed_loader
 from kernelpick.integration.layer._state import LayerState, Prepared, attach, layer_state
 from kernelpick.integration.layer._steps import frozen
 from kernelpick.kernels import Kernel, WeightBundle
 
-__all__ = ["bundle_for", "install", "run"]
+__all__ = ["LayerWeights", "bundle_for", "install", "run", "weights_from"]
+
+# A layer's accepted tensors: the canonical FP8 or int8 ones, or an integer weight-only
+# layer's pack-quantized ones.
+LayerWeights = CanonicalWeights | IntWeights
+
+
+def weights_from(config: QuantConfig, tensors: Mapping[str, torch.Tensor | None]) -> LayerWeights:
+    """A layer's accepted tensors from its parameters by name (``config`` says which form),
+    or ``InvalidValueError`` when it lacks its weight or scale."""
+
+    def held(name: str) -> torch.Tensor:
+        tensor = tensors.get(name)
+        if tensor is None:
+            raise InvalidValueError("layer", f"one without {name}", "a layer holding its tensors")
+        return tensor
+
+    if is_weight_only_int(config):
+        return IntWeights(
+            config, held("weight_packed"), held("weight_scale"),
+            tensors.get("weight_zero_point"), tensors.get("weight_g_idx"),
+        )  # fmt: skip
+    return CanonicalWeights(held("weight"), held("weight_scale"), tensors.get("input_scale"))
 
 
 def install(
-    layer: torch.nn.Module, state: LayerState, kernel: Kernel, weights: CanonicalWeights
+    layer: torch.nn.Module, state: LayerState, kernel: Kernel, weights: LayerWeights
 ) -> None:
     """Give ``layer`` its canonical parameters (accepted: see ``_accept``) and its kernel,
     which prepares what it runs on from them now (the parameters may be shared with a
@@ -32,11 +57,10 @@ def install(
     layer is processed, and its tensors are final."""
     params = {
         name: tensor if isinstance(tensor, torch.nn.Parameter) else frozen(tensor)
-        for name, tensor in zip(CanonicalWeights.NAMES, weights.tensors(), strict=True)
+        for name, tensor in zip(weights.NAMES, weights.tensors(), strict=True)
         if tensor is not None
     }  # fmt: skip
-    state.prepared = _prepare(kernel, params["weight"], params["weight_scale"],
-                              params.get("input_scale"))  # fmt: skip
+    state.prepared = _prepare(kernel, state.config, params)
     for name, param in params.items():
         param.weight_loader = closed_loader(state, name)  # type: ignore[attr-defined]
         setattr(layer, name, param)
@@ -66,14 +90,28 @@ def _same(
     )
 
 
+def _names(config: QuantConfig) -> tuple[str, ...]:
+    return IntWeights.NAMES if is_weight_only_int(config) else CanonicalWeights.NAMES
+
+
+def _bundle(
+    kernel: Kernel, config: QuantConfig, params: Mapping[str, torch.Tensor | None]
+) -> WeightBundle:
+    # Plain calls on the live tensors, no value built: torch.compile traces it.
+    if is_weight_only_int(config):
+        return prepare_int(kernel, config, params)
+    weight, scale = params.get("weight"), params.get("weight_scale")
+    if weight is None or scale is None:
+        raise InvalidValueError("layer", "one without its weight or scale",
+                                "a layer holding its weight and scale")  # fmt: skip
+    return kernel.prepare_weights(weight, scale, params.get("input_scale"))
+
+
 def _prepare(
-    kernel: Kernel,
-    weight: torch.Tensor,
-    scale: torch.Tensor,
-    input_scale: torch.Tensor | None,
+    kernel: Kernel, config: QuantConfig, params: Mapping[str, torch.Tensor | None]
 ) -> Prepared:
-    bundle = kernel.prepare_weights(weight, scale, input_scale)
-    return Prepared(bundle, _stamp(weight, scale, input_scale))
+    stamp = _stamp(*(params.get(name) for name in _names(config)))
+    return Prepared(_bundle(kernel, config, params), stamp)
 
 
 def bundle_for(layer: torch.nn.Module, state: LayerState) -> WeightBundle:
@@ -82,16 +120,14 @@ def bundle_for(layer: torch.nn.Module, state: LayerState) -> WeightBundle:
     they are not the tensors it was made from any more."""
     kernel = _bound(state)
     params = layer._parameters
-    weight, scale, static = params["weight"], params["weight_scale"], params.get("input_scale")
-    if weight is None or scale is None:
-        raise InvalidValueError("layer", state.name, "a layer holding its weight and scale")
     if torch.compiler.is_compiling():
         # Traced into the graph from the live parameters, and nothing stored: dynamo cannot
         # compare storages, and a bundle held outside the graph would be baked in stale.
-        return kernel.prepare_weights(weight, scale, static)
+        return _bundle(kernel, state.config, params)
     held = state.prepared
-    if held is None or not _same(held.stamp, _stamp(weight, scale, static)):
-        held = state.prepared = _prepare(kernel, weight, scale, static)
+    now = _stamp(*(params.get(name) for name in _names(state.config)))
+    if held is None or not _same(held.stamp, now):
+        held = state.prepared = _prepare(kernel, state.config, params)
     return held.bundle
 
 

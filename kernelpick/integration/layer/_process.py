@@ -4,13 +4,13 @@ its bound kernel, which prepares what it runs on (the linear method's
 
 from __future__ import annotations
 
-import attrs
 import torch
 
 from kernelpick.core import InvalidValueError
 from kernelpick.integration.layer._accept import accept, accept_float
+from kernelpick.integration.layer._int_form import accept_int, is_weight_only_int
 from kernelpick.integration.layer._parallel import AmaxExchange
-from kernelpick.integration.layer._prepare import install
+from kernelpick.integration.layer._prepare import LayerWeights, install, weights_from
 from kernelpick.integration.layer._state import ALL_SHARDS, LayerState, layer_state
 from kernelpick.integration.layer._steps import LayerSteps
 
@@ -22,14 +22,15 @@ def process(steps: LayerSteps, layer: torch.nn.Module) -> None:
     state = layer_state(layer)
     if state.processed:
         return
-    weight = layer.get_parameter("weight")
+    params = {name: layer.get_parameter(name) for name in state.plan.names}
+    device = next(iter(params.values())).device
     if steps.recipe.online:
-        reduce = _amax_exchange(state, weight.device)
+        reduce = _amax_exchange(state, device)
         try:
             _check_loaded(state)
-            kernel = steps.bind(state, weight.device)
+            kernel = steps.bind(state, device)
             weights = accept_float(
-                state.config, state.label, weight, chunk_rows=steps.chunk_rows,
+                state.config, state.label, params["weight"], chunk_rows=steps.chunk_rows,
                 reduce_amax=reduce,
             )  # fmt: skip
         except Exception:
@@ -39,24 +40,24 @@ def process(steps: LayerSteps, layer: torch.nn.Module) -> None:
         install(layer, state, kernel, weights)
         return
     _check_loaded(state)
-    kernel = steps.bind(state, weight.device)
-    names = state.plan.names
-    scale = layer.get_parameter("weight_scale")
-    static = layer.get_parameter("input_scale") if "input_scale" in names else None
-    accepted = accept(  # whoever loaded them: an engine's loader checks nothing
-        state.config, state.label, weight.detach(), scale.detach(),
-        None if static is None else static.detach(), shards=state.shards, owned=True,
-        chunk_rows=steps.chunk_rows,
-    )  # fmt: skip
+    kernel = steps.bind(state, device)
+    loaded = {name: param.detach() for name, param in params.items()}
+    accepted: LayerWeights  # whoever loaded them: an engine's loader checks nothing
+    if is_weight_only_int(state.config):
+        accepted = accept_int(state.config, state.label, loaded)
+    else:
+        accepted = accept(
+            state.config, state.label, loaded["weight"], loaded["weight_scale"],
+            loaded.get("input_scale"), shards=state.shards, owned=True,
+            chunk_rows=steps.chunk_rows,
+        )  # fmt: skip
     # The registered parameters (an engine's own classes among them) stay wherever accept
     # kept their storage: only a merged or widened tensor is a new one.
-    weights = attrs.evolve(
-        accepted, weight=_kept(weight, accepted.weight),
-        weight_scale=_kept(scale, accepted.weight_scale),
-        input_scale=None if static is None or accepted.input_scale is None
-        else _kept(static, accepted.input_scale),
-    )  # fmt: skip
-    install(layer, state, kernel, weights)
+    kept = {
+        name: tensor if tensor is None or name not in params else _kept(params[name], tensor)
+        for name, tensor in zip(accepted.NAMES, accepted.tensors(), strict=True)
+    }  # fmt: skip
+    install(layer, state, kernel, weights_from(state.config, kept))
 
 
 def _kept(param: torch.nn.Parameter, accepted: torch.Tensor) -> torch.Tensor:

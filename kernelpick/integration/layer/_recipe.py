@@ -14,7 +14,9 @@ import enum
 import attrs
 
 from kernelpick.core import (
+    DEFAULT_GROUP_SIZE,
     HIGH_PRECISION,
+    INTEGER_WEIGHT_ONLY,
     Dtype,
     InvalidValueError,
     QuantConfig,
@@ -25,7 +27,7 @@ from kernelpick.core import (
     quant_config,
 )
 
-__all__ = ["ONLINE_SCHEMES", "CheckpointFormat", "Recipe"]
+__all__ = ["ONLINE_SCHEMES", "CheckpointFormat", "Recipe", "refuse_integer"]
 
 # Schemes whose scales can all be computed from the weights and the live activations.
 # fp8_per_tensor_static needs activation scales calibrated on data, which only a
@@ -37,11 +39,21 @@ ONLINE_SCHEMES = (
     Scheme.FP8_BLOCK,
     Scheme.MXFP8,
     Scheme.INT8_PER_CHANNEL,
+    Scheme.INT4_WEIGHT_ONLY,
+    Scheme.INT8_WEIGHT_ONLY,
 )
-# Schemes the core decides and the kernels run, whose layers the integration does not
-# build yet (their canonical form has zero points and a g_idx the layer steps do not
-# carry): refused by name, never run as another scheme.
-_NOT_INTEGRATED = (Scheme.INT4_WEIGHT_ONLY, Scheme.INT8_WEIGHT_ONLY)
+
+
+def refuse_integer(scheme: Scheme, engine: str) -> None:
+    """Refuse an integer weight-only scheme by name in an ``engine`` that does not build
+    its layers yet (``quantize_model``, ``load_quantized`` and the linear method do):
+    never run it as another scheme's layer."""
+    if scheme in INTEGER_WEIGHT_ONLY:
+        raise InvalidValueError(
+            "scheme", scheme.value,
+            f"an FP8 or int8 W8A8 scheme in {engine}, which does not take integer weight-only "
+            "layers yet; quantize_model, load_quantized and QuantizedLinearMethod do",
+        )  # fmt: skip
 
 
 class CheckpointFormat(enum.Enum):
@@ -72,12 +84,17 @@ class CheckpointFormat(enum.Enum):
 
 @attrs.frozen
 class Recipe:
-    """A scheme, its block size (``fp8_block``'s only; None: 128) and the checkpoint
-    format. Made by ``of``, which checks them; the fields are then known to fit."""
+    """A scheme, its block size (``fp8_block``'s only; None: 128), the checkpoint format
+    and an integer weight-only scheme's grouping: ``group_size`` (None: the scheme's
+    default; -1 per channel), ``symmetric`` (False: zero points) and ``act_order`` (a
+    checkpoint's ``g_idx``). Made by ``of``, which checks them; the fields then fit."""
 
     scheme: Scheme
     checkpoint_format: CheckpointFormat = CheckpointFormat.HIGH_PRECISION
     block_size: int | None = None
+    group_size: int | None = None
+    symmetric: bool = True
+    act_order: bool = False
 
     @classmethod
     def of(
@@ -86,18 +103,25 @@ class Recipe:
         *,
         checkpoint_format: CheckpointFormat | str = CheckpointFormat.HIGH_PRECISION,
         block_size: int | None = None,
+        group_size: int | None = None,
+        symmetric: bool = True,
+        act_order: bool = False,
     ) -> Recipe:
         """The recipe for ``scheme``, or ``InvalidValueError`` (``UnknownNameError`` for a
         name) naming the value and what is valid. An online recipe (``high_precision``
         checkpoints) needs one of ``ONLINE_SCHEMES``; ``block_size`` is ``fp8_block``'s
-        and positive."""
+        and positive; ``group_size``, ``symmetric`` and ``act_order`` are the integer
+        weight-only schemes' (see ``kp.quant_config``), and act-order only pre-quantized:
+        round-to-nearest writes no ``g_idx``."""
         parsed = Scheme.parse(scheme)
         fmt = CheckpointFormat.parse(checkpoint_format)
-        if parsed in _NOT_INTEGRATED:
+        recipe = cls(parsed, fmt, block_size, group_size, symmetric, act_order)
+        recipe.sample_config()  # the scheme's own check of the grouping
+        if act_order and fmt is CheckpointFormat.HIGH_PRECISION:
             raise InvalidValueError(
-                "scheme", parsed.value,
-                "an FP8 or int8 W8A8 scheme: layers, checkpoints and engines do not take "
-                f"{parsed.value} yet; kp.choose and kernelpick.kernels.bind run it",
+                "act_order", act_order,
+                "False online: round-to-nearest quantization writes no g_idx; an act-order "
+                "layer loads from a GPTQ checkpoint (checkpoint_format='pre_quantized')",
             )  # fmt: skip
         if fmt is CheckpointFormat.HIGH_PRECISION and parsed not in ONLINE_SCHEMES:
             valid = ", ".join(s.value for s in ONLINE_SCHEMES)
@@ -113,19 +137,26 @@ class Recipe:
                     "block_size", block_size, f"None: only fp8_block has one, not {parsed.value}"
                 )
             positive_int("block_size", block_size, "a positive integer, e.g. 128")
-        return cls(parsed, fmt, block_size)
+        return recipe
 
     @property
     def online(self) -> bool:
         """Whether layers quantize high-precision weights as they load."""
         return self.checkpoint_format is CheckpointFormat.HIGH_PRECISION
 
+    def sample_config(self) -> QuantConfig:
+        """A bf16 config of this recipe for a layer deep enough to hold two of its groups:
+        what every layer of the recipe shares, whatever its shape."""
+        size = self.group_size if self.group_size is not None else DEFAULT_GROUP_SIZE
+        return self.config(1, 2 * max(size, 1), Dtype.BFLOAT16)
+
     def config(self, n: int, k: int, dtype: object, *, bias: bool = False) -> QuantConfig:
         """One layer's QuantConfig: ``[n, k]`` weights, ``dtype`` (a torch or kernelpick
         dtype) in and out."""
         return quant_config(
             self.scheme, weight_shape=(n, k), out_dtype=_compute_dtype(dtype), bias=bias,
-            block_size=self.block_size,
+            block_size=self.block_size, group_size=self.group_size, symmetric=self.symmetric,
+            act_order=self.act_order,
         )  # fmt: skip
 
 

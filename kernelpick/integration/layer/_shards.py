@@ -14,7 +14,9 @@ from collections.abc import Sequence
 
 from kernelpick.core import InvalidValueError, QuantConfig
 
-__all__ = ["check_shards", "per_tensor", "scale_rows", "scale_shape"]
+__all__ = ["check_shards", "per_tensor", "scale_rows", "scale_shape", "zero_point_rows"]
+
+_WORD = 32
 
 
 def per_tensor(config: QuantConfig) -> bool:
@@ -39,18 +41,35 @@ def scale_rows(config: QuantConfig, start: int, rows: int) -> tuple[int, int]:
     return start // size, -(-rows // size)
 
 
+def _rows_per_zero_word(config: QuantConfig) -> int:
+    # A pack-quantized checkpoint packs zero points along N: 32 / bits rows in a word.
+    return _WORD // config.weight.dtype.bits
+
+
+def zero_point_rows(config: QuantConfig, start: int, rows: int) -> tuple[int, int]:
+    """(first row, rows) of an asymmetric integer layer's packed ``weight_zero_point`` for
+    weight rows ``start .. start + rows``; ``start`` is on a word: ``check_shards``."""
+    size = _rows_per_zero_word(config)
+    return start // size, -(-rows // size)
+
+
 def check_shards(config: QuantConfig, sizes: Sequence[int], layer: str) -> None:
-    """Refuse shards a block-scaled layer cannot hold apart: one whose rows are not a
-    whole number of blocks, followed by another shard, would share a block of scales with
-    it, though the checkpoint quantized each with its own."""
+    """Refuse shards a layer cannot hold apart: one whose rows are not a whole number of
+    blocks (or, for packed zero points, of words), followed by another shard, would share
+    a block of scales (a word of zero points) with it, though the checkpoint quantized
+    each on its own."""
     if per_tensor(config):
         return
     size = _rows_per_scale(config)
+    what = "blocks (the block size is {size})"
+    if config.weight.zero_point is not None and config.activation is None:
+        size = max(size, _rows_per_zero_word(config))
+        what = "words of packed zero points ({size} rows a word)"
     for index, rows in enumerate(sizes[:-1]):
         if rows % size:
             raise InvalidValueError(
                 f"output_partition_sizes of {layer}", list(sizes),
-                f"shards of whole {size}-row blocks (the block size is {size}) for every "
-                f"shard but the last: shard {index} has {rows} rows, so one block of scales "
-                "would span it and the next shard, which the checkpoint scaled apart",
+                f"shards of whole {size}-row " + what.format(size=size) + " for every "
+                f"shard but the last: shard {index} has {rows} rows, so one of them would "
+                "span it and the next shard, which the checkpoint quantized apart",
             )  # fmt: skip

@@ -17,6 +17,7 @@ from kernelpick.core import (
     is_positive_int,
     positive_int,
 )
+from kernelpick.integration.layer._int_form import int_params, is_weight_only_int
 from kernelpick.integration.layer._parallel import TensorParallel
 from kernelpick.integration.layer._plan import LayerPlan
 from kernelpick.kernels import Kernel, WeightBundle
@@ -84,11 +85,15 @@ class CheckpointShape:
 
     def shape(self, config: QuantConfig, name: str, index: int) -> tuple[int, ...]:
         """The checkpoint shape of parameter ``name`` (``weight`` or a non-per-tensor
-        ``weight_scale``) for shard ``index`` (``ALL_SHARDS``: the fused tensor)."""
+        ``weight_scale``, or an integer layer's ``_int_form`` tensor) for shard ``index``
+        (``ALL_SHARDS``: the fused tensor)."""
         rows = sum(self.shards) if index == ALL_SHARDS else self.shards[index]
+        whole = attrs.evolve(config, weight_shape=(rows, self.k))
+        if is_weight_only_int(config):  # its pack-quantized tensors, by name
+            return next(param.shape for param in int_params(whole) if param.name == name)
         if name == "weight":
             return (rows, self.k)
-        return attrs.evolve(config, weight_shape=(rows, self.k)).weight_scale_shape
+        return whole.weight_scale_shape
 
 
 @attrs.frozen(eq=False)
