@@ -78,6 +78,8 @@ SCHEME = "fp8_per_channel"
 def min_cosine(scheme: str) -> float:
     """The least cosine each sentence's embedding must keep under ``scheme``."""
     return MIN_COSINES.get(scheme, MIN_COSINE)
+
+
 # The decode-like case: one sentence, batch 1. Timed this many times per run of the batch.
 ONE_SENTENCE_RUNS = 4
 
