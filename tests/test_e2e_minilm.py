@@ -114,9 +114,8 @@ def test_minilm_int4_weight_only_runs_as_its_weights_dequantized_in_fp32_do(
     fake = example.load_model()
     for module in fake.modules():
         if type(module) is torch.nn.Linear:
-            config = kp.quant_config(
-                "int4_weight_only", weight_shape=tuple(module.weight.shape), out_dtype="float32"
-            )
+            n, k = module.weight.shape
+            config = kp.quant_config("int4_weight_only", weight_shape=(n, k), out_dtype="float32")
             packed, scale, zero = quantize_int(module.weight.detach(), config)
             module.weight.data = dequantize_int(packed, scale, zero, config)
     expected = example.embed(fake, example.SENTENCES)
