@@ -31,7 +31,7 @@ from kernelpick.core import (
 )
 from kernelpick.integration.formats._layout import QUANTIZATION_CONFIG
 from kernelpick.integration.formats.compressed_tensors import SCHEMES, matches, to_config
-from kernelpick.integration.layer import LayerState, Recipe, find_state
+from kernelpick.integration.layer import LayerState, Recipe, find_state, is_weight_only_int
 
 __all__ = [
     "carries_config",
@@ -132,7 +132,31 @@ def quantization_config(model: torch.nn.Module) -> dict[str, Any]:
     """The compressed-tensors ``quantization_config`` of ``model``'s quantized layers: one
     config group of their scheme, every other linear in ``ignore``. An error where no
     such config describes them (no quantized layer, several schemes, shards)."""
-    return _described(model, quantized_layers(model))
+    layers = quantized_layers(model)
+    for name, state in layers.items():
+        _check_readable(name, state.config)
+    return _described(model, layers)
+
+
+def _check_readable(name: str, config: QuantConfig) -> None:
+    """Refuse to write an integer layer the format's readers refuse: compressed-tensors
+    quantizes and decompresses only whole groups along K, and 0.20 dropped act-order's
+    ``actorder: "group"`` (its compressor no longer reads a ``g_idx``)."""
+    if not is_weight_only_int(config):
+        return
+    size = group_size_of(config)
+    if size is not None and size > 0 and config.k % size:
+        raise InvalidValueError(
+            f"group size of {name}", size,
+            f"a divisor of its K = {config.k}: compressed-tensors reads only whole groups "
+            "(quantize with a group size dividing every layer's K, or -1 per channel)",
+        )  # fmt: skip
+    if config.act_order:
+        raise InvalidValueError(
+            f"act-order layer {name}", "weight_g_idx",
+            "layers in group order: compressed-tensors no longer reads actorder 'group' "
+            "checkpoints, so kernelpick does not write them (keep the checkpoint it loaded)",
+        )  # fmt: skip
 
 
 def _described(model: torch.nn.Module, layers: dict[str, LayerState]) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """The compressed-tensors quantization config: what kernelpick writes, and what it reads.
 
 A checkpoint holds one config group: 8-bit symmetric weights (FP8 or int8) and, except for
-weight-only, activations of the same type. Each named scheme is one row of ``_ROWS``;
+weight-only, activations of the same type; or integer weights alone, 4 or 8 bits, in the
+``pack-quantized`` format (``_pack_quantized``). Each other named scheme is one row of ``_ROWS``;
 reading refuses anything outside the table by name (an unknown strategy, non-square
 blocks, a group size or scale dtype mxfp8 does not have, a KV-cache scheme, transforms,
 sparsity), so no checkpoint is half understood. The field names and values are those

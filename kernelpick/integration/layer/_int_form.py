@@ -115,6 +115,8 @@ def int_check(config: QuantConfig, name: str) -> Callable[
 
     def check(label: str, tensor: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
         check_tensor(label, tensor, dtypes=dtypes)
+        if name == "weight_g_idx" and tuple(tensor.shape) == shape:
+            group_order(tensor, config, label)  # its values, before a narrowing copy wraps them
         if tuple(tensor.shape) != shape:
             wanted = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
             raise reject(

@@ -198,12 +198,17 @@ class QuantizedLinear(torch.nn.Module):
             check_shape(state.config, label(SHAPE_NAME), shape)
         names = _names(state)
         own = {name: param for name in names if (param := self._parameters.get(name)) is not None}
-        given = {name: state_dict.get(prefix + name) for name in own}
+        # Every name of the form, the layer's or not: a zero point or g_idx it does not
+        # have is refused (accept_int), never left for torch to skip as unexpected.
+        given = {name: state_dict.get(prefix + name) for name in names
+                 if name in own or prefix + name in state_dict}  # fmt: skip
         bias = state_dict.get(prefix + "bias") if self.bias is not None else None
         if all(tensor is None for tensor in given.values()) and bias is None:
             return {}
-        filled = {name: own[name].detach() if tensor is None else check_tensor(label(name), tensor)
-                  for name, tensor in given.items()}  # fmt: skip
+        filled = {
+            name: own[name].detach() if tensor is None else check_tensor(label(name), tensor)
+            for name, tensor in given.items() if tensor is not None or name in own
+        }  # fmt: skip
         checked_bias = None if bias is None else check_tensor(label("bias"), bias)
         weights: CanonicalWeights | IntWeights
         if is_weight_only_int(state.config):

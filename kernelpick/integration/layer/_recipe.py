@@ -17,6 +17,7 @@ from kernelpick.core import (
     DEFAULT_GROUP_SIZE,
     HIGH_PRECISION,
     INTEGER_WEIGHT_ONLY,
+    PER_CHANNEL_GROUP,
     Dtype,
     InvalidValueError,
     QuantConfig,
@@ -115,6 +116,11 @@ class Recipe:
         round-to-nearest writes no ``g_idx``."""
         parsed = Scheme.parse(scheme)
         fmt = CheckpointFormat.parse(checkpoint_format)
+        if act_order is True and group_size == PER_CHANNEL_GROUP:
+            raise InvalidValueError(
+                "act_order", act_order, "False with group_size=-1: act-order permutes groups, "
+                "and a per-channel weight has one group a row",
+            )  # fmt: skip
         recipe = cls(parsed, fmt, block_size, group_size, symmetric, act_order)
         recipe.sample_config()  # the scheme's own check of the grouping
         if act_order and fmt is CheckpointFormat.HIGH_PRECISION:

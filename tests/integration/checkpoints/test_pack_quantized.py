@@ -226,3 +226,19 @@ def test_a_corrupt_integer_checkpoint_is_refused_and_the_model_is_unchanged(
         load_quantized(model, tmp_path, CPU, kp.Policy())
     assert type(model.proj) is torch.nn.Linear
     assert torch.equal(model.proj.weight, before)
+
+
+def test_save_refuses_what_compressed_tensors_cannot_read_and_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    ragged = torch.nn.Sequential(torch.nn.Linear(100, 64))  # K = 100: groups of 32 are ragged
+    quantize_model(ragged, "int4_weight_only", CPU, kp.Policy(), group_size=32)
+    with pytest.raises(kp.InvalidValueError, match="a divisor of its K = 100"):
+        save_quantized(ragged, tmp_path / "ragged")
+    assert not (tmp_path / "ragged" / "config.json").exists()
+    _act_order_checkpoint(tmp_path)
+    model = _One()
+    load_quantized(model, tmp_path, CPU, kp.Policy())
+    with pytest.raises(kp.InvalidValueError, match="actorder 'group'"):
+        save_quantized(model, tmp_path / "act_order")
+    assert not (tmp_path / "act_order" / "config.json").exists()

@@ -158,3 +158,26 @@ def test_spare_bits_past_k_are_refused() -> None:
 def test_the_engines_not_built_yet_refuse_them_by_name(scheme: str) -> None:
     with pytest.raises(kp.InvalidValueError, match="transformers quantizer"):
         KernelpickConfig(scheme=scheme)
+
+
+def test_a_state_dict_with_a_zero_point_the_layer_lacks_is_refused_before_any_write() -> None:
+    symmetric = torch.nn.Sequential(torch.nn.Linear(K, N))
+    asymmetric = torch.nn.Sequential(torch.nn.Linear(K, N))
+    for model, zero in ((symmetric, True), (asymmetric, False)):
+        quantize_model(model, "int4_weight_only", CPU, kp.Policy(), group_size=32, symmetric=zero)
+    before = {name: tensor.clone() for name, tensor in symmetric.state_dict().items()}
+    for strict in (True, False):  # torch would skip the zero point as unexpected
+        with pytest.raises(kp.KernelInputError, match="weight_zero_point"):
+            symmetric.load_state_dict(asymmetric.state_dict(), strict=strict)
+        after = symmetric.state_dict()
+        assert all(torch.equal(before[name], after[name]) for name in before)
+
+
+def test_a_g_idx_outside_int32_is_refused_before_the_copy_wraps_it() -> None:
+    method = _method("int4_weight_only", group_size=32, act_order=True)
+    layer = torch.nn.Module()
+    method.create_weights(layer, K, [N], K, N, torch.float32)
+    param = layer.get_parameter("weight_g_idx")
+    wrapped = (torch.arange(K) % 4) + 2**32  # int64: an int32 copy would read 0..3
+    with pytest.raises(kp.KernelInputError, match=r"each group 0\.\.3"):
+        weight_loader_of(param)(param, wrapped)
