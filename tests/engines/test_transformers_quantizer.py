@@ -63,7 +63,7 @@ def test_config_round_trips_through_its_dict() -> None:
     saved = config.to_dict()
     assert saved == {
         "quant_method": "kernelpick", "scheme": "fp8_block", "modules_to_not_convert": ["mlp"],
-        "block_size": 64, "format_version": 1,
+        "block_size": 64, "group_size": None, "symmetric": True, "format_version": 1,
     }  # fmt: skip
     again = AutoQuantizationConfig.from_dict(json.loads(json.dumps(saved)))
     assert isinstance(again, KernelpickConfig)
@@ -87,6 +87,9 @@ def test_config_round_trips_through_its_dict() -> None:
         ({"format_version": 2}, "format_version"),
         ({"weight_block_size": [128, 128]}, "weight_block_size"),
         ({"caps": "a100"}, "caps"),
+        ({"scheme": "fp8_per_channel", "group_size": 64}, "group_size"),
+        ({"scheme": "int4_weight_only", "group_size": 0}, "group_size"),
+        ({"scheme": "int4_weight_only", "symmetric": "no"}, "symmetric"),
     ],
 )
 def test_bad_config_values_are_refused(kwargs: dict[str, Any], named: str) -> None:
@@ -506,3 +509,54 @@ def test_modules_the_model_keeps_in_fp32_are_not_quantized(tmp_path: Path, attri
     up = model.model.layers[0].mlp.up_proj
     assert type(up) is torch.nn.Linear
     assert type(model.model.layers[0].mlp.gate_proj) is QuantizedLinear
+
+
+@pytest.mark.parametrize(
+    ("scheme", "group_size", "symmetric"),
+    [("int4_weight_only", 64, True), ("int4_weight_only", 32, False),
+     ("int8_weight_only", None, True)],
+)  # fmt: skip
+def test_integer_schemes_quantize_on_load_as_quantize_model_does_and_save_pack_quantized(
+    tmp_path: Path, scheme: str, group_size: int | None, symmetric: bool
+) -> None:
+    from kernelpick.integration import quantize_model
+
+    path = llama_dir(tmp_path)
+    config = KernelpickConfig(scheme, group_size=group_size, symmetric=symmetric)
+    model = load(path, quantization_config=config)
+    gate = model.model.layers[0].mlp.gate_proj
+    expected = {"weight_packed", "weight_scale"} | (set() if symmetric else {"weight_zero_point"})
+    assert {name for name, _ in gate.named_parameters()} == expected
+    converted = load(path)
+    quantize_model(converted, scheme, kp.probe("cpu"), kp.Policy(), lambda n, _: n == "lm_head",
+                   group_size=group_size, symmetric=symmetric)  # fmt: skip
+    assert torch.equal(logits(model), logits(converted))  # one quantizer, one kernel
+    out = tmp_path / "quantized"
+    model.save_pretrained(out)
+    written = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert written == quantization_config(model)
+    assert written["format"] == "pack-quantized"
+    stored = load_file(out / "model.safetensors")
+    assert stored[f"{GATE}.weight_shape"].tolist() == [192, 128]
+    assert f"{GATE}.weight" not in stored
+    skeleton = LlamaForCausalLM(AutoConfig.from_pretrained(out))
+    load_quantized(skeleton, out, kp.probe("cpu"), kp.Policy())
+    assert torch.equal(logits(skeleton), logits(model))
+    if not symmetric:  # transformers 5.25 with compressed-tensors 0.20.1 sizes an asymmetric
+        return  # layer's zero points unpacked, and refuses compressed-tensors' own checkpoints
+    stock = load(out)  # transformers' own compressed-tensors support: dequantized weights
+    assert type(stock.hf_quantizer).__name__ == "CompressedTensorsHfQuantizer"
+    error = torch.linalg.norm(logits(stock) - logits(model)) / torch.linalg.norm(logits(model))
+    assert float(error) < 1e-2  # the same weights; torch's int4 op computes in bf16
+
+
+def test_a_pack_quantized_checkpoint_is_refused_for_quantize_on_load(tmp_path: Path) -> None:
+    path = llama_dir(tmp_path)
+    model = load(path, quantization_config=KernelpickConfig("int4_weight_only", group_size=64))
+    out = tmp_path / "quantized"
+    model.save_pretrained(out)
+    written = json.loads((out / "config.json").read_text())
+    del written["quantization_config"]  # as if the weights were a high-precision checkpoint
+    (out / "config.json").write_text(json.dumps(written))
+    with pytest.raises(CheckpointError, match="quantized already"):
+        load(out, quantization_config=KernelpickConfig("int4_weight_only"))

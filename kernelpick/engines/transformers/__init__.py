@@ -61,7 +61,10 @@ __all__ = ["METHOD", "KernelpickConfig", "KernelpickHfQuantizer"]
 
 METHOD = "kernelpick"
 FORMAT_VERSION = 1  # the layout an earlier save_pretrained wrote: canonical tensors, per layer
-_KEYS = ("quant_method", "scheme", "modules_to_not_convert", "block_size", "format_version")
+_KEYS = (
+    "quant_method", "scheme", "modules_to_not_convert", "block_size", "group_size", "symmetric",
+    "format_version",
+)  # fmt: skip
 _QUANTIZED_DTYPES = ("F8_E4M3", "F8_E5M2", "I8")  # safetensors' names
 _WHERE = "transformers from_pretrained"
 
@@ -70,11 +73,12 @@ class KernelpickConfig(QuantizationConfigMixin):
     """What ``from_pretrained`` quantizes with kernelpick: ``scheme`` (one of
     ``kernelpick.integration.ONLINE_SCHEMES``), the modules kept in high precision
     (``modules_to_not_convert``: transformers' patterns, a name prefix at a module
-    boundary, a regex or a suffix; ``["lm_head"]`` when None) and, for ``fp8_block``,
-    ``block_size`` (None: 128). ``caps`` and ``policy`` (not saved) choose the device to
-    select for (default ``kp.probe`` of the load device) and the policy (default
-    ``Policy.from_env``). Every value is checked here; a bad one raises
-    ``InvalidValueError`` naming it and the valid ones."""
+    boundary, a regex or a suffix; ``["lm_head"]`` when None), for ``fp8_block``
+    ``block_size`` (None: 128), and for the integer weight-only schemes
+    ``group_size`` (None: the scheme's; -1 per channel) and ``symmetric``. ``caps`` and
+    ``policy`` (not saved) choose the device to select for (default ``kp.probe`` of the
+    load device) and the policy (default ``Policy.from_env``). Every value is checked
+    here; a bad one raises ``InvalidValueError`` naming it and the valid ones."""
 
     def __init__(
         self,
@@ -82,6 +86,8 @@ class KernelpickConfig(QuantizationConfigMixin):
         modules_to_not_convert: list[str] | None = None,
         block_size: int | None = None,
         *,
+        group_size: int | None = None,
+        symmetric: bool = True,
         caps: DeviceCaps | None = None,
         policy: Policy | None = None,
         **saved: object,
@@ -95,8 +101,9 @@ class KernelpickConfig(QuantizationConfigMixin):
             raise InvalidValueError(
                 "format_version", version, f"{FORMAT_VERSION} (this kernelpick's)"
             )
-        recipe = Recipe.of(scheme, block_size=block_size)  # what every layer is made with
-        refuse_integer(recipe.scheme, "the transformers quantizer")
+        recipe = Recipe.of(  # what every layer is made with
+            scheme, block_size=block_size, group_size=group_size, symmetric=symmetric
+        )
         skip = check_patterns(
             ["lm_head"] if modules_to_not_convert is None else modules_to_not_convert
         )
@@ -109,6 +116,8 @@ class KernelpickConfig(QuantizationConfigMixin):
         self.scheme = recipe.scheme.value
         self.modules_to_not_convert = list(skip)
         self.block_size = block_size
+        self.group_size = group_size
+        self.symmetric = symmetric
         self._caps = caps
         self._policy = policy
 
@@ -128,7 +137,8 @@ class KernelpickConfig(QuantizationConfigMixin):
         return {
             "quant_method": METHOD, "scheme": self.scheme,
             "modules_to_not_convert": list(self.modules_to_not_convert),
-            "block_size": self.block_size, "format_version": FORMAT_VERSION,
+            "block_size": self.block_size, "group_size": self.group_size,
+            "symmetric": self.symmetric, "format_version": FORMAT_VERSION,
         }  # fmt: skip
 
     def __iter__(self) -> Any:
@@ -143,7 +153,8 @@ class _Quantize(ConversionOps):
         self._layers = layers
 
     def convert(self, input_dict: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
-        return self._layers.quantize(input_dict)
+        missing = kwargs.get("missing_keys")  # transformers' set of keys not yet loaded
+        return self._layers.quantize(input_dict, missing if isinstance(missing, set) else None)
 
 
 def _device(device_map: object) -> torch.device:
@@ -190,6 +201,8 @@ class KernelpickHfQuantizer(HfQuantizer):
         if caps is None:
             caps = default_caps(device)
         online = not self.pre_quantized
+        if not online:  # kernelpick saves compressed-tensors' config, never this one
+            refuse_integer(config.recipe.scheme, "a format_version 1 kernelpick checkpoint")
         fmt = CheckpointFormat.HIGH_PRECISION if online else CheckpointFormat.PRE_QUANTIZED
         recipe = attrs.evolve(config.recipe, checkpoint_format=fmt)
         steps = LayerSteps.create(recipe, caps, config.policy)

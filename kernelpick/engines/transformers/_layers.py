@@ -21,15 +21,21 @@ from kernelpick.core import InvalidValueError, KernelpickError
 from kernelpick.integration import CheckpointError, ModelConversionError
 from kernelpick.integration.convert import Swaps, dropped_by_swap
 from kernelpick.integration.layer import (
-    CanonicalWeights,
+    INT_NAMES,
+    IntWeights,
     LayerState,
     LayerSteps,
+    LayerWeights,
     QuantizedLinear,
     accept,
     accept_float,
+    accept_int,
     attach,
+    check_bias,
     frozen,
     install,
+    int_params,
+    is_weight_only_int,
     layer_state,
 )
 
@@ -99,7 +105,10 @@ class HfLayers:
         layer = QuantizedLinear(k, n, self.steps, linear.bias)
         for param in state.plan.params:
             setattr(layer, param.name, _meta(param.shape, param.dtype))
-        if self.online:
+        if self.online and is_weight_only_int(config):  # what quantizing makes of the weight
+            for param in int_params(config):
+                setattr(layer, param.name, _meta(param.shape, param.dtype))
+        elif self.online:
             layer.weight_scale = _meta(config.weight_scale_shape, torch.float32)
         attach(layer, state)
         self.layers[state.prefix] = layer
@@ -115,17 +124,21 @@ class HfLayers:
         path, _, tensor = param_name.rpartition(".")
         names = ("weight", "weight_scale") if self.online else ("weight", "weight_scale",
                                                                 "input_scale")  # fmt: skip
-        return path in self.layers and tensor in names
+        return path in self.layers and (tensor in names or tensor in INT_NAMES)
 
     def owns(self, param_name: str) -> bool:
         """Whether ``param_name`` is a tensor of one of these layers (other than bias)."""
         path, _, tensor = param_name.rpartition(".")
         return path in self.layers and tensor != "bias"
 
-    def quantize(self, tensors: dict[str, object]) -> dict[str, torch.Tensor]:
+    def quantize(
+        self, tensors: dict[str, object], missing: set[str] | None = None
+    ) -> dict[str, torch.Tensor]:
         """Each high-precision ``<layer>.weight`` in ``tensors`` as the canonical weight and
-        its ``<layer>.weight_scale``; other tensors as they are. kernelpick's refusal of a
-        weight is kept for ``finish`` to raise and the weight passed on unquantized:
+        its ``<layer>.weight_scale`` (an integer layer's pack-quantized tensors, its weight
+        then struck from transformers' ``missing`` keys); other tensors as they are.
+        kernelpick's refusal of a weight is kept for ``finish`` to raise and the weight
+        passed on unquantized:
         transformers would only log an error raised here, and then raise one of its own
         that hides it. Any other failure is raised to transformers."""
         out: dict[str, torch.Tensor] = {}
@@ -152,9 +165,13 @@ class HfLayers:
             except Exception as error:
                 self.errors[path] = error
                 raise
-            if not isinstance(weights, CanonicalWeights):  # the quantizer refuses int schemes
-                raise InvalidValueError("scheme", state.config.render(), "an FP8 or int8 W8A8 one")
-            out[key], out[f"{path}.weight_scale"] = weights.weight, weights.weight_scale
+            if isinstance(weights, IntWeights):  # its pack-quantized tensors, not a weight
+                named = zip(weights.NAMES, weights.tensors(), strict=True)
+                out.update({f"{path}.{n}": t for n, t in named if t is not None})
+                if missing is not None:  # the weight is loaded: into what it became
+                    missing.discard(key)
+            else:
+                out[key], out[f"{path}.weight_scale"] = weights.weight, weights.weight_scale
             self.scales[path] = weights.weight_scale
         return out
 
@@ -182,6 +199,11 @@ class HfLayers:
         state = layer_state(layer)
         if state.processed:
             return
+        integer = is_weight_only_int(state.config)
+        if self.online and integer:  # the weight went to the quantize op, never to the layer
+            placeholder = layer._parameters.get("weight")  # (moved off meta, uninitialised)
+            if placeholder is not None and not getattr(placeholder, LOADED, 0):
+                del layer._parameters["weight"]
         names = [name for name, p in layer.named_parameters(recurse=False) if p is not None]
         missing = [name for name in names if not getattr(layer.get_parameter(name), LOADED, 0)]
         if missing:
@@ -202,6 +224,13 @@ class HfLayers:
         def label(name: str) -> str:
             return f"{path}.{name}"
 
+        if integer:
+            if layer.bias is not None:
+                check_bias(state.config, label, layer.bias.detach())
+            tensors = {name: layer.get_parameter(name).detach() for name in names if name != "bias"}
+            accepted = accept_int(state.config, label, tensors)
+            self._install(layer, state, accepted, accepted.weight_packed.device)
+            return
         static = layer.get_parameter("input_scale") if "input_scale" in names else None
         weights = accept(  # transformers' tensors: handed over, so canonicalized in place
             state.config, label, layer.get_parameter("weight").detach(), weight_scale,
@@ -209,7 +238,12 @@ class HfLayers:
             None if layer.bias is None else layer.bias.detach(), owned=True,
             chunk_rows=self.steps.chunk_rows,
         )  # fmt: skip
-        kernel = self.steps.bind(state, weights.weight.device)
+        self._install(layer, state, weights, weights.weight.device)
+
+    def _install(
+        self, layer: QuantizedLinear, state: LayerState, weights: LayerWeights, device: torch.device
+    ) -> None:
+        kernel = self.steps.bind(state, device)
         if layer.bias is not None:
             layer.bias.requires_grad_(False)
         install(layer, state, kernel, weights)  # the kernel checks them before they go in

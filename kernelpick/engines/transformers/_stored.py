@@ -28,7 +28,8 @@ _TORCH = {
     torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
     torch.float8_e8m0fnu: "F8_E8M0", torch.int8: "I8", torch.uint8: "U8",
 }  # fmt: skip
-_SCALES = (".weight_scale", ".weight_scale_inv", ".input_scale")
+_SCALES = (".weight_scale", ".weight_scale_inv", ".input_scale", ".weight_packed",
+           ".weight_zero_point", ".weight_g_idx")  # pack-quantized's tensors too  # fmt: skip
 _EXPECTED = (
     "a high-precision checkpoint to quantize on load: this one is quantized already. Load it "
     "with its own quantization_config (compressed-tensors, FineGrainedFP8), or with "

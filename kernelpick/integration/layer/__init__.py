@@ -32,6 +32,7 @@ from kernelpick.integration.layer._int_form import (
     IntWeights,
     accept_int,
     check_shape,
+    int_params,
     is_weight_only_int,
 )
 from kernelpick.integration.layer._loaders import WeightLoader, weight_loader_of
@@ -98,6 +99,7 @@ __all__ = [
     "float_weight_check",
     "frozen",
     "install",
+    "int_params",
     "is_weight_only_int",
     "layer_state",
     "refuse_integer",

@@ -140,9 +140,11 @@ class QuantizedLinear(torch.nn.Module):
         self, destination: dict[str, Any], prefix: str, keep_vars: bool
     ) -> None:
         super()._save_to_state_dict(destination, prefix, keep_vars)
-        config = layer_state(self).config
-        if is_weight_only_int(config):  # stored beside the packed tensors, as the format does
-            destination[prefix + SHAPE_NAME] = torch.tensor(config.weight_shape)
+        state = layer_state(self)
+        # Stored beside the packed tensors, as the format does, once they are the layer's:
+        # a placeholder's state dict (transformers lists its keys to load) has no such key.
+        if state.processed and is_weight_only_int(state.config):
+            destination[prefix + SHAPE_NAME] = torch.tensor(state.config.weight_shape)
         key = prefix + "weight_scale"
         scale = destination.get(key)
         if not keep_vars and isinstance(scale, torch.Tensor):  # kept: the live parameters

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import kernelpick as kp
-from kernelpick.engines.transformers import KernelpickConfig
 from kernelpick.integration import (
     ParallelStyle,
     QuantizedLinearMethod,
@@ -152,12 +151,6 @@ def test_spare_bits_past_k_are_refused() -> None:
     _load(layer, tensors)
     with pytest.raises(kp.KernelInputError, match="zero bits past value 100"):
         method.process_weights_after_loading(layer)
-
-
-@pytest.mark.parametrize("scheme", ["int4_weight_only", "int8_weight_only"])
-def test_the_engines_not_built_yet_refuse_them_by_name(scheme: str) -> None:
-    with pytest.raises(kp.InvalidValueError, match="transformers quantizer"):
-        KernelpickConfig(scheme=scheme)
 
 
 def test_a_state_dict_with_a_zero_point_the_layer_lacks_is_refused_before_any_write() -> None:
