@@ -16,7 +16,7 @@ from kernelpick.engines.vllm._method import KernelpickLinearMethod
 from kernelpick.integration import CheckpointFormat, QuantizedLinearMethod, Recipe
 from kernelpick.integration.formats import check_patterns, kept
 from kernelpick.integration.formats import compressed_tensors as ct
-from kernelpick.integration.layer import LayerSteps, refuse_integer
+from kernelpick.integration.layer import LayerSteps
 
 __all__ = ["KernelpickConfig", "KernelpickLinearMethod", "register_config"]
 
@@ -24,8 +24,8 @@ __all__ = ["KernelpickConfig", "KernelpickLinearMethod", "register_config"]
 # ``format_version`` is what kernelpick's transformers quantizer writes with the canonical
 # FP8/int8 tensors it saves (save_pretrained): such a checkpoint is pre-quantized.
 _KEYS = (
-    "quant_method", "scheme", "block_size", "checkpoint_format", "modules_to_not_convert",
-    "format_version",
+    "quant_method", "scheme", "block_size", "group_size", "symmetric", "checkpoint_format",
+    "modules_to_not_convert", "format_version",
 )  # fmt: skip
 _FORMAT_VERSIONS = (1,)
 _NAME = "kernelpick"
@@ -36,12 +36,15 @@ class KernelpickConfig(QuantizationConfig):
 
     ``checkpoint_format`` is ``"high_precision"`` (quantize the checkpoint's float weights
     on load; the scheme must be one of ``ONLINE_SCHEMES``) or ``"pre_quantized"`` (canonical
-    FP8/int8 weights with ``weight_scale``, as kernelpick writes them). ``block_size`` is
-    ``fp8_block``'s. Layers ``modules_to_not_convert`` matches stay unquantized, by transformers'
-    rule (see ``_patterns``; a fused layer by its shards' names, which must agree). ``caps`` is the
-    device kernels are selected for (None: ``kp.probe()`` of the current device) and
-    ``policy`` kernelpick's policy (None: from ``KERNELPICK_*`` variables); both exist for
-    callers and tests, and a checkpoint cannot set them.
+    FP8/int8 weights with ``weight_scale``, as kernelpick writes them; an integer
+    weight-only scheme's pack-quantized tensors). ``block_size`` is ``fp8_block``'s;
+    ``group_size``, ``symmetric`` and ``act_order`` the integer schemes' (a
+    compressed-tensors checkpoint's own, when it is read). Layers ``modules_to_not_convert``
+    matches stay unquantized, by transformers' rule (see ``_patterns``; a fused layer by
+    its shards' names, which must agree). ``caps`` is the device kernels are selected for
+    (None: ``kp.probe()`` of the current device) and ``policy`` kernelpick's policy
+    (None: from ``KERNELPICK_*`` variables); both exist for callers and tests, and a
+    checkpoint cannot set them.
     """
 
     def __init__(
@@ -49,6 +52,9 @@ class KernelpickConfig(QuantizationConfig):
         scheme: Scheme | str = Scheme.FP8_PER_CHANNEL,
         *,
         block_size: int | None = None,
+        group_size: int | None = None,
+        symmetric: bool = True,
+        act_order: bool = False,
         checkpoint_format: CheckpointFormat | str = CheckpointFormat.HIGH_PRECISION,
         modules_to_not_convert: Sequence[str] = (),
         caps: DeviceCaps | None = None,
@@ -58,8 +64,10 @@ class KernelpickConfig(QuantizationConfig):
         super().__init__()
         # Checked here, purely: a value kernelpick refuses (block_size, say) is an error
         # when the config is made, not at the first layer, and nothing is probed for it.
-        self.recipe = Recipe.of(scheme, checkpoint_format=checkpoint_format, block_size=block_size)
-        refuse_integer(self.recipe.scheme, "the vLLM plugin")
+        self.recipe = Recipe.of(
+            scheme, checkpoint_format=checkpoint_format, block_size=block_size,
+            group_size=group_size, symmetric=symmetric, act_order=act_order,
+        )  # fmt: skip
         self.scheme = self.recipe.scheme
         self.checkpoint_format = self.recipe.checkpoint_format
         self.block_size = self.recipe.block_size
@@ -122,8 +130,9 @@ class KernelpickConfig(QuantizationConfig):
         if config.get("quant_method") == ct.METHOD:
             layout = ct.from_config("quantization_config (compressed-tensors)", config)
             return cls(
-                layout.scheme, block_size=layout.block_size, checkpoint_format="pre_quantized",
-                compressed_tensors=layout,
+                layout.scheme, block_size=layout.block_size, group_size=layout.group_size,
+                symmetric=layout.symmetric, act_order=layout.act_order,
+                checkpoint_format="pre_quantized", compressed_tensors=layout,
             )  # fmt: skip
         unknown = sorted(str(key) for key in config if key not in _KEYS)
         if unknown:
@@ -139,6 +148,8 @@ class KernelpickConfig(QuantizationConfig):
         return cls(
             config.get("scheme", Scheme.FP8_PER_CHANNEL.value),
             block_size=config.get("block_size"),
+            group_size=config.get("group_size"),
+            symmetric=config.get("symmetric", True),
             checkpoint_format=config.get("checkpoint_format", default),
             modules_to_not_convert=config.get("modules_to_not_convert") or (),
         )

@@ -11,9 +11,11 @@ this rank's part and kernelpick still refuses a layer with shards never loaded.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import torch
 from vllm.model_executor.layers.linear import (
     ColumnParallelLinear,
@@ -23,20 +25,35 @@ from vllm.model_executor.layers.linear import (
     register_weight_loader_v2_supported_method,
 )
 from vllm.model_executor.parameter import (
+    BasevLLMParameter,
     BlockQuantScaleParameter,
     ChannelQuantScaleParameter,
+    GroupQuantScaleParameter,
     ModelWeightParameter,
+    PackedvLLMParameter,
     PerTensorScaleParameter,
+    RowvLLMParameter,
 )
 
-from kernelpick.core import InvalidValueError
+from kernelpick.core import INTEGER_WEIGHT_ONLY, InvalidValueError, Scheme
 from kernelpick.integration import (
     ParallelStyle,
     QuantizedLinearMethod,
     TensorParallel,
     layer_state,
 )
-from kernelpick.integration.layer import LayerPlan, Param, WeightLoader
+from kernelpick.integration.layer import (
+    ALL_SHARDS,
+    CheckpointShape,
+    LayerPlan,
+    LayerState,
+    Param,
+    ParameterFactory,
+    WeightLoader,
+    check_shape,
+    is_weight_only_int,
+    shard_index,
+)
 
 if TYPE_CHECKING:
     from kernelpick.engines.vllm._config import KernelpickConfig
@@ -83,10 +100,18 @@ class KernelpickLinearMethod(LinearMethodBase):
             layer, input_size_per_partition, output_partition_sizes, input_size, output_size,
             params_dtype, prefix=self.prefix, weight_loader=loader,
             checkpoint_shards=_checkpoint_shards(layer, output_partition_sizes),
-            parameter=None if loader is None else _vllm_parameter, **extra_weight_attrs,
+            parameter=None if loader is None else _parameter_factory(config.scheme),
+            **extra_weight_attrs,
         )  # fmt: skip
         self.plan = plan = layer_state(layer).plan
-        if plan.config.weight.scale.group.rows != -1:  # scales in blocks along K too
+        integer = is_weight_only_int(plan.config)
+        if integer and not config.recipe.online:
+            shards = _checkpoint_shards(layer, output_partition_sizes)
+            whole = CheckpointShape.of_engine(
+                output_partition_sizes, input_size, output_size, shards
+            )
+            _weight_shape(layer, layer_state(layer), whole)
+        elif not integer and plan.config.weight.scale.group.rows != -1:  # blocks along K too
             # vLLM's fused loaders place a shard's block scales by the layer's block size
             # ([rows, columns] of weight per scale: fp8_block's b x b, mxfp8's 1 x 32).
             setattr(layer, "weight_block_size", list(plan.config.weight_block))  # noqa: B010
@@ -144,15 +169,53 @@ def _shard_call(loader: Callable[..., Any]) -> Callable[[torch.Tensor, torch.Ten
     return call
 
 
-def _vllm_parameter(spec: Param, data: torch.Tensor, loader: WeightLoader) -> torch.nn.Parameter:
+def _weight_shape(layer: torch.nn.Module, state: LayerState, whole: CheckpointShape) -> None:
+    """The ``weight_shape`` a pack-quantized checkpoint stores beside each layer (vLLM's
+    model loaders look a parameter up for every key): each shard's is checked to be its
+    ``[rows, K]`` in the ``whole`` layer, and nothing is kept (the plan holds the shape)."""
+
+    def weight_loader(param: torch.Tensor, loaded: torch.Tensor, shard_id: Any = None) -> None:
+        index = shard_index(state, shard_id)
+        rows = sum(whole.shards) if index == ALL_SHARDS else whole.shards[index]
+        name = "weight_shape" if shard_id is None else f"weight_shape[shard {shard_id}]"
+        stored = attrs.evolve(state.config, weight_shape=(rows, whole.k), k_parts=1)
+        check_shape(stored, state.label(name), loaded)
+
+    param = BasevLLMParameter(data=torch.empty(2, dtype=torch.int64), weight_loader=weight_loader)
+    layer.register_parameter("weight_shape", param)
+
+
+def _parameter_factory(scheme: Scheme) -> ParameterFactory:
+    """The parameter factory for a layer of ``scheme``: ``_vllm_parameter``, told how many
+    values a word packs for an integer scheme (vLLM's ``packed_factor``)."""
+    width = INTEGER_WEIGHT_ONLY.get(scheme)
+    per_word = None if width is None else 32 // width[0].bits
+    return functools.partial(_vllm_parameter, per_word=per_word)
+
+
+def _vllm_parameter(
+    spec: Param, data: torch.Tensor, loader: WeightLoader, *, per_word: int | None = None
+) -> torch.nn.Parameter:
     """The vLLM parameter class a planned parameter's dims call for, over ``data`` and
     carrying kernelpick's checking ``loader``: the weight, block scales (both dims),
-    per-channel scales (the output dim) or per-tensor scales (one per shard)."""
+    per-channel scales (the output dim) or per-tensor scales (one per shard); for an
+    integer layer (``per_word`` values a word), its packed weight and zero points (vLLM
+    narrows their words), its group or channel scales (a row per output row, never
+    block-placed) and its g_idx."""
     out, into = spec.dims.get("output_dim"), spec.dims.get("input_dim")
     kwargs = {"data": data, "weight_loader": loader}
     made: torch.nn.Parameter
-    if spec.name == "weight":
+    if spec.name == "weight":  # FP8 or int8, or the float weight an online layer quantizes
         made = ModelWeightParameter(output_dim=out, input_dim=into, **kwargs)
+    elif per_word is not None and "packed_dim" in spec.dims:
+        made = PackedvLLMParameter(
+            output_dim=out, input_dim=into, packed_dim=spec.dims["packed_dim"],
+            packed_factor=per_word, **kwargs,
+        )  # fmt: skip
+    elif per_word is not None and spec.name == "weight_g_idx":
+        made = RowvLLMParameter(input_dim=into, **kwargs)
+    elif per_word is not None and into is not None:
+        made = GroupQuantScaleParameter(output_dim=out, input_dim=into, **kwargs)
     elif out is not None and into is not None:
         made = BlockQuantScaleParameter(output_dim=out, input_dim=into, **kwargs)
     elif out is not None:

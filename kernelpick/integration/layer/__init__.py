@@ -35,7 +35,7 @@ from kernelpick.integration.layer._int_form import (
     int_params,
     is_weight_only_int,
 )
-from kernelpick.integration.layer._loaders import WeightLoader, weight_loader_of
+from kernelpick.integration.layer._loaders import WeightLoader, shard_index, weight_loader_of
 from kernelpick.integration.layer._method import Fp8PtpcLinearMethod, QuantizedLinearMethod
 from kernelpick.integration.layer._module import QuantizedLinear, accept_before_loading
 from kernelpick.integration.layer._parallel import ParallelStyle, TensorParallel
@@ -56,6 +56,8 @@ from kernelpick.integration.layer._recipe import (
 from kernelpick.integration.layer._shard_linear import shard_linear
 from kernelpick.integration.layer._shards import scale_shape
 from kernelpick.integration.layer._state import (
+    ALL_SHARDS,
+    CheckpointShape,
     LayerState,
     Prepared,
     attach,
@@ -65,12 +67,14 @@ from kernelpick.integration.layer._state import (
 from kernelpick.integration.layer._steps import LayerSteps, frozen
 
 __all__ = [
+    "ALL_SHARDS",
     "INT_NAMES",
     "ONLINE_SCHEMES",
     "SHAPE_NAME",
     "CanonicalWeights",
     "Check",
     "CheckpointFormat",
+    "CheckpointShape",
     "Fp8PtpcLinearMethod",
     "IntWeights",
     "LayerPlan",
@@ -106,6 +110,7 @@ __all__ = [
     "run",
     "scale_check",
     "scale_shape",
+    "shard_index",
     "shard_linear",
     "weight_check",
     "weight_loader_of",

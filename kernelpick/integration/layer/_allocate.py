@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from kernelpick.core import InvalidValueError
+from kernelpick.core import InvalidValueError, QuantConfig
 from kernelpick.integration.layer._int_form import is_weight_only_int
 from kernelpick.integration.layer._loaders import EngineLoader, WeightLoader, loader_for
 from kernelpick.integration.layer._parallel import TensorParallel, check_split_blocks
@@ -49,6 +49,10 @@ def allocate(
     tensor-parallel place."""
     sizes = positive_sizes(output_partition_sizes)
     config = steps.config(sum(sizes), input_size_per_partition, params_dtype)
+    if is_weight_only_int(config) and input_size != input_size_per_partition:
+        # A row-parallel part: its kernels must find whole groups in it (WholeGroupsPerPart).
+        parts = input_size // input_size_per_partition if input_size_per_partition else 1
+        config = steps.config(sum(sizes), input_size_per_partition, params_dtype, k_parts=parts)
     pre_quantized = not steps.recipe.online
     if weight_loader is not None and tp is not None and not tp.reduces(config):
         # The engine narrows every tensor itself; kernelpick's part in the split is only
@@ -63,7 +67,10 @@ def allocate(
     if pre_quantized:  # before selecting: a layer it refuses logs no kernel
         check_shards(config, sizes, prefix or "layer")
     if is_weight_only_int(config):
-        _check_whole(tp, sizes, output_size, input_size, input_size_per_partition, prefix)
+        _check_int_split(
+            config, tp, weight_loader is not None, not pre_quantized, sizes, output_size,
+            input_size, prefix or "layer",
+        )  # fmt: skip
     engine: tuple[EngineLoader, CheckpointShape] | None = None
     if weight_loader is not None:
         whole = CheckpointShape.of_engine(sizes, input_size, output_size, checkpoint_shards)
@@ -104,21 +111,43 @@ def allocate(
     steps.log(state)
 
 
-def _check_whole(
+def _check_int_split(
+    config: QuantConfig,
     tp: TensorParallel | None,
+    engine: bool,
+    online: bool,
     sizes: Sequence[int],
     output_size: int,
     input_size: int,
-    input_size_per_partition: int,
-    prefix: str,
+    layer: str,
 ) -> None:
-    """Refuse a split integer weight-only layer: its packed words, packed zero points and
-    g_idx do not narrow by rows and columns, and splitting them is not built yet."""
-    split = tp is not None or sum(sizes) != output_size or input_size != input_size_per_partition
-    if split:
-        raise InvalidValueError(
-            f"tensor-parallel split of {prefix or 'layer'}",
-            "a part" if tp is None else tp.describe(),
-            "a whole layer (tensor parallel size 1): kernelpick does not split integer "
-            "weight-only layers yet",
-        )  # fmt: skip
+    """Refuse a split integer weight-only layer whose part an engine's loaders would narrow
+    to other values: packed words cut inside a word (K along a row, or an asymmetric
+    layer's zero points along N). kernelpick's own loaders do not split these layers, and
+    online per-channel scales agreed over a row split are not built."""
+    split = sum(sizes) != output_size or input_size != config.k
+    if not split and tp is None:
+        return
+    per_word = 32 // config.weight.dtype.bits
+    refusal = None
+    if not engine:
+        refusal = "a whole layer: kernelpick's own loaders do not split integer layers"
+    elif tp is not None and online:
+        refusal = (
+            "groups that fit each rank's K: per-channel integer scales split along K would "
+            "have to be agreed over the group, which is not built"
+        )
+    elif config.k % per_word:
+        refusal = f"each rank's K ({config.k}) a multiple of {per_word}, the values in a word"
+    elif (
+        config.weight.zero_point is not None
+        and sum(sizes) != output_size
+        and any(rows % per_word for rows in sizes)
+    ):
+        refusal = (
+            f"each shard's rows on a rank ({list(sizes)}) a multiple of {per_word}: the "
+            "zero points are packed that many rows to a word"
+        )
+    if refusal is not None:
+        where = "the engine's split" if tp is None else tp.describe()
+        raise InvalidValueError(f"tensor-parallel split of {layer}", where, refusal)

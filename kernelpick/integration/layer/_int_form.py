@@ -73,19 +73,21 @@ def _words(values: int, bits: int) -> int:
 
 def int_params(config: QuantConfig) -> tuple[Param, ...]:
     """The parameters a pre-quantized integer layer registers, with the dimensions an
-    engine narrows each by (a packed one along the words it packs)."""
+    engine narrows each by and, for a packed one, the dimension it packs (``packed_dim``:
+    an engine narrows that one by words)."""
     n, k = config.weight_shape
     bits = config.weight.dtype.bits
     groups = config.weight_scale_shape[1]
     grouped = {"output_dim": 0} | ({"input_dim": 1} if groups > 1 else {})
+    # packed_dim: the dimension whose values are packed 32 / bits to a word.
+    packed = {"output_dim": 0, "input_dim": 1, "packed_dim": 1}
     params = [
-        Param(
-            "weight_packed", (n, _words(k, bits)), torch.int32, {"output_dim": 0, "input_dim": 1}
-        ),
+        Param("weight_packed", (n, _words(k, bits)), torch.int32, packed),
         Param("weight_scale", config.weight_scale_shape, torch.float32, grouped),
     ]
     if config.weight.zero_point is not None:
-        params.append(Param("weight_zero_point", (_words(n, bits), groups), torch.int32, grouped))
+        zero_dims = {**grouped, "packed_dim": 0}
+        params.append(Param("weight_zero_point", (_words(n, bits), groups), torch.int32, zero_dims))
     if config.act_order:
         params.append(Param("weight_g_idx", (k,), torch.int32, {"input_dim": 0}))
     return tuple(params)

@@ -64,6 +64,9 @@ def install(
     for name, param in params.items():
         param.weight_loader = closed_loader(state, name)  # type: ignore[attr-defined]
         setattr(layer, name, param)
+    for name in state.plan.names:  # what was loaded into another form (an online int weight)
+        if name not in params:
+            layer._parameters.pop(name, None)
     state.bound = kernel
     attach(layer, state)
 

@@ -156,13 +156,15 @@ class Recipe:
         size = self.group_size if self.group_size is not None else DEFAULT_GROUP_SIZE
         return self.config(1, 2 * max(size, 1), Dtype.BFLOAT16)
 
-    def config(self, n: int, k: int, dtype: object, *, bias: bool = False) -> QuantConfig:
+    def config(
+        self, n: int, k: int, dtype: object, *, bias: bool = False, k_parts: int = 1
+    ) -> QuantConfig:
         """One layer's QuantConfig: ``[n, k]`` weights, ``dtype`` (a torch or kernelpick
-        dtype) in and out."""
+        dtype) in and out; ``k_parts``: K is one of that many row-parallel parts."""
         return quant_config(
             self.scheme, weight_shape=(n, k), out_dtype=_compute_dtype(dtype), bias=bias,
             block_size=self.block_size, group_size=self.group_size, symmetric=self.symmetric,
-            act_order=self.act_order,
+            act_order=self.act_order, k_parts=k_parts,
         )  # fmt: skip
 
 

@@ -89,10 +89,10 @@ class CheckpointShape:
         (``ALL_SHARDS``: the fused tensor)."""
         rows = sum(self.shards) if index == ALL_SHARDS else self.shards[index]
         whole = attrs.evolve(config, weight_shape=(rows, self.k))
+        if name == "weight":  # the FP8 or int8 weight, or the float one of an online layer
+            return (rows, self.k)
         if is_weight_only_int(config):  # its pack-quantized tensors, by name
             return next(param.shape for param in int_params(whole) if param.name == name)
-        if name == "weight":
-            return (rows, self.k)
         return whole.weight_scale_shape
 
 

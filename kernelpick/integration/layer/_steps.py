@@ -139,9 +139,11 @@ class LayerSteps:
             raise KernelSelectionError(self.scheme.value, decision, layer, partition)
         return decision
 
-    def config(self, n: int, k: int, dtype: object, *, bias: bool = False) -> QuantConfig:
+    def config(
+        self, n: int, k: int, dtype: object, *, bias: bool = False, k_parts: int = 1
+    ) -> QuantConfig:
         """A layer's QuantConfig, from the recipe: ``dtype`` is in and out."""
-        return self.recipe.config(n, k, dtype, bias=bias)
+        return self.recipe.config(n, k, dtype, bias=bias, k_parts=k_parts)
 
     def plan(
         self,

@@ -119,7 +119,7 @@ def test_a_split_integer_layer_is_refused_by_name() -> None:
         TensorParallel(ParallelStyle.COLUMN, 0, 2)
     )
     layer = torch.nn.Module()
-    with pytest.raises(kp.InvalidValueError, match="does not split integer weight-only"):
+    with pytest.raises(kp.InvalidValueError, match="own loaders do not split integer layers"):
         method.create_weights(layer, K, [N // 2], K, N, torch.float32)
     assert not list(layer.parameters())
 
