@@ -174,9 +174,11 @@ class Candidate:
     degraded: bool
 
 
-def candidate(name: str, config: kp.QuantConfig, caps: kp.DeviceCaps) -> Candidate:
-    """``config``'s choice on ``caps``, bound, or the rejection's reasons."""
-    decision = kp.choose(caps, config)
+def candidate(
+    name: str, config: kp.QuantConfig, caps: kp.DeviceCaps, policy: kp.Policy | None = None
+) -> Candidate:
+    """``config``'s choice on ``caps`` (under ``policy``), bound, or the rejection's reasons."""
+    decision = kp.choose(caps, config, policy or kp.Policy())
     if isinstance(decision, kp.Rejected):
         reasons = "; ".join(str(reason) for reason in decision.reasons)
         return Candidate(name, None, f"rejected: {reasons}", False)

@@ -14,8 +14,10 @@ order rotating) and each figure is the median of per-repeat ratios.
   per-token int8 activations, per-channel int8 weights), ``per_tensor``
   (``fp8_per_tensor``: one dynamic activation scale, one weight scale), ``int4_wo`` and
   ``int8_wo`` (``int4_weight_only``, groups of 128, and ``int8_weight_only``, per
-  channel: torch's tinygemm int4 and int8pack ops where their rules hold) and, for
-  comparison in the same repeats, ``ptpc`` (``fp8_per_channel``).
+  channel: kernelpick's int4 kernel for bf16 on AVX512-BF16, else torch's tinygemm int4
+  and int8pack ops where their rules hold), ``int4_torch`` (int4 with kernelpick's kernel
+  disabled: torch's own op, beside it) and, for comparison in the same repeats, ``ptpc``
+  (``fp8_per_channel``).
 """
 
 from __future__ import annotations
@@ -50,8 +52,11 @@ CANDIDATES: dict[str, str] = {
     "per_tensor": "fp8_per_tensor",
     "ptpc": "fp8_per_channel",
     "int4_wo": "int4_weight_only",
+    "int4_torch": "int4_weight_only",
     "int8_wo": "int8_weight_only",
 }
+# Candidates timed under a policy of their own: int4 on torch's op beside kernelpick's.
+_POLICIES = {"int4_torch": kp.Policy(disabled=frozenset({"cpu_int4_gemm"}))}
 # Every M the decode figures take (the issue's targets judge these layers at every M).
 SCHEME_TOKENS = (1, 4, 16, 64, 256, 2048)
 
@@ -68,7 +73,10 @@ def _shape(
     seed: int, activation: str,
 ) -> dict[str, Any]:  # fmt: skip
     generator = torch.Generator().manual_seed(seed)
-    candidates = [candidate(name, _config(name, n, k, activation), caps) for name in CANDIDATES]
+    candidates = [
+        candidate(name, _config(name, n, k, activation), caps, _POLICIES.get(name))
+        for name in CANDIDATES
+    ]
     dtype = getattr(torch, activation)
     weights, _ = rotated_weights(n, k, candidates, target, generator, activation=dtype)
     record = shape_record(n, k, candidates, weights)

@@ -12,6 +12,7 @@ the core from here and never from its private modules.
 from kernelpick.core._arch import Arch, CpuArch, CudaArch, Platform, RocmArch, Version
 from kernelpick.core._builtin_catalog import DEFAULT_CATALOG as _DEFAULT_CATALOG
 from kernelpick.core._catalog_facts import (
+    CPU_BF16_ISA,
     CPU_FP8_ACTIVATIONS,
     CPU_FP8_BLOCK,
     CPU_FP8_ISA,
@@ -126,6 +127,7 @@ __all__ = [
 # catalog facts the families and probes read, shared validators and the parts of a
 # decision they render. Not meant for engines; they may change in any release.
 __all__ += [
+    "CPU_BF16_ISA",
     "CPU_FP8_ACTIVATIONS",
     "CPU_FP8_BLOCK",
     "CPU_FP8_ISA",

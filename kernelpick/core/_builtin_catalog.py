@@ -21,6 +21,7 @@ from kernelpick.core._catalog_facts import (
     CPU_FP8_ISA,
     CPU_FP8_W8A8,
     CPU_FP8_WEIGHTS,
+    CPU_INT4_GEMM,
     DEQUANT_ANY,
     E4M3,
     INT4_PACK_MM,
@@ -281,6 +282,15 @@ _CPU = (
         (NeedsTorchFeature(FEATURE_SCALED_MM, "torch._scaled_mm on CPU"), *TENSORWISE, ANY_OUT),
         "torch._scaled_mm on CPU with scalar scales (an emulation: N=K=4096 on a 2-core AMX "
         "Xeon, 0.45 s at M=1 and 97 s at M=256)",
+    ),
+    KernelSpec(
+        "cpu_int4_gemm",
+        CPU,
+        W8A16,
+        (*CPU_INT4_GEMM, ANY_OUT),
+        "int4 nibbles decoded in registers to bf16 (AVX512-BF16 C++), exact products on "
+        "vdpbf16ps for bf16 activations, any N and K, one scale per 32 values",
+        fallback=frozenset(),
     ),
     KernelSpec(
         # N % 16: _convert_weight_to_int4pack_for_cpu's "expect N to be dividable by 16".

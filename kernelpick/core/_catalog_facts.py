@@ -10,6 +10,7 @@ from kernelpick.core._config_rules import (
     Alignment,
     DynamicActivationScales,
     Fp8Dtypes,
+    InputDtypes,
     MinTokens,
     NotBothPerTensor,
     OutDtypes,
@@ -47,12 +48,14 @@ __all__ = [
     "BLOCK_128",
     "BLOCK_OUT",
     "CPP_TOOLCHAIN",
+    "CPU_BF16_ISA",
     "CPU_FP8_ACTIVATIONS",
     "CPU_FP8_BLOCK",
     "CPU_FP8_ISA",
     "CPU_FP8_STATIC",
     "CPU_FP8_W8A8",
     "CPU_FP8_WEIGHTS",
+    "CPU_INT4_GEMM",
     "CPU_INT8_ACTIVATIONS",
     "CPU_INT8_WEIGHTS",
     "DEQUANT_ANY",
@@ -242,6 +245,26 @@ INT4_PACK_MM: tuple[Requirement, ...] = (
     GroupSizes(frozenset({32, 64, 128, 256}), per_channel=False, whole_k=True),
     ZeroPoints(frozenset({Dtype.INT4})),
     ActOrder(True),
+    _INT_SCALES,
+)
+# AVX512-BF16's vdpbf16ps (two bf16 products per fp32 lane, Cooper Lake, Sapphire Rapids,
+# Zen 4 and 5), with the AVX-512 F/BW/VL and VBMI its kernels' level is built with.
+CPU_BF16_ISA = CpuIsa(
+    CPU_FP8_ISA.flags | {"avx512f", "avx512bw", "avx512vl", "avx512vbmi", "avx512_bf16"}
+)
+# kernelpick's int4 CPU kernel (kernels/_cpu_int4_gemv.cpp): bf16 activations times q - 8
+# on vdpbf16ps, exact, summed in fp32 with one scale per 32 values of K, so groups of a
+# multiple of 32 (these, the ones checkpoints use) or per channel, a partial last group
+# padded; zero points added from each group's activation sum; act-order's columns in group
+# order at prepare. bf16 activations only: fp32 or fp16 ones would be rounded to bf16.
+CPU_INT4_GEMM: tuple[Requirement, ...] = (
+    CPU_BF16_ISA,
+    CPP_TOOLCHAIN,
+    _INT4,
+    GroupSizes(frozenset({32, 64, 128, 256}), per_channel=True),
+    ZeroPoints(frozenset({Dtype.INT4})),
+    ActOrder(True),
+    InputDtypes(frozenset({Dtype.BFLOAT16})),
     _INT_SCALES,
 )
 # torch's CPU _weight_int8pack_mm: int8 [N, K] with one scale per channel, symmetric

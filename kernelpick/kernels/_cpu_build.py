@@ -21,7 +21,7 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 
-from kernelpick.core import CPU_FP8_ISA, KernelpickError, parse_cpuinfo
+from kernelpick.core import CPU_BF16_ISA, CPU_FP8_ISA, KernelpickError, parse_cpuinfo
 from kernelpick.kernels._cpu_cache import (
     LOGGER,
     build_lock,
@@ -43,6 +43,9 @@ __all__ = [
 ]
 
 _SOURCE = Path(__file__).with_name("_cpu_fp8_gemm.cpp")
+# The int4 kernel, a second translation unit of the same library (its op only where the
+# level has AVX512-BF16).
+_INT4_SOURCE = Path(__file__).with_name("_cpu_int4_gemv.cpp")
 # The headers it includes: ninja tracks them, and the build name hashes them with it.
 _HEADERS = tuple(
     Path(__file__).with_name(n)
@@ -73,7 +76,7 @@ _AVX512 = frozenset({"avx512f", "avx512bw", "avx512vl"})
 _AVX512_CFLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl")
 _VNNI_CFLAG = "-mavx512vnni"
 _AVX_VNNI_CFLAG = "-mavxvnni"
-_BF16 = _ANY_LEVEL | _AVX512 | {"avx512vbmi", "avx512_bf16"}
+_BF16 = CPU_BF16_ISA.flags  # the AVX-512 ones and VBMI with avx512_bf16
 _BF16_CFLAGS = (*_AVX512_CFLAGS, "-mavx512vbmi", "-mavx512bf16", _VNNI_CFLAG)
 ISA_LEVELS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
     "avx512_amx": (
@@ -199,7 +202,7 @@ def _build_name(level: str) -> str:
     import torch
 
     parts = [
-        *(path.read_bytes() for path in (_SOURCE, *_HEADERS)),
+        *(path.read_bytes() for path in (_SOURCE, _INT4_SOURCE, *_HEADERS)),
         " ".join(_cflags(level) + list(_LINK_FLAGS)).encode(),
         _compiler_identity().encode(),
         f"{torch.__version__} {torch.version.git_version} {Path(torch.__file__).parent}".encode(),
@@ -325,7 +328,7 @@ def _build_and_load(level: str) -> None:
         try:
             cpp_extension.load(
                 name=name,
-                sources=[str(_SOURCE)],
+                sources=[str(_SOURCE), str(_INT4_SOURCE)],
                 extra_cflags=_cflags(level),
                 extra_ldflags=list(_LINK_FLAGS),
                 build_directory=str(directory),

@@ -30,6 +30,7 @@ from kernelpick.core import (
 from kernelpick.kernels._base import KernelBase
 from kernelpick.kernels._block_scaled_mm import BlockScaledMM, MxScaledMM
 from kernelpick.kernels._cpu_gemm import CpuFp8Gemm, CpuFp8GemmW8A16, CpuInt8Gemm
+from kernelpick.kernels._cpu_int4 import CpuInt4Gemm
 from kernelpick.kernels._int8 import Int8IntMM, Int8IntMMPadded
 from kernelpick.kernels._reference import ReferenceW8A8, ReferenceW8A16
 from kernelpick.kernels._scaled_mm import ChannelwiseUnfused, RowwiseScaledMM, TensorwiseScaledMM
@@ -130,6 +131,7 @@ LAUNCHES: Mapping[str, Launch] = MappingProxyType(
         "cpu_int8_int_mm": Launch(Int8IntMM),
         "cpu_rowwise_scaled_mm": Launch(RowwiseScaledMM),
         "cpu_tensorwise_scaled_mm": Launch(TensorwiseScaledMM),
+        "cpu_int4_gemm": Launch(CpuInt4Gemm),
         "cpu_int4pack_mm": Launch(Int4PackMM),
         "cpu_int8pack_mm": Launch(Int8PackMM),
         "cpu_dequant_reference": Launch(ReferenceW8A8),

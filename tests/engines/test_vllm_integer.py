@@ -59,6 +59,7 @@ GROUPINGS = [
     ("int4_weight_only", 64, True),
     ("int4_weight_only", 32, False),
     ("int8_weight_only", -1, True),
+    ("int8_weight_only", -1, False),  # one column of zero points, on a row-parallel layer too
     ("int8_weight_only", 64, False),
 ]
 
@@ -110,6 +111,41 @@ def test_pre_quantized_layers_load_through_vllm_and_match_their_tensors(
         ])  # fmt: skip
         out, _ = layer(x)
         assert _relative(out, x.double() @ dense.T) < BOUND, layer.prefix
+
+
+@pytest.mark.usefixtures("vllm_tp1")
+def test_a_fused_shard_of_a_partial_zero_point_word_is_refused() -> None:
+    # vLLM places a shard's packed zero points by rows // 8: a last shard of 36 rows would
+    # leave its fifth word unloaded.
+    from vllm.model_executor.layers.linear import MergedColumnParallelLinear
+
+    from kernelpick.engines.vllm import KernelpickConfig
+
+    config = KernelpickConfig(
+        "int4_weight_only", group_size=32, symmetric=False, checkpoint_format="pre_quantized"
+    )
+    with pytest.raises(kp.InvalidValueError, match="words of packed zero points"):
+        MergedColumnParallelLinear(128, [64, 36], bias=False, params_dtype=torch.float32,
+                                   quant_config=config, prefix="m.3.gate_up")  # fmt: skip
+
+
+@pytest.mark.usefixtures("vllm_tp1")
+def test_shards_of_another_column_order_are_refused_not_overwritten() -> None:
+    from vllm.model_executor.layers.linear import QKVParallelLinear
+
+    from kernelpick.engines.vllm import KernelpickConfig
+
+    config = KernelpickConfig(
+        "int4_weight_only", group_size=32, act_order=True, checkpoint_format="pre_quantized"
+    )
+    qkv = QKVParallelLinear(128, 32, 4, 2, bias=False, params_dtype=torch.float32,
+                            quant_config=config, prefix="m.4.qkv")  # fmt: skip
+    order = (torch.arange(128) % 4).to(torch.int32)
+    param = qkv.get_parameter("weight_g_idx")
+    weight_loader_of(param)(param, order, "q")
+    with pytest.raises(kp.KernelInputError, match="share one column order"):
+        weight_loader_of(param)(param, order.flip(0), "k")
+    assert torch.equal(param, order)
 
 
 def attrs_evolve(config: kp.QuantConfig, rows: int) -> kp.QuantConfig:

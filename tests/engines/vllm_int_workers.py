@@ -22,7 +22,8 @@ __all__ = ["integer_row_and_column", "straddling_groups"]
 # (scheme, group size, symmetric) of each layer: a row-parallel rank must hold whole
 # groups of K; a column-parallel one whole words of packed zero points along N.
 ROW = ("int4_weight_only", 64, True)
-ROW_PER_CHANNEL = ("int8_weight_only", -1, True)
+ROW_PER_CHANNEL = ("int8_weight_only", -1, False)  # zero points one column, on every rank
+ROW_ONE_GROUP = ("int4_weight_only", 128, False)  # one group per rank: narrowed along K
 COLUMN = ("int4_weight_only", 32, False)
 
 
@@ -57,6 +58,7 @@ def integer_row_and_column() -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for key, style, grouping, seed in (("row", "row", ROW, 11),
                                        ("row_per_channel", "row", ROW_PER_CHANNEL, 12),
+                                       ("row_one_group", "row", ROW_ONE_GROUP, 14),
                                        ("column", "column", COLUMN, 13)):  # fmt: skip
         layer = _layer(style, grouping, f"model.layers.0.{key}")
         for name, tensor in _tensors(*grouping, seed).items():

@@ -72,7 +72,13 @@ def test_the_kernel_reads_its_alignment_from_the_catalog_row() -> None:
             config = int4 if Dtype.INT4 in family.FORMATS else int8_wo
         elif "int8" in spec.id:  # an int8 family refuses FP8 weights when it is built
             config = int8
-        kernel = LAUNCHES[spec.id].kernel(spec, config, CPU, torch.device("cpu"))
+        caps = CPU
+        if spec.id == "cpu_int4_gemm":  # built only on a host with AVX512-BF16
+            caps = kp.probe("cpu")
+            config = kp.quant_config("int4_weight_only", weight_shape=(32, 64), group_size=32)
+            if not isinstance(kp.choose(caps, config, kp.Policy(force=spec.id)), kp.Selected):
+                continue
+        kernel = LAUNCHES[spec.id].kernel(spec, config, caps, torch.device("cpu"))
         assert kernel.spec.alignment == spec.alignment
     assert kp.default_catalog().kernel("cpu_rowwise_scaled_mm").alignment == 16
     assert kp.default_catalog().kernel("cpu_dequant_reference").alignment is None

@@ -50,7 +50,9 @@ def _g_idx(k: int, depth: int, generator: torch.Generator) -> torch.Tensor:
 
 
 def test_every_integer_row_is_in_the_table() -> None:
-    assert INTEGER_ROWS == ["cpu_int4pack_mm", "cpu_int8pack_mm", "cpu_wna16_reference"]
+    assert INTEGER_ROWS == [
+        "cpu_int4_gemm", "cpu_int4pack_mm", "cpu_int8pack_mm", "cpu_wna16_reference"
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize("kernel", INTEGER_ROWS)
@@ -226,3 +228,32 @@ def test_a_family_built_without_bind_refuses_a_layer_it_would_misread(
     spec = kp.default_catalog().kernel(kernel)
     with pytest.raises(kp.InvalidValueError, match="config"):
         LAUNCHES[kernel].kernel(spec, config, CPU, torch.device("cpu"))
+
+
+def test_the_cpu_int4_kernel_is_exact_to_fp32_on_bf16_activations() -> None:
+    # bf16 activations times q - 8 are exact on vdpbf16ps: only fp32 summation remains.
+    config = kp.quant_config(
+        "int4_weight_only", weight_shape=(40, 300), group_size=32, symmetric=False,
+        input_dtype="bfloat16", out_dtype="float32",
+    )  # fmt: skip
+    decision = kp.choose(CPU, config, kp.Policy(force="cpu_int4_gemm"))
+    if not isinstance(decision, kp.Selected):
+        pytest.skip(f"this CPU has no AVX512-BF16: {decision.reasons[0]}")
+    generator = torch.Generator().manual_seed(7)
+    packed, scale, zero = quantize_int(torch.randn(40, 300, generator=generator), config)
+    impl = bind(decision, config, CPU)
+    bundle = impl.prepare_weights(packed, scale, zero_point=zero)
+    weight = emulated_int_weight(packed, scale, zero, None, 4, 300, 32)
+    for m in (1, 7, 8, 9, 20):
+        x = torch.randn(m, 300, generator=generator).bfloat16()
+        want = x.double() @ weight.t()
+        got = impl.apply(x, bundle).double()
+        assert float((got - want).abs().max() / want.abs().max()) < 1e-6, m
+
+
+def test_the_cpu_int4_kernel_is_turned_down_without_avx512_bf16() -> None:
+    config = kp.quant_config("int4_weight_only", weight_shape=(64, 256))
+    avx2 = kp.device_profile("cpu")  # AVX2, FMA, F16C
+    decision = kp.choose(avx2, config, kp.Policy(force="cpu_int4_gemm"))
+    assert isinstance(decision, kp.Rejected)
+    assert any("avx512_bf16" in str(reason) for reason in decision.reasons)

@@ -30,6 +30,7 @@ from vllm.model_executor.parameter import (
     ChannelQuantScaleParameter,
     GroupQuantScaleParameter,
     ModelWeightParameter,
+    PackedColumnParameter,
     PackedvLLMParameter,
     PerTensorScaleParameter,
     RowvLLMParameter,
@@ -207,6 +208,11 @@ def _vllm_parameter(
     made: torch.nn.Parameter
     if spec.name == "weight":  # FP8 or int8, or the float weight an online layer quantizes
         made = ModelWeightParameter(output_dim=out, input_dim=into, **kwargs)
+    elif per_word is not None and "packed_dim" in spec.dims and into is None:
+        # One column along K (per channel): every row-parallel part loads all of it.
+        made = PackedColumnParameter(
+            output_dim=out, packed_dim=spec.dims["packed_dim"], packed_factor=per_word, **kwargs
+        )
     elif per_word is not None and "packed_dim" in spec.dims:
         made = PackedvLLMParameter(
             output_dim=out, input_dim=into, packed_dim=spec.dims["packed_dim"],

@@ -28,7 +28,13 @@ from typing import ClassVar
 import attrs
 import torch
 
-from kernelpick.core import InvalidValueError, KernelInputError, QuantConfig
+from kernelpick.core import (
+    PER_CHANNEL_GROUP,
+    InvalidValueError,
+    KernelInputError,
+    QuantConfig,
+    group_size_of,
+)
 from kernelpick.integration.layer._param import Param
 from kernelpick.kernels import (
     Kernel,
@@ -78,7 +84,12 @@ def int_params(config: QuantConfig) -> tuple[Param, ...]:
     n, k = config.weight_shape
     bits = config.weight.dtype.bits
     groups = config.weight_scale_shape[1]
-    grouped = {"output_dim": 0} | ({"input_dim": 1} if groups > 1 else {})
+    # Scales and zero points vary along K where the whole layer (every row-parallel part
+    # of it) has more than one group: an engine narrows them to a part's groups. Else
+    # every part holds the same one column.
+    size = group_size_of(config)
+    along_k = size is not None and size != PER_CHANNEL_GROUP and size < k * config.k_parts
+    grouped = {"output_dim": 0} | ({"input_dim": 1} if along_k else {})
     # packed_dim: the dimension whose values are packed 32 / bits to a word.
     packed = {"output_dim": 0, "input_dim": 1, "packed_dim": 1}
     params = [

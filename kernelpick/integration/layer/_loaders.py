@@ -271,15 +271,40 @@ def _g_idx_loader(state: LayerState, own: torch.Tensor, check: Check) -> WeightL
             )  # fmt: skip
         index = shard_index(state, shard_id)
         value = check(label, _tensor(label, loaded_weight), tuple(own.shape))
-        loaded = state.loaded.setdefault(name, set())
-        if loaded and not torch.equal(param, value.to(param.dtype)):
-            raise reject(
-                label, value, "the g_idx of the shards already loaded: a fused layer's shards "
-                "share one column order",
-            )  # fmt: skip
+        _same_order(state, label, param, value)
         with torch.no_grad():
             param.copy_(value)
-        loaded.add(index)
+        state.loaded.setdefault(name, set()).add(index)
+
+    return weight_loader
+
+
+def _same_order(state: LayerState, label: str, param: torch.Tensor, value: torch.Tensor) -> None:
+    """Refuse a shard's g_idx other than the one its fused layer already holds."""
+    if state.loaded.get("weight_g_idx") and not torch.equal(param, value.to(param.dtype)):
+        raise reject(
+            label, value, "the g_idx of the shards already loaded: a fused layer's shards "
+            "share one column order",
+        )  # fmt: skip
+
+
+def _g_idx_engine_loader(
+    state: LayerState, check: Check, loader: EngineLoader, whole: CheckpointShape
+) -> WeightLoader:
+    """An engine's loader of ``weight_g_idx`` behind the same check and the same refusal
+    of a shard whose order differs (vLLM's copies each shard's over the last)."""
+    inner = _engine_loader(state, "weight_g_idx", check, False, loader, whole)
+
+    def weight_loader(
+        param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | str | None = None
+    ) -> None:
+        label = state.label(
+            "weight_g_idx" if shard_id is None else f"weight_g_idx[shard {shard_id}]"
+        )
+        _check_open(state, label)
+        value = check(label, _tensor(label, loaded_weight), (whole.k,))
+        _same_order(state, label, param, value)
+        inner(param, loaded_weight, shard_id)
 
     return weight_loader
 
@@ -311,10 +336,12 @@ def loader_for(
     per word of packed output rows, its ``weight_g_idx`` one per layer."""
     per_shard = name == "input_scale" or (name == "weight_scale" and per_tensor(state.config))
     check = _check_of(state, name, pre_quantized)
+    if name == "weight_g_idx":
+        if engine is not None:
+            return _g_idx_engine_loader(state, check, *engine)
+        return _g_idx_loader(state, own, check)
     if engine is not None:
         return _engine_loader(state, name, check, per_shard, *engine)
-    if name == "weight_g_idx":
-        return _g_idx_loader(state, own, check)
 
     def rows_of(start: int, rows: int) -> tuple[int, int]:
         if name == "weight_zero_point":

@@ -62,14 +62,18 @@ def check_shards(config: QuantConfig, sizes: Sequence[int], layer: str) -> None:
         return
     size = _rows_per_scale(config)
     what = "blocks (the block size is {size})"
+    checked = sizes[:-1]
     if config.weight.zero_point is not None and config.activation is None:
         size = max(size, _rows_per_zero_word(config))
         what = "words of packed zero points ({size} rows a word)"
-    for index, rows in enumerate(sizes[:-1]):
+        # An engine places each shard's words by rows // (rows a word): a last shard's
+        # partial word would never be loaded.
+        checked = sizes if len(sizes) > 1 else ()
+    for index, rows in enumerate(checked):
         if rows % size:
             raise InvalidValueError(
                 f"output_partition_sizes of {layer}", list(sizes),
                 f"shards of whole {size}-row " + what.format(size=size) + " for every "
-                f"shard but the last: shard {index} has {rows} rows, so one of them would "
-                "span it and the next shard, which the checkpoint quantized apart",
+                f"shard (but the last, for block scales): shard {index} has {rows} rows, so "
+                "one of them would span it and the next, which the checkpoint quantized apart",
             )  # fmt: skip

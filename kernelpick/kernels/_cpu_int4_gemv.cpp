@@ -1,0 +1,152 @@
+// kernelpick's CPU int4 weight-only GEMM for bf16 activations: y = x @ W^T in fp32, W the
+// layer's int4 values (q - 8 stored as nibbles, compressed-tensors' pack-quantized bytes:
+// value k of a row in the low nibble of byte k / 2 when k is even, the high one when odd),
+// each 32 values of K along a row scaled by one fp32 scale.
+//
+// Built at every ISA level with the rest of the CPU kernels (_cpu_build.py); it registers
+// kernelpick::int4_gemm_<level> only where AVX512-BF16 is on: the products run on
+// vdpbf16ps, exact (a bf16 activation times q - 8, which bf16 holds exactly), summed in
+// fp32 per 32 values and scaled once per 32.
+//
+// Decode reads each weight byte once per block of tokens: the nibbles of 32 bytes widen to
+// words (low nibbles: even k, high: odd k) and become bf16 by one vpermw of a 16-entry
+// table. The activations are split per 64 values into their even and odd halves once per
+// call, so both halves meet their weights in the order the decode leaves them.
+
+#if defined(__AVX512BF16__)
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#define KP_STR2(x) #x
+#define KP_STR(x) KP_STR2(x)
+#define KP_INT4_OP "int4_gemm_" KP_STR(KP_LEVEL)
+
+namespace {
+
+constexpr int64_t kBlock = 64;   // values of K a step decodes (32 bytes)
+constexpr int64_t kTokens = 8;   // tokens that share one decode of a block
+
+// bf16 bits of q - 8 for q = 0..15, twice over (vpermw indexes 32 words).
+__m512i nibble_table() {
+  alignas(64) uint16_t table[32];
+  for (int q = 0; q < 32; ++q) {
+    const float value = float((q & 15) - 8);
+    uint32_t bits;
+    std::memcpy(&bits, &value, 4);
+    table[q] = uint16_t(bits >> 16);  // exact: small integers are bf16 values
+  }
+  return _mm512_load_si512(table);
+}
+
+// x [m, k] bf16 into [m, kp] bf16: each 64 values as their 32 even then 32 odd ones, zeros
+// past K (their weights are any nibble: a zero activation adds nothing).
+void split_rows(const uint16_t* x, int64_t m, int64_t k, int64_t kp, uint16_t* out) {
+  at::parallel_for(0, m, 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const uint16_t* row = x + r * k;
+      uint16_t* dst = out + r * kp;
+      for (int64_t b = 0; b < kp; b += kBlock) {
+        for (int64_t j = 0; j < kBlock / 2; ++j) {
+          const int64_t even = b + 2 * j;
+          dst[b + j] = even < k ? row[even] : 0;
+          dst[b + kBlock / 2 + j] = even + 1 < k ? row[even + 1] : 0;
+        }
+      }
+    }
+  });
+}
+
+// Rows [n0, n1) for tokens [t0, t0 + count): out[t, n] = sum over blocks of the block's two
+// 32-value halves, each scaled by its own scale (lanes 0-7 sum k 0..31 of the block, lanes
+// 8-15 k 32..63: a dpbf16 lane sums the pairs of words 2i and 2i + 1).
+template <int Count>
+void rows(const uint16_t* xs, int64_t kp, const uint8_t* w, const float* half_scales,
+          int64_t n0, int64_t n1, int64_t t0, float* out, int64_t n) {
+  const __m512i table = nibble_table();
+  const __m512i low = _mm512_set1_epi16(0x0F);
+  const int64_t blocks = kp / kBlock;
+  for (int64_t row = n0; row < n1; ++row) {
+    const uint8_t* bytes = w + row * (kp / 2);
+    const float* scales = half_scales + row * (2 * blocks);
+    __m512 acc[Count];
+    for (int t = 0; t < Count; ++t) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b) {
+      const __m512i words = _mm512_cvtepu8_epi16(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes + b * (kBlock / 2))));
+      const __m512bh even = (__m512bh)_mm512_permutexvar_epi16(_mm512_and_si512(words, low), table);
+      const __m512bh odd = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(words, 4), table);
+      const __m512 scale = _mm512_mask_blend_ps(__mmask16(0xFF00), _mm512_set1_ps(scales[2 * b]),
+                                                _mm512_set1_ps(scales[2 * b + 1]));
+      for (int t = 0; t < Count; ++t) {
+        const uint16_t* xb = xs + (t0 + t) * kp + b * kBlock;
+        const __m512bh xe = (__m512bh)_mm512_loadu_si512(xb);
+        const __m512bh xo = (__m512bh)_mm512_loadu_si512(xb + kBlock / 2);
+        const __m512 part = _mm512_dpbf16_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), even, xe), odd, xo);
+        acc[t] = _mm512_fmadd_ps(part, scale, acc[t]);
+      }
+    }
+    for (int t = 0; t < Count; ++t) out[(t0 + t) * n + row] = _mm512_reduce_add_ps(acc[t]);
+  }
+}
+
+void tokens(int count, const uint16_t* xs, int64_t kp, const uint8_t* w, const float* hs,
+            int64_t n0, int64_t n1, int64_t t0, float* out, int64_t n) {
+  switch (count) {
+    case 1: rows<1>(xs, kp, w, hs, n0, n1, t0, out, n); break;
+    case 2: rows<2>(xs, kp, w, hs, n0, n1, t0, out, n); break;
+    case 3: rows<3>(xs, kp, w, hs, n0, n1, t0, out, n); break;
+    case 4: rows<4>(xs, kp, w, hs, n0, n1, t0, out, n); break;
+    case 5: rows<5>(xs, kp, w, hs, n0, n1, t0, out, n); break;
+    case 6: rows<6>(xs, kp, w, hs, n0, n1, t0, out, n); break;
+    case 7: rows<7>(xs, kp, w, hs, n0, n1, t0, out, n); break;
+    default: rows<8>(xs, kp, w, hs, n0, n1, t0, out, n); break;
+  }
+}
+
+// x [M, K] bf16; weight [N, Kp / 2] uint8 (Kp: K rounded up to 64); half_scales [N, Kp / 32]
+// fp32, the scale of each 32 values of a row. Returns [M, N] fp32.
+at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& half_scales) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(),
+              "int4_gemm: x must be a contiguous [M, K] bf16 tensor");
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kByte && weight.is_contiguous(),
+              "int4_gemm: weight must be a contiguous [N, Kp / 2] uint8 tensor");
+  const int64_t m = x.size(0), k = x.size(1), n = weight.size(0), kp = weight.size(1) * 2;
+  TORCH_CHECK(kp % kBlock == 0 && k <= kp && kp - k < kBlock,
+              "int4_gemm: the weight's K must be x's rounded up to a multiple of 64");
+  TORCH_CHECK(half_scales.scalar_type() == at::kFloat && half_scales.is_contiguous() &&
+                  half_scales.dim() == 2 && half_scales.size(0) == n &&
+                  half_scales.size(1) == kp / 32,
+              "int4_gemm: half_scales must be a contiguous [N, Kp / 32] fp32 tensor");
+  at::Tensor out = at::empty({m, n}, x.options().dtype(at::kFloat));
+  if (m == 0 || n == 0) return out;
+  at::Tensor xs = at::empty({m, kp}, x.options());
+  auto* split = reinterpret_cast<uint16_t*>(xs.data_ptr<at::BFloat16>());
+  split_rows(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), m, k, kp, split);
+  const uint8_t* w = weight.data_ptr<uint8_t>();
+  const float* hs = half_scales.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  // Rows in parallel: each thread streams its rows' bytes once per block of tokens.
+  at::parallel_for(0, n, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t t0 = 0; t0 < m; t0 += kTokens) {
+      tokens(int(std::min<int64_t>(kTokens, m - t0)), split, kp, w, hs, n0, n1, t0, o, n);
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(kernelpick, m) {
+  m.def(KP_INT4_OP "(Tensor x, Tensor weight, Tensor half_scales) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(kernelpick, CPU, m) { m.impl(KP_INT4_OP, &int4_gemm); }
+
+#endif  // __AVX512BF16__
