@@ -30,6 +30,7 @@ from kernelpick.core import (
     is_positive_int,
 )
 from kernelpick.integration._errors import CheckpointError
+from kernelpick.integration.formats._ct_targets import check_regexes, matches, strings
 from kernelpick.integration.formats._layout import Layout, Stored
 from kernelpick.integration.formats._pack_quantized import (
     INT_FORMAT,
@@ -37,7 +38,6 @@ from kernelpick.integration.formats._pack_quantized import (
     int_weight_args,
     read_int_weights,
 )
-from kernelpick.integration.formats._patterns import ct_matches, ct_refusal
 
 __all__ = [
     "METHOD",
@@ -295,10 +295,10 @@ def from_config(where: str, config: Mapping[str, Any]) -> CompressedTensorsLayou
     _field(where, {"format": fmt, **config}, "format", [fmt])
     targets = group.get("targets")
     ignore = config.get("ignore") or []
-    if not _strings(targets) or not targets or not _strings(ignore):
+    if not strings(targets) or not targets or not strings(ignore):
         raise CheckpointError(at, "targets/ignore", repr((targets, ignore)), "lists of names")
     for place, key, patterns in ((at, "targets", targets), (where, "ignore", ignore)):
-        _check_regexes(place, key, patterns)
+        check_regexes(place, key, patterns)
     if grouping is not None:
         return CompressedTensorsLayout(
             where=where, scheme=scheme, group_size=grouping.group_size,
@@ -307,35 +307,3 @@ def from_config(where: str, config: Mapping[str, Any]) -> CompressedTensorsLayou
         )  # fmt: skip
     return CompressedTensorsLayout(where=where, scheme=scheme, block_size=block,
                                    targets=tuple(targets), ignore=tuple(ignore))  # fmt: skip
-
-
-def _check_regexes(where: str, key: str, patterns: list[str]) -> None:
-    """Each ``re:`` pattern compiled now, as ``matches`` will match it: one that cannot be
-    is a ``CheckpointError`` when the config is read, not a ``re.error`` at some layer."""
-    for pattern in patterns:
-        if pattern.startswith("re:"):
-            refusal = ct_refusal(pattern.removeprefix("re:"))
-            if refusal is not None:
-                expected = f"a name, a class, or re: and a regex both re and RE2 read: {refusal}"
-                raise CheckpointError(where, key, repr(pattern), expected)
-
-
-def _strings(value: object) -> bool:
-    return isinstance(value, list) and all(isinstance(item, str) for item in value)
-
-
-def matches(name: str, module: torch.nn.Module, patterns: Iterable[str]) -> bool:
-    """compressed-tensors' rule: a pattern is a module name, ``re:`` and a regular
-    expression matched from the start of the name (by RE2, in linear time: see
-    ``_patterns``), or a class name in the module's MRO (``Linear`` also matching vLLM's
-    ``LinearBase``)."""
-    classes = {cls.__name__ for cls in type(module).__mro__}
-    if "LinearBase" in classes:
-        classes.add("Linear")
-    for pattern in patterns:
-        if pattern.startswith("re:"):
-            if ct_matches(name, pattern.removeprefix("re:")):
-                return True
-        elif pattern == name or pattern in classes:
-            return True
-    return False

@@ -18,18 +18,18 @@ is wrapped, never trusted: each tensor passes the same checks first, against the
 layer's checkpoint shape (``CheckpointShape``), and the engine's loader is handed the
 checked value, in the parameter's dtype, so nothing it casts can change what the tensor
 means. Once a layer is processed, every loader of it refuses: its tensors are final.
+The call protocol, shard ids and the engine wrapper are ``_loader_calls``'; an act-order
+layer's ``weight_g_idx`` loaders are ``_int_loaders``'.
 """
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, cast
 
-import attrs
 import torch
 
-from kernelpick.core import InvalidValueError, KernelInputError
+from kernelpick.core import InvalidValueError
 from kernelpick.integration.layer._accept import (
     Check,
     float_weight_check,
@@ -37,6 +37,17 @@ from kernelpick.integration.layer._accept import (
     weight_check,
 )
 from kernelpick.integration.layer._int_form import int_check
+from kernelpick.integration.layer._int_loaders import g_idx_engine_loader, g_idx_loader
+from kernelpick.integration.layer._loader_calls import (
+    EngineLoader,
+    WeightLoader,
+    check_open,
+    closed_loader,
+    engine_loader,
+    loaded_tensor,
+    shard_index,
+    weight_loader_of,
+)
 from kernelpick.integration.layer._plan import param_dims
 from kernelpick.integration.layer._shards import per_tensor, scale_rows, zero_point_rows
 from kernelpick.integration.layer._state import ALL_SHARDS, CheckpointShape, LayerState
@@ -53,41 +64,8 @@ __all__ = [
 ]
 
 
-class WeightLoader(Protocol):
-    """``weight_loader(param, loaded_weight, shard_id=None)``, as engines call it."""
-
-    def __call__(
-        self, param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | str | None = None
-    ) -> None: ...
-
-
-def weight_loader_of(param: torch.Tensor) -> WeightLoader:
-    """The loader ``create_weights`` attached to ``param`` (engines read the attribute)."""
-    loader = getattr(param, "weight_loader", None)
-    if not callable(loader):
-        raise InvalidValueError("param", tuple(param.shape), "a weight set up by create_weights")
-    return cast(WeightLoader, loader)
-
-
 # The rows of a parameter that a shard's weight rows (first, count) fill.
 Rows = Callable[[int, int], tuple[int, int]]
-
-
-_QKV = ("q", "k", "v")  # vLLM's QKVParallelLinear names its three shards
-
-
-def shard_index(state: LayerState, shard_id: object) -> int:
-    """The index of ``shard_id`` in the layer's shards (``ALL_SHARDS`` for None): an int,
-    or for a layer of three shards ``"q"``, ``"k"`` or ``"v"``."""
-    sizes = state.shards
-    if shard_id is None:
-        return ALL_SHARDS
-    if isinstance(shard_id, int) and not isinstance(shard_id, bool) and 0 <= shard_id < len(sizes):
-        return shard_id
-    if len(sizes) == len(_QKV) and isinstance(shard_id, str) and shard_id in _QKV:
-        return _QKV.index(shard_id)
-    names = ", 'q', 'k' or 'v'" if len(sizes) == len(_QKV) else ""
-    raise InvalidValueError("shard_id", shard_id, f"None or 0..{len(sizes) - 1}{names}")
 
 
 def _shard(state: LayerState, shard_id: object) -> tuple[int, int, int]:
@@ -96,42 +74,6 @@ def _shard(state: LayerState, shard_id: object) -> tuple[int, int, int]:
     if index == ALL_SHARDS:
         return 0, sum(state.shards), ALL_SHARDS
     return sum(state.shards[:index]), state.shards[index], index
-
-
-def _check_open(state: LayerState, label: str) -> None:
-    """Refuse a load into a processed layer: processing checked, canonicalized and bound its
-    tensors, and a later write would skip all of it (a -0 byte left, a scale unchecked)."""
-    if state.processed:
-        raise InvalidValueError(
-            f"load of {label}", "after process_weights_after_loading",
-            "loads before processing only: the layer's tensors are final once processed; "
-            "build the layer again (create_weights) to load other weights",
-        )  # fmt: skip
-
-
-@attrs.frozen(eq=False)
-class _Closed:
-    state: LayerState
-    name: str
-
-    def __call__(
-        self, param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | str | None = None
-    ) -> None:
-        _check_open(self.state, self.state.label(self.name))
-
-
-def closed_loader(state: LayerState, name: str) -> WeightLoader:
-    """The loader a processed layer's parameter ``name`` carries: it refuses every tensor.
-    An engine that finds no ``weight_loader`` on a parameter copies into it with its
-    default loader (vLLM's casts), so every installed parameter carries this one. A value,
-    not a closure, so a model holding it can be pickled."""
-    return _Closed(state, name)
-
-
-def _tensor(label: str, loaded: object) -> torch.Tensor:
-    if not isinstance(loaded, torch.Tensor):
-        raise KernelInputError(label, (), type(loaded).__name__, "-", "a torch.Tensor")
-    return loaded
 
 
 def _narrowed(
@@ -191,7 +133,7 @@ def _loader(
         param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | str | None = None
     ) -> None:
         label = state.label(name if shard_id is None else f"{name}[shard {shard_id}]")
-        _check_open(state, label)
+        check_open(state, label)
         if param is not own_ref():
             raise InvalidValueError(
                 "param", tuple(getattr(param, "shape", ())),
@@ -204,7 +146,7 @@ def _loader(
                 firsts = [sum(state.shards[:i]) for i in range(len(state.shards))]
                 pieces = [rows_of(f, n)[1] for f, n in zip(firsts, state.shards, strict=True)]
             start, rows = rows_of(start, rows)
-        tensor = _tensor(label, loaded_weight)
+        tensor = loaded_tensor(label, loaded_weight)
         part = _narrowed(state, dims, label, tensor, [rows, *columns], pieces)
         value = check(label, part, (1,) if per_shard else (rows, *columns))
         with torch.no_grad():
@@ -215,96 +157,6 @@ def _loader(
             else:
                 param[loaded].copy_(value.reshape(()))
         state.loaded.setdefault(name, set()).add(loaded)
-
-    return weight_loader
-
-
-# An engine's own loader, called as ``loader(param, loaded_weight, shard_id)`` with the
-# shard id the engine passes (its own annotation of it may be narrower than ours).
-EngineLoader = Callable[[torch.Tensor, torch.Tensor, Any], object]
-
-
-def _engine_loader(
-    state: LayerState,
-    name: str,
-    check: Check,
-    per_shard: bool,
-    loader: EngineLoader,
-    whole: CheckpointShape,
-) -> WeightLoader:
-    """An engine's own loader behind kernelpick's checks: the tensor is checked against the
-    ``whole`` layer's checkpoint shape (the engine narrows it to this rank's part), the
-    engine is handed the checked value, and the shards it loaded are recorded so that
-    processing can refuse a layer with shards never loaded."""
-
-    def weight_loader(
-        param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | str | None = None
-    ) -> None:
-        label = state.label(name if shard_id is None else f"{name}[shard {shard_id}]")
-        _check_open(state, label)
-        index = shard_index(state, shard_id)  # before loading: an unknown id loads nothing
-        tensor = _tensor(label, loaded_weight)
-        shape = (1,) if per_shard else whole.shape(state.config, name, index)
-        loader(param, check(label, tensor, shape), shard_id)
-        state.loaded.setdefault(name, set()).add(index)
-
-    return weight_loader
-
-
-def _g_idx_loader(state: LayerState, own: torch.Tensor, check: Check) -> WeightLoader:
-    """An act-order layer's ``weight_g_idx [K]``: every shard of a fused layer reads the
-    same columns, so each shard's must be the one already loaded (GPTQ orders the columns
-    of q, k and v alike, from their one input); a shard whose order differs is refused,
-    never overwritten."""
-    own_ref = weakref.ref(own)
-
-    def weight_loader(
-        param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | str | None = None
-    ) -> None:
-        name = "weight_g_idx"
-        label = state.label(name if shard_id is None else f"{name}[shard {shard_id}]")
-        _check_open(state, label)
-        if param is not own_ref():
-            raise InvalidValueError(
-                "param", tuple(getattr(param, "shape", ())),
-                f"{state.name}.{name}, the parameter this loader was made for",
-            )  # fmt: skip
-        index = shard_index(state, shard_id)
-        value = check(label, _tensor(label, loaded_weight), tuple(own.shape))
-        _same_order(state, label, param, value)
-        with torch.no_grad():
-            param.copy_(value)
-        state.loaded.setdefault(name, set()).add(index)
-
-    return weight_loader
-
-
-def _same_order(state: LayerState, label: str, param: torch.Tensor, value: torch.Tensor) -> None:
-    """Refuse a shard's g_idx other than the one its fused layer already holds."""
-    if state.loaded.get("weight_g_idx") and not torch.equal(param, value.to(param.dtype)):
-        raise reject(
-            label, value, "the g_idx of the shards already loaded: a fused layer's shards "
-            "share one column order",
-        )  # fmt: skip
-
-
-def _g_idx_engine_loader(
-    state: LayerState, check: Check, loader: EngineLoader, whole: CheckpointShape
-) -> WeightLoader:
-    """An engine's loader of ``weight_g_idx`` behind the same check and the same refusal
-    of a shard whose order differs (vLLM's copies each shard's over the last)."""
-    inner = _engine_loader(state, "weight_g_idx", check, False, loader, whole)
-
-    def weight_loader(
-        param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | str | None = None
-    ) -> None:
-        label = state.label(
-            "weight_g_idx" if shard_id is None else f"weight_g_idx[shard {shard_id}]"
-        )
-        _check_open(state, label)
-        value = check(label, _tensor(label, loaded_weight), (whole.k,))
-        _same_order(state, label, param, value)
-        inner(param, loaded_weight, shard_id)
 
     return weight_loader
 
@@ -338,10 +190,10 @@ def loader_for(
     check = _check_of(state, name, pre_quantized)
     if name == "weight_g_idx":
         if engine is not None:
-            return _g_idx_engine_loader(state, check, *engine)
-        return _g_idx_loader(state, own, check)
+            return g_idx_engine_loader(state, check, *engine)
+        return g_idx_loader(state, own, check)
     if engine is not None:
-        return _engine_loader(state, name, check, per_shard, *engine)
+        return engine_loader(state, name, check, per_shard, *engine)
 
     def rows_of(start: int, rows: int) -> tuple[int, int]:
         if name == "weight_zero_point":
