@@ -35,11 +35,13 @@ def int4_op_name(level: str) -> str:
 
 class _Op(Protocol):
     def __call__(
-        self, x: torch.Tensor, weight: torch.Tensor, half_scales: torch.Tensor
+        self, x: torch.Tensor, weight: torch.Tensor, half_scales: torch.Tensor, span: int
     ) -> torch.Tensor: ...
 
 
-def _fake(x: torch.Tensor, weight: torch.Tensor, half_scales: torch.Tensor) -> torch.Tensor:
+def _fake(
+    x: torch.Tensor, weight: torch.Tensor, half_scales: torch.Tensor, span: int
+) -> torch.Tensor:
     return x.new_empty((x.shape[0], weight.shape[0]), dtype=torch.float32)
 
 
@@ -103,6 +105,14 @@ class CpuInt4Gemm(IntWeightOnly):
         assert failure is not None
         raise failure
 
+    def _span(self) -> int:
+        # Blocks of 64 values that share one scale: a group of a multiple of 64, or one
+        # scale for the whole row; 0 where groups of 32 give a block two.
+        depth = self.config.weight_block[1]
+        if depth >= self.config.k:
+            return self._padded() // _BLOCK
+        return depth // _BLOCK if depth % _BLOCK == 0 else 0
+
     def _padded(self) -> int:
         return -(-self.config.k // _BLOCK) * _BLOCK
 
@@ -139,7 +149,7 @@ class CpuInt4Gemm(IntWeightOnly):
         if x.dtype != torch.bfloat16:  # the catalog row takes bf16 only: exact products
             raise InvalidValueError(f"{self.kernel_id} input dtype", str(x.dtype), "bfloat16")
         rows = self._columns(x, bundle).contiguous()
-        out = self._kernel(rows, bundle.weight, bundle.scale)
+        out = self._kernel(rows, bundle.weight, bundle.scale, self._span())
         if bundle.zero_point is not None:  # - sum over groups of s * z * sum(x in the group)
             depth = self.config.weight_block[1]
             groups = bundle.zero_point.shape[1]

@@ -63,56 +63,78 @@ void split_rows(const uint16_t* x, int64_t m, int64_t k, int64_t kp, uint16_t* o
   });
 }
 
-// Rows [n0, n1) for tokens [t0, t0 + count): out[t, n] = sum over blocks of the block's two
-// 32-value halves, each scaled by its own scale (lanes 0-7 sum k 0..31 of the block, lanes
-// 8-15 k 32..63: a dpbf16 lane sums the pairs of words 2i and 2i + 1).
+// The bf16 weights of one block of 64 values: even k (low nibbles) and odd k (high ones).
+struct Decoded {
+  __m512bh even, odd;
+};
+
+inline Decoded decode(const uint8_t* bytes, __m512i table, __m512i low) {
+  const __m512i words =
+      _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes)));
+  return {(__m512bh)_mm512_permutexvar_epi16(_mm512_and_si512(words, low), table),
+          (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(words, 4), table)};
+}
+
+inline __m512 dot(const Decoded& w, const uint16_t* xb, __m512 sum) {
+  const __m512bh xe = (__m512bh)_mm512_loadu_si512(xb);
+  const __m512bh xo = (__m512bh)_mm512_loadu_si512(xb + kBlock / 2);
+  return _mm512_dpbf16_ps(_mm512_dpbf16_ps(sum, w.even, xe), w.odd, xo);
+}
+
+// Rows [n0, n1) for tokens [t0, t0 + Count): out[t, n] = the sum over K of x times the
+// weight, each 32 values' partial sum scaled by its scale. A dpbf16 lane sums the pairs of
+// words 2i and 2i + 1, so lanes 0-7 hold k 0..31 of a block and lanes 8-15 k 32..63.
+// ``span``: blocks that share one scale (a group of 64 x span values), or 0 where the two
+// halves of a block may have scales of their own (groups of 32).
 template <int Count>
 void rows(const uint16_t* xs, int64_t kp, const uint8_t* w, const float* half_scales,
-          int64_t n0, int64_t n1, int64_t t0, float* out, int64_t n) {
+          int64_t n0, int64_t n1, int64_t t0, float* out, int64_t n, int64_t span) {
   const __m512i table = nibble_table();
   const __m512i low = _mm512_set1_epi16(0x0F);
   const int64_t blocks = kp / kBlock;
   for (int64_t row = n0; row < n1; ++row) {
     const uint8_t* bytes = w + row * (kp / 2);
     const float* scales = half_scales + row * (2 * blocks);
+    const uint16_t* x0 = xs + t0 * kp;
     __m512 acc[Count];
     for (int t = 0; t < Count; ++t) acc[t] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < blocks; ++b) {
-      const __m512i words = _mm512_cvtepu8_epi16(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes + b * (kBlock / 2))));
-      const __m512bh even = (__m512bh)_mm512_permutexvar_epi16(_mm512_and_si512(words, low), table);
-      const __m512bh odd = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(words, 4), table);
-      const __m512 scale = _mm512_mask_blend_ps(__mmask16(0xFF00), _mm512_set1_ps(scales[2 * b]),
-                                                _mm512_set1_ps(scales[2 * b + 1]));
-      for (int t = 0; t < Count; ++t) {
-        const uint16_t* xb = xs + (t0 + t) * kp + b * kBlock;
-        const __m512bh xe = (__m512bh)_mm512_loadu_si512(xb);
-        const __m512bh xo = (__m512bh)_mm512_loadu_si512(xb + kBlock / 2);
-        const __m512 part = _mm512_dpbf16_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), even, xe), odd, xo);
-        acc[t] = _mm512_fmadd_ps(part, scale, acc[t]);
+    if (span > 0) {  // whole groups of blocks: their sums in fp32, then one scale each
+      for (int64_t g0 = 0; g0 < blocks; g0 += span) {
+        const int64_t g1 = std::min(g0 + span, blocks);
+        __m512 part[Count];
+        for (int t = 0; t < Count; ++t) part[t] = _mm512_setzero_ps();
+        for (int64_t b = g0; b < g1; ++b) {
+          const Decoded d = decode(bytes + b * (kBlock / 2), table, low);
+          for (int t = 0; t < Count; ++t) part[t] = dot(d, x0 + t * kp + b * kBlock, part[t]);
+        }
+        const __m512 scale = _mm512_set1_ps(scales[2 * g0]);
+        for (int t = 0; t < Count; ++t) acc[t] = _mm512_fmadd_ps(part[t], scale, acc[t]);
+      }
+    } else {
+      for (int64_t b = 0; b < blocks; ++b) {
+        const Decoded d = decode(bytes + b * (kBlock / 2), table, low);
+        const __m512 scale = _mm512_mask_blend_ps(
+            __mmask16(0xFF00), _mm512_set1_ps(scales[2 * b]), _mm512_set1_ps(scales[2 * b + 1]));
+        for (int t = 0; t < Count; ++t) {
+          const __m512 part = dot(d, x0 + t * kp + b * kBlock, _mm512_setzero_ps());
+          acc[t] = _mm512_fmadd_ps(part, scale, acc[t]);
+        }
       }
     }
     for (int t = 0; t < Count; ++t) out[(t0 + t) * n + row] = _mm512_reduce_add_ps(acc[t]);
   }
 }
 
-void tokens(int count, const uint16_t* xs, int64_t kp, const uint8_t* w, const float* hs,
-            int64_t n0, int64_t n1, int64_t t0, float* out, int64_t n) {
-  switch (count) {
-    case 1: rows<1>(xs, kp, w, hs, n0, n1, t0, out, n); break;
-    case 2: rows<2>(xs, kp, w, hs, n0, n1, t0, out, n); break;
-    case 3: rows<3>(xs, kp, w, hs, n0, n1, t0, out, n); break;
-    case 4: rows<4>(xs, kp, w, hs, n0, n1, t0, out, n); break;
-    case 5: rows<5>(xs, kp, w, hs, n0, n1, t0, out, n); break;
-    case 6: rows<6>(xs, kp, w, hs, n0, n1, t0, out, n); break;
-    case 7: rows<7>(xs, kp, w, hs, n0, n1, t0, out, n); break;
-    default: rows<8>(xs, kp, w, hs, n0, n1, t0, out, n); break;
-  }
-}
+using RowsFn = void (*)(const uint16_t*, int64_t, const uint8_t*, const float*, int64_t,
+                        int64_t, int64_t, float*, int64_t, int64_t);
+constexpr RowsFn kRows[kTokens] = {rows<1>, rows<2>, rows<3>, rows<4>,
+                                   rows<5>, rows<6>, rows<7>, rows<8>};
 
 // x [M, K] bf16; weight [N, Kp / 2] uint8 (Kp: K rounded up to 64); half_scales [N, Kp / 32]
-// fp32, the scale of each 32 values of a row. Returns [M, N] fp32.
-at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& half_scales) {
+// fp32, the scale of each 32 values of a row; span: blocks of 64 that share one scale (0:
+// the halves of a block may differ). Returns [M, N] fp32.
+at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& half_scales,
+                     int64_t span) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(),
               "int4_gemm: x must be a contiguous [M, K] bf16 tensor");
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kByte && weight.is_contiguous(),
@@ -124,6 +146,7 @@ at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Te
                   half_scales.dim() == 2 && half_scales.size(0) == n &&
                   half_scales.size(1) == kp / 32,
               "int4_gemm: half_scales must be a contiguous [N, Kp / 32] fp32 tensor");
+  TORCH_CHECK(span >= 0, "int4_gemm: span must be 0 or a count of blocks");
   at::Tensor out = at::empty({m, n}, x.options().dtype(at::kFloat));
   if (m == 0 || n == 0) return out;
   at::Tensor xs = at::empty({m, kp}, x.options());
@@ -135,7 +158,8 @@ at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Te
   // Rows in parallel: each thread streams its rows' bytes once per block of tokens.
   at::parallel_for(0, n, 16, [&](int64_t n0, int64_t n1) {
     for (int64_t t0 = 0; t0 < m; t0 += kTokens) {
-      tokens(int(std::min<int64_t>(kTokens, m - t0)), split, kp, w, hs, n0, n1, t0, o, n);
+      const int64_t count = std::min<int64_t>(kTokens, m - t0);
+      kRows[count - 1](split, kp, w, hs, n0, n1, t0, o, n, span);
     }
   });
   return out;
@@ -144,7 +168,7 @@ at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Te
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(kernelpick, m) {
-  m.def(KP_INT4_OP "(Tensor x, Tensor weight, Tensor half_scales) -> Tensor");
+  m.def(KP_INT4_OP "(Tensor x, Tensor weight, Tensor half_scales, int span) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(kernelpick, CPU, m) { m.impl(KP_INT4_OP, &int4_gemm); }
