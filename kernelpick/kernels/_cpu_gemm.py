@@ -13,6 +13,7 @@ The op is a ``torch.library`` custom op with a fake (meta) implementation, so
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar, Protocol, cast
 
 import attrs
@@ -56,6 +57,7 @@ __all__ = [
     "CpuFp8GemmW8A16",
     "CpuInt8Gemm",
     "int_mm_from_tokens",
+    "registered_op",
 ]
 
 # The one block size the op serves (block FP8 as released: DeepSeek-V3, Qwen3 FP8), and the
@@ -96,36 +98,42 @@ def _fake(
     return x.new_empty((x.shape[0], weight.shape[0]), dtype=out_dtype)
 
 
-def _no_backward(ctx: object, grad: torch.Tensor) -> None:
-    # Without this, autograd would pass through the op with no gradient, silently.
-    expected = (
-        "no backward pass: kernelpick's FP8 kernels are for inference; run the layer under "
-        "torch.no_grad() or torch.inference_mode(), or train the high-precision model"
-    )
-    raise InvalidValueError("backward through", "the CPU FP8 GEMM", expected)
-
-
 def _no_context(ctx: object, inputs: tuple[object, ...], output: torch.Tensor) -> None:
     return None
 
 
-# Each level's op, registered once: held under LOCK, so threads binding at once neither
-# build twice nor register the fake and the autograd refusal twice.
-_OPS: dict[str, _Op] = {}
+# Each op, registered once: held under LOCK, so threads binding at once neither build twice
+# nor register the fake and the autograd refusal twice.
+_REGISTERED: dict[str, object] = {}
+
+
+def registered_op(level: str, name: str, fake: Callable[..., torch.Tensor], what: str) -> object:
+    """``torch.ops.kernelpick.<name>`` of ``level``'s build, built or loaded on first use,
+    with its ``fake`` (for tracing) and a refusal of a backward pass through ``what``
+    registered once."""
+
+    def no_backward(ctx: object, grad: torch.Tensor) -> None:
+        # Without this, autograd would pass through the op with no gradient, silently.
+        expected = (
+            "no backward pass: kernelpick's CPU kernels are for inference; run the layer "
+            "under torch.no_grad() or torch.inference_mode(), or train the high-precision model"
+        )
+        raise InvalidValueError("backward through", what, expected)
+
+    with LOCK:
+        op = _REGISTERED.get(name)
+        if op is None:
+            load_ops(level)
+            qualified = f"kernelpick::{name}"
+            torch.library.register_fake(qualified)(fake)
+            torch.library.register_autograd(qualified, no_backward, setup_context=_no_context)
+            op = _REGISTERED[name] = getattr(torch.ops.kernelpick, name)
+        return op
 
 
 def _custom_op(level: str) -> _Op:
-    """The custom op of ``level``, built or loaded on first use, with its fake (for tracing)
-    and its refusal of a backward pass registered."""
-    with LOCK:
-        op = _OPS.get(level)
-        if op is None:
-            load_ops(level)
-            name = f"kernelpick::{op_name(level)}"
-            torch.library.register_fake(name)(_fake)
-            torch.library.register_autograd(name, _no_backward, setup_context=_no_context)
-            op = _OPS[level] = cast(_Op, getattr(torch.ops.kernelpick, op_name(level)))
-        return op
+    """The FP8/int8 GEMM of ``level`` (see ``registered_op``)."""
+    return cast(_Op, registered_op(level, op_name(level), _fake, "the CPU FP8 GEMM"))
 
 
 # The levels whose failed compile was logged: once per process, not once per layer bound.

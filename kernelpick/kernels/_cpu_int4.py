@@ -17,7 +17,8 @@ import torch
 
 from kernelpick.core import Dtype, InvalidValueError
 from kernelpick.kernels._bundle import WeightBundle
-from kernelpick.kernels._cpu_build import LOCK, KernelBuildError, levels_within, load_ops
+from kernelpick.kernels._cpu_build import KernelBuildError, levels_within
+from kernelpick.kernels._cpu_gemm import registered_op
 from kernelpick.kernels._wna16 import IntWeightOnly
 
 __all__ = ["BF16_LEVELS", "CpuInt4Gemm", "int4_op_name"]
@@ -45,29 +46,9 @@ def _fake(
     return x.new_empty((x.shape[0], weight.shape[0]), dtype=torch.float32)
 
 
-def _no_backward(ctx: object, grad: torch.Tensor) -> None:
-    expected = "no backward pass: run the layer under torch.no_grad() or inference_mode()"
-    raise InvalidValueError("backward through", "the CPU int4 GEMM", expected)
-
-
-def _no_context(ctx: object, inputs: tuple[object, ...], output: torch.Tensor) -> None:
-    return None
-
-
-_OPS: dict[str, _Op] = {}
-
-
 def _op(level: str) -> _Op:
-    """The op of ``level``, built or loaded on first use, registered once (under LOCK)."""
-    with LOCK:
-        op = _OPS.get(level)
-        if op is None:
-            load_ops(level)
-            name = f"kernelpick::{int4_op_name(level)}"
-            torch.library.register_fake(name)(_fake)
-            torch.library.register_autograd(name, _no_backward, setup_context=_no_context)
-            op = _OPS[level] = cast(_Op, getattr(torch.ops.kernelpick, int4_op_name(level)))
-        return op
+    """The op of ``level`` (see ``kernels._cpu_gemm.registered_op``)."""
+    return cast(_Op, registered_op(level, int4_op_name(level), _fake, "the CPU int4 GEMM"))
 
 
 @attrs.frozen

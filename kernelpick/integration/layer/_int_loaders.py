@@ -9,12 +9,12 @@ import weakref
 
 import torch
 
-from kernelpick.core import InvalidValueError
 from kernelpick.integration.layer._accept import Check
 from kernelpick.integration.layer._loader_calls import (
     EngineLoader,
     WeightLoader,
     check_open,
+    check_own,
     engine_loader,
     loaded_tensor,
     shard_index,
@@ -38,11 +38,7 @@ def g_idx_loader(state: LayerState, own: torch.Tensor, check: Check) -> WeightLo
         name = "weight_g_idx"
         label = state.label(name if shard_id is None else f"{name}[shard {shard_id}]")
         check_open(state, label)
-        if param is not own_ref():
-            raise InvalidValueError(
-                "param", tuple(getattr(param, "shape", ())),
-                f"{state.name}.{name}, the parameter this loader was made for",
-            )  # fmt: skip
+        check_own(state, name, param, own_ref())
         index = shard_index(state, shard_id)
         value = check(label, loaded_tensor(label, loaded_weight), tuple(own.shape))
         _same_order(state, label, param, value)

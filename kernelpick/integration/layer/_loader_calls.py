@@ -18,6 +18,7 @@ __all__ = [
     "EngineLoader",
     "WeightLoader",
     "check_open",
+    "check_own",
     "closed_loader",
     "engine_loader",
     "loaded_tensor",
@@ -87,6 +88,15 @@ def closed_loader(state: LayerState, name: str) -> WeightLoader:
     default loader (vLLM's casts), so every installed parameter carries this one. A value,
     not a closure, so a model holding it can be pickled."""
     return _Closed(state, name)
+
+
+def check_own(state: LayerState, name: str, param: object, own: torch.Tensor | None) -> None:
+    """Refuse a load into another parameter than ``own``, the one the loader was made for."""
+    if param is not own:
+        raise InvalidValueError(
+            "param", tuple(getattr(param, "shape", ())),
+            f"{state.name}.{name}, the parameter this loader was made for",
+        )  # fmt: skip
 
 
 def loaded_tensor(label: str, loaded: object) -> torch.Tensor:

@@ -29,7 +29,6 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from kernelpick.core import InvalidValueError
 from kernelpick.integration.layer._accept import (
     Check,
     float_weight_check,
@@ -42,6 +41,7 @@ from kernelpick.integration.layer._loader_calls import (
     EngineLoader,
     WeightLoader,
     check_open,
+    check_own,
     closed_loader,
     engine_loader,
     loaded_tensor,
@@ -134,11 +134,7 @@ def _loader(
     ) -> None:
         label = state.label(name if shard_id is None else f"{name}[shard {shard_id}]")
         check_open(state, label)
-        if param is not own_ref():
-            raise InvalidValueError(
-                "param", tuple(getattr(param, "shape", ())),
-                f"{state.name}.{name}, the parameter this loader was made for",
-            )  # fmt: skip
+        check_own(state, name, param, own_ref())
         start, rows, loaded = _shard(state, shard_id)
         pieces = [rows]
         if not per_shard:
