@@ -21,7 +21,7 @@ from compressed_tensors.quantization import (
     preset_name_to_scheme,
 )
 from compressed_tensors.quantization.utils import calculate_qparams
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 import kernelpick as kp
 from kernelpick.integration import (
@@ -36,27 +36,17 @@ from kernelpick.integration import (
 from kernelpick.kernels import dequantize_int, pack_int, unpack_zero_points
 from tests.support.ct_reader import read_by_compressed_tensors
 from tests.support.emulation import relative_error
+from tests.support.tiny_llama import llama, logits
 
 CPU = kp.device_profile("cpu")
-CONFIG = LlamaConfig(
-    vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=1,
-    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    tie_word_embeddings=True,
-)  # fmt: skip
-IDS = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(0))
 
 
 def _llama(seed: int) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(CONFIG)
-    model.train(False)
-    return model
+    return llama(seed, intermediate=256)  # K = 128 and 256: whole groups of 128
 
 
 def _logits(model: torch.nn.Module) -> torch.Tensor:
-    with torch.no_grad():
-        out: torch.Tensor = model(IDS).logits
-    return out
+    return logits(model)
 
 
 def _dequantized(module: QuantizedLinear) -> torch.Tensor:
@@ -108,7 +98,7 @@ def test_a_preset_checkpoint_compressed_tensors_writes_loads_as_it_reads_it(
     skeleton = _llama(seed=1)
     report = load_quantized(skeleton, tmp_path, CPU, kp.Policy())
     assert report.scheme == scheme
-    assert len(report.layers) == 7
+    assert len(report.layers) == 14
     assert [s.name for s in report.skipped] == ["lm_head"]
     reference = read_by_compressed_tensors(tmp_path, _llama(seed=99))
     for name, module in skeleton.named_modules():
