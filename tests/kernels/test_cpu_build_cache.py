@@ -182,7 +182,7 @@ def test_an_extensions_dir_under_a_file_is_a_kernelpick_error_naming_it(
     # As in a process that has not loaded the kernel yet.
     monkeypatch.setattr(_cpu_build, "_LOADED", set())
     monkeypatch.setattr(_cpu_build, "_FAILED", {})
-    monkeypatch.setattr(_cpu_gemm, "_OPS", {})
+    monkeypatch.setattr(_cpu_gemm, "_REGISTERED", {})
     model = torch.nn.Sequential(torch.nn.Linear(64, 32))
     with pytest.raises(ModelConversionError) as raised:
         quantize_model(model, "fp8_per_channel", caps_at(LEVEL))
