@@ -252,11 +252,11 @@ INT4_PACK_MM: tuple[Requirement, ...] = (
 CPU_BF16_ISA = CpuIsa(
     CPU_FP8_ISA.flags | {"avx512f", "avx512bw", "avx512vl", "avx512vbmi", "avx512_bf16"}
 )
-# kernelpick's int4 CPU kernel (kernels/_cpu_int4_gemv.cpp): bf16 activations times q - 8
-# on vdpbf16ps, exact, summed in fp32 with one scale per 32 values of K, so groups of a
-# multiple of 32 (these, the ones checkpoints use) or per channel, a partial last group
-# padded; zero points added from each group's activation sum; act-order's columns in group
-# order at prepare. bf16 activations only: fp32 or fp16 ones would be rounded to bf16.
+# kernelpick's int4 CPU kernel (kernels/_cpu_int4_gemv.cpp): bf16 activations times q - z
+# on vdpbf16ps, exact, summed in fp32 with one scale and zero point per 32 values of K, so
+# groups of a multiple of 32 (these, the ones checkpoints use) or per channel, a partial
+# last group padded; act-order's columns in group order at prepare. bf16 activations only:
+# fp32 or fp16 ones would be rounded to bf16.
 CPU_INT4_GEMM: tuple[Requirement, ...] = (
     CPU_BF16_ISA,
     CPP_TOOLCHAIN,

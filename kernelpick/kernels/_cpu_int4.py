@@ -2,10 +2,10 @@
 (``_cpu_int4_gemv.cpp``), for bf16 activations on AVX512-BF16.
 
 The prepared weight is the canonical nibbles as bytes (in group order for act-order),
-padded to a multiple of 64 values; each 32 values of a row carry one fp32 scale (their
-group's). Products of bf16 activations and ``q - 8`` are exact on vdpbf16ps and summed in
-fp32; a zero point adds ``-scale * z * sum(x over the group)``, from the prepared
-``scale * z`` and the call's group sums, in fp32.
+padded to whole groups of a multiple of 64 values and shaped ``[N, groups, depth / 2]``,
+so a bundle of another grouping is refused by its shape; each 32 values of a row carry
+their group's fp32 scale and, where asymmetric, its zero point as the shift ``7 - z`` the
+kernel reads each nibble through (see the C++).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from kernelpick.core import Dtype, InvalidValueError
 from kernelpick.kernels._bundle import WeightBundle
 from kernelpick.kernels._cpu_build import KernelBuildError, levels_within
 from kernelpick.kernels._cpu_gemm import registered_op
+from kernelpick.kernels._torch import reject
 from kernelpick.kernels._wna16 import IntWeightOnly
 
 __all__ = ["BF16_LEVELS", "CpuInt4Gemm", "int4_op_name"]
@@ -36,12 +37,21 @@ def int4_op_name(level: str) -> str:
 
 class _Op(Protocol):
     def __call__(
-        self, x: torch.Tensor, weight: torch.Tensor, half_scales: torch.Tensor, span: int
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        half_scales: torch.Tensor,
+        half_shifts: torch.Tensor | None,
+        span: int,
     ) -> torch.Tensor: ...
 
 
 def _fake(
-    x: torch.Tensor, weight: torch.Tensor, half_scales: torch.Tensor, span: int
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    half_scales: torch.Tensor,
+    half_shifts: torch.Tensor | None,
+    span: int,
 ) -> torch.Tensor:
     return x.new_empty((x.shape[0], weight.shape[0]), dtype=torch.float32)
 
@@ -86,22 +96,27 @@ class CpuInt4Gemm(IntWeightOnly):
         assert failure is not None
         raise failure
 
-    def _span(self) -> int:
-        # Blocks of 64 values that share one scale: a group of a multiple of 64, or one
-        # scale for the whole row; 0 where groups of 32 give a block two.
+    def _unit(self) -> int:
+        # Values of K a row is shaped by: its group (a multiple of 32), or the padded row
+        # where one group spans K (per channel, or a group as deep as K).
         depth = self.config.weight_block[1]
-        if depth >= self.config.k:
-            return self._padded() // _BLOCK
-        return depth // _BLOCK if depth % _BLOCK == 0 else 0
+        return depth if depth < self.config.k else -(-self.config.k // _BLOCK) * _BLOCK
 
     def _padded(self) -> int:
-        return -(-self.config.k // _BLOCK) * _BLOCK
+        step = max(self._unit(), _BLOCK)
+        return -(-self.config.k // step) * step
+
+    def _span(self) -> int:
+        # Blocks of 64 values that share one scale and zero point: a group of a multiple
+        # of 64, or the whole row; 0 where groups of 32 give a block two.
+        unit = self._unit()
+        return unit // _BLOCK if unit % _BLOCK == 0 else 0
 
     def _form(
         self,
     ) -> tuple[tuple[torch.dtype, tuple[int, ...] | None], tuple[torch.dtype, tuple[int, ...]]]:
-        n, padded = self.config.n, self._padded()
-        return (torch.uint8, (n, padded // 2)), (torch.float32, (n, padded // _HALF))
+        n, padded, unit = self.config.n, self._padded(), self._unit()
+        return (torch.uint8, (n, padded // unit, unit // 2)), (torch.float32, (n, padded // _HALF))
 
     def _pack(
         self,
@@ -114,27 +129,31 @@ class CpuInt4Gemm(IntWeightOnly):
         padded = self._padded()
         unsigned = torch.full((n, padded), 8, dtype=torch.uint8, device=q.device)
         unsigned[:, :k] = (q.to(torch.int16) + 8).to(torch.uint8)
-        packed = (unsigned[:, 0::2] | (unsigned[:, 1::2] << 4)).contiguous()
+        unit = self._unit()
+        packed = (unsigned[:, 0::2] | (unsigned[:, 1::2] << 4)).reshape(n, padded // unit, -1)
         # Each 32 values' scale: its group's (the last group's past K, where x is zero).
         depth = self.config.weight_block[1]
         groups = scale.shape[1]
         first = torch.arange(0, padded, _HALF, device=q.device)
         index = (first // depth).clamp(max=groups - 1) if groups > 1 else first * 0
         half_scales = scale[:, index].contiguous()
-        offset = None if zero is None else (scale * zero.to(torch.float32)).contiguous()
-        return WeightBundle(packed, half_scales, None, offset, order)
+        shifts = None if zero is None else (7 - zero.to(torch.int16))[:, index].contiguous()
+        return WeightBundle(packed.contiguous(), half_scales, None, shifts, order)
 
     def _matmul(
         self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None
     ) -> torch.Tensor:
         if x.dtype != torch.bfloat16:  # the catalog row takes bf16 only: exact products
             raise InvalidValueError(f"{self.kernel_id} input dtype", str(x.dtype), "bfloat16")
+        shifts = bundle.zero_point
+        if shifts is not None and (
+            shifts.dtype != torch.int16 or shifts.shape != bundle.scale.shape
+        ):
+            raise reject(  # zero points another family prepared: not these shifts
+                "bundle.zero_point", shifts,
+                f"int16 {list(bundle.scale.shape)} shifts, as {self.kernel_id} prepares them",
+            )  # fmt: skip
         rows = self._columns(x, bundle).contiguous()
-        out = self._kernel(rows, bundle.weight, bundle.scale, self._span())
-        if bundle.zero_point is not None:  # - sum over groups of s * z * sum(x in the group)
-            depth = self.config.weight_block[1]
-            groups = bundle.zero_point.shape[1]
-            sums = torch.zeros((rows.shape[0], groups * depth), dtype=torch.float32)
-            sums[:, : rows.shape[1]] = rows
-            out = out - sums.view(rows.shape[0], groups, depth).sum(-1) @ bundle.zero_point.t()
+        weight = bundle.weight.view(bundle.weight.shape[0], -1)
+        out = self._kernel(rows, weight, bundle.scale, shifts, self._span())
         return self._finish(out, bias)

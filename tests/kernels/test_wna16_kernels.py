@@ -257,3 +257,42 @@ def test_the_cpu_int4_kernel_is_turned_down_without_avx512_bf16() -> None:
     decision = kp.choose(avx2, config, kp.Policy(force="cpu_int4_gemm"))
     assert isinstance(decision, kp.Rejected)
     assert any("avx512_bf16" in str(reason) for reason in decision.reasons)
+
+
+def _cpu_int4(group: int, symmetric: bool) -> tuple[IntWeightOnly, kp.QuantConfig]:
+    config = kp.quant_config(
+        "int4_weight_only", weight_shape=(16, 256), group_size=group, symmetric=symmetric,
+        input_dtype="bfloat16", out_dtype="float32",
+    )  # fmt: skip
+    decision = kp.choose(CPU, config, kp.Policy(force="cpu_int4_gemm"))
+    if not isinstance(decision, kp.Selected):
+        pytest.skip(f"this CPU has no AVX512-BF16: {decision.reasons[0]}")
+    impl = bind(decision, config, CPU)
+    assert isinstance(impl, IntWeightOnly)
+    return impl, config
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_the_cpu_int4_kernel_refuses_its_own_bundle_of_another_grouping(symmetric: bool) -> None:
+    # Its per-32 scales have one shape for every grouping: the weight's carries the group.
+    fine, _ = _cpu_int4(32, symmetric)
+    coarse, _ = _cpu_int4(128, symmetric)
+    bundle = fine.quantize_weights(torch.randn(16, 256))
+    with pytest.raises(kp.KernelInputError, match=r"bundle\.weight"):
+        coarse.apply(torch.randn(2, 256).bfloat16(), bundle)
+
+
+@pytest.mark.parametrize("group", [32, 128, -1])
+def test_the_cpu_int4_kernel_propagates_inf_as_torch_does_with_zero_points(group: int) -> None:
+    impl, config = _cpu_int4(group, False)
+    generator = torch.Generator().manual_seed(group + 100)
+    packed, scale, zero = quantize_int(torch.randn(16, 256, generator=generator), config)
+    bundle = impl.prepare_weights(packed, scale, zero_point=zero)
+    x = torch.randn(3, 256, generator=generator).bfloat16()
+    x[0, 5], x[1, 7], x[1, 200] = float("inf"), float("inf"), float("-inf")
+    depth = config.weight_block[1] if group > 0 else -1
+    weight = emulated_int_weight(packed, scale, zero, None, 4, 256, depth).float()
+    want = x.float() @ weight.t()
+    got = impl.apply(x, bundle)
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    assert torch.equal(torch.isinf(got), torch.isinf(want))
