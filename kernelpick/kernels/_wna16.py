@@ -90,7 +90,9 @@ class IntWeightOnly(KernelBase):
         ``[N, G]`` for an asymmetric config and ``g_idx`` ``[K]`` for an act-order one
         (each refused where the config does not call for it). Zero points outside the
         weight's range and a ``g_idx`` that is not whole groups are refused too: both
-        would be read as some other weight."""
+        would be read as some other weight. Traced by ``torch.compile`` (a layer's
+        accepted tensors, prepared in its graph) the value checks are left out: they read
+        data, and the layer checked those values when it accepted them."""
         config = self.config
         n, k = config.weight_shape
         fmt = config.weight.dtype
@@ -100,9 +102,10 @@ class IntWeightOnly(KernelBase):
             raise reject("input_scale", input_scale, "None: a weight-only layer has none")
         shape = config.weight_scale_shape
         check_tensor("weight_scale", weight_scale, dtypes=(torch.float32,), shape=shape)
-        check_finite("weight_scale", weight_scale)
-        if bool((weight_scale <= 0).any()):
-            raise reject("weight_scale", weight_scale, "positive scales")
+        if not torch.compiler.is_compiling():
+            check_finite("weight_scale", weight_scale)
+            if bool((weight_scale <= 0).any()):
+                raise reject("weight_scale", weight_scale, "positive scales")
         zero = self._zero_point(zero_point)
         order = self._order(g_idx)
         q = unpack_int(weight.contiguous(), fmt.bits, k)
@@ -123,7 +126,8 @@ class IntWeightOnly(KernelBase):
         shape = self.config.weight_scale_shape
         check_tensor("zero_point", zero_point, dtypes=(torch.int8,), shape=shape)
         low, high = int_range(wanted)
-        if bool(((zero_point < low) | (zero_point > high)).any()):
+        outside = (zero_point < low) | (zero_point > high)
+        if not torch.compiler.is_compiling() and bool(outside.any()):
             raise reject("zero_point", zero_point, f"values in {low}..{high} ({wanted})")
         return zero_point.contiguous()
 
@@ -134,7 +138,8 @@ class IntWeightOnly(KernelBase):
             return None
         if g_idx is None:
             raise KernelInputError("g_idx", (), "None", "-", "a tensor: the config is act-order")
-        return group_order(g_idx.to(self.device), self.config)
+        checked = not torch.compiler.is_compiling()
+        return group_order(g_idx.to(self.device), self.config, check=checked)
 
     def quantize_weights(
         self, weight: torch.Tensor, input_scale: torch.Tensor | None = None

@@ -174,3 +174,33 @@ def test_a_g_idx_outside_int32_is_refused_before_the_copy_wraps_it() -> None:
     wrapped = (torch.arange(K) % 4) + 2**32  # int64: an int32 copy would read 0..3
     with pytest.raises(kp.KernelInputError, match=r"each group 0\.\.3"):
         weight_loader_of(param)(param, wrapped)
+
+
+@pytest.mark.parametrize("kernel", ["cpu_wna16_reference", "cpu_int4_gemm"])
+def test_an_integer_layer_compiles_with_fullgraph(kernel: str) -> None:
+    # The layer's accepted tensors are prepared inside the graph: their value checks,
+    # which read data, ran when the layer accepted them.
+    dtype = torch.bfloat16 if kernel == "cpu_int4_gemm" else torch.float32
+    policy = kp.Policy(force=kernel)
+    probe = kp.probe("cpu")
+    method = QuantizedLinearMethod(
+        "int4_weight_only", probe, policy, checkpoint_format="pre_quantized", group_size=32,
+        symmetric=False, act_order=True,
+    )  # fmt: skip
+    layer = torch.nn.Module()
+    try:
+        method.create_weights(layer, K, [N], K, N, dtype)
+    except kp.KernelpickError as error:  # cpu_int4_gemm needs AVX512-BF16
+        pytest.skip(f"{kernel} is not selected on this CPU: {error}")
+    tensors = _tensors(5, N, 4, K // 32, False)
+    g_idx = torch.empty(K, dtype=torch.int32)
+    g_idx[torch.randperm(K, generator=torch.Generator().manual_seed(6))] = (
+        torch.arange(K) // 32
+    ).to(torch.int32)
+    _load(layer, {**tensors, "weight_g_idx": g_idx})
+    method.process_weights_after_loading(layer)
+    x = torch.randn(3, K, generator=torch.Generator().manual_seed(7)).to(dtype)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: method.apply(layer, t), fullgraph=True)
+    got, eager = compiled(x).float(), method.apply(layer, x).float()
+    torch.testing.assert_close(got, eager, rtol=8e-3, atol=8e-3)  # one bf16 rounding apart
