@@ -14,7 +14,7 @@ The op is a ``torch.library`` custom op with a fake (meta) implementation, so
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar, Protocol, cast
+from typing import ClassVar, Protocol, TypeVar, cast
 
 import attrs
 import torch
@@ -140,15 +140,18 @@ def _custom_op(level: str) -> _Op:
 _WARNED: set[str] = set()
 
 
-def _best_op(kernel_id: str, levels: list[str]) -> tuple[str, _Op]:
-    """The best of ``levels`` that builds, and its op. A level whose compile fails gives way
-    to the next, with a warning: a compiler too old for one level's flags must not cost a
-    CPU the levels below it (logged once per level). Any other failure, or every
-    level's, raises the best one's."""
+Op = TypeVar("Op")
+
+
+def best_op(kernel_id: str, levels: list[str], op_of: Callable[[str], Op]) -> tuple[str, Op]:
+    """The best of ``levels`` that builds, and its op (``op_of(level)``). A level whose
+    compile fails gives way to the next, with a warning: a compiler too old for one level's
+    flags must not cost a CPU the levels below it (logged once per level). Any other
+    failure, or every level's, raises the best one's."""
     failure: KernelBuildError | None = None
     for level in levels:
         try:
-            return level, _custom_op(level)
+            return level, op_of(level)
         except KernelBuildError as error:
             if not compile_failed(level):
                 raise
@@ -239,7 +242,7 @@ class CpuFp8Gemm(RowMajorKernel):
             )
         groups = self._groups_for(self.config)
         # Built or loaded now, at set-up, not inside the first forward.
-        level, op = _best_op(self.kernel_id, levels)
+        level, op = best_op(self.kernel_id, levels, _custom_op)
         object.__setattr__(self, "level", level)
         object.__setattr__(self, "_groups", groups)
         object.__setattr__(self, "_op", op)

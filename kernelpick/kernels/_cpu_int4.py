@@ -17,8 +17,8 @@ import torch
 
 from kernelpick.core import Dtype, InvalidValueError
 from kernelpick.kernels._bundle import WeightBundle
-from kernelpick.kernels._cpu_build import KernelBuildError, levels_within
-from kernelpick.kernels._cpu_gemm import registered_op
+from kernelpick.kernels._cpu_build import levels_within
+from kernelpick.kernels._cpu_gemm import best_op, registered_op
 from kernelpick.kernels._torch import reject
 from kernelpick.kernels._wna16 import IntWeightOnly
 
@@ -83,18 +83,9 @@ class CpuInt4Gemm(IntWeightOnly):
         if depth % _HALF and depth < self.config.k:
             expected = f"groups of a multiple of {_HALF} values (one scale per {_HALF})"
             raise InvalidValueError(f"{self.kernel_id} group size", depth, expected)
-        failure: KernelBuildError | None = None
-        for level in levels:  # a level that does not compile gives way to the next
-            try:
-                op = _op(level)
-            except KernelBuildError as error:
-                failure = failure or error
-                continue
-            object.__setattr__(self, "level", level)
-            object.__setattr__(self, "_kernel", op)
-            return
-        assert failure is not None
-        raise failure
+        level, op = best_op(self.kernel_id, levels, _op)  # built or loaded now, at set-up
+        object.__setattr__(self, "level", level)
+        object.__setattr__(self, "_kernel", op)
 
     def _unit(self) -> int:
         # Values of K a row is shaped by: its group (a multiple of 32), or the padded row

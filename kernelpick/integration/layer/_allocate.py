@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from kernelpick.core import InvalidValueError, QuantConfig
-from kernelpick.integration.layer._int_form import is_weight_only_int
+from kernelpick.integration.layer._int_form import is_weight_only_int, values_per_word
 from kernelpick.integration.layer._loaders import EngineLoader, WeightLoader, loader_for
 from kernelpick.integration.layer._parallel import TensorParallel, check_split_blocks
 from kernelpick.integration.layer._plan import Param
@@ -128,7 +128,7 @@ def _check_int_split(
     split = sum(sizes) != output_size or input_size != config.k
     if not split and tp is None:
         return
-    per_word = 32 // config.weight.dtype.bits
+    per_word = values_per_word(config)
     refusal = None
     if not engine:
         refusal = "a whole layer: kernelpick's own loaders do not split integer layers"

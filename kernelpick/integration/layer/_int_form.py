@@ -40,7 +40,6 @@ from kernelpick.kernels import (
     Kernel,
     WeightBundle,
     canonical_scale,
-    check_finite,
     check_tensor,
     group_order,
     pack_zero_points,
@@ -60,6 +59,7 @@ __all__ = [
     "is_weight_only_int",
     "prepare_int",
     "quantize_int_weights",
+    "values_per_word",
 ]
 
 INT_NAMES = ("weight_packed", "weight_scale", "weight_zero_point", "weight_g_idx")
@@ -71,6 +71,11 @@ _G_IDX_DTYPES = (torch.int32, torch.int64)
 def is_weight_only_int(config: QuantConfig) -> bool:
     """Whether ``config`` is an integer weight-only layer, held in this form."""
     return config.activation is None and config.weight.dtype.is_integer
+
+
+def values_per_word(config: QuantConfig) -> int:
+    """How many of ``config``'s integer values an int32 word packs: 8 int4, 4 int8."""
+    return _WORD // config.weight.dtype.bits
 
 
 def _words(values: int, bits: int) -> int:
@@ -128,13 +133,13 @@ def int_check(config: QuantConfig, name: str) -> Callable[
 
     def check(label: str, tensor: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
         check_tensor(label, tensor, dtypes=dtypes)
-        if name == "weight_g_idx" and tuple(tensor.shape) == shape:
-            group_order(tensor, config, label)  # its values, before a narrowing copy wraps them
         if tuple(tensor.shape) != shape:
             wanted = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
             raise reject(
                 label, tensor, f"{wanted} of shape {list(shape)} ({name} of {config.render()})"
             )
+        if name == "weight_g_idx":
+            group_order(tensor, config, label)  # its values, before a narrowing copy wraps them
         return tensor
 
     return check
@@ -221,7 +226,6 @@ def quantize_int_weights(config: QuantConfig, weight: torch.Tensor) -> IntWeight
     round-to-nearest to this form, as compressed-tensors' quantizer does."""
     if config.act_order:
         raise reject("weight", weight, "a checkpoint's g_idx: round-to-nearest has no act-order")
-    check_finite("weight", weight)
     with torch.no_grad():
         packed, scale, zero = quantize_int(weight.detach(), config)
     if zero is not None:

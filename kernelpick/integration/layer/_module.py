@@ -19,7 +19,7 @@ from kernelpick.integration.layer._int_form import (
     is_weight_only_int,
 )
 from kernelpick.integration.layer._loaders import closed_loader
-from kernelpick.integration.layer._prepare import run
+from kernelpick.integration.layer._prepare import run, tensor_names
 from kernelpick.integration.layer._state import LayerState, attach, layer_state
 from kernelpick.integration.layer._steps import LayerSteps
 from kernelpick.kernels import check_tensor, stored_scale, torch_dtype
@@ -180,7 +180,9 @@ class QuantizedLinear(torch.nn.Module):
         if prefix + SHAPE_NAME in unexpected_keys:  # checked by _accepted; held by the plan
             unexpected_keys.remove(prefix + SHAPE_NAME)
         state.prepared = None  # the kernel prepares the new tensors before the next forward
-        for name in _names(state):  # assign=True puts new parameters in: they stay closed too
+        for name in tensor_names(
+            state.config
+        ):  # assign=True puts new parameters in: they stay closed too
             param = self._parameters.get(name)
             if param is not None:
                 param.weight_loader = closed_loader(state, name)  # type: ignore[attr-defined]
@@ -198,7 +200,7 @@ class QuantizedLinear(torch.nn.Module):
         shape = state_dict.get(prefix + SHAPE_NAME)
         if shape is not None:
             check_shape(state.config, label(SHAPE_NAME), shape)
-        names = _names(state)
+        names = tensor_names(state.config)
         own = {name: param for name in names if (param := self._parameters.get(name)) is not None}
         # Every name of the form, the layer's or not: a zero point or g_idx it does not
         # have is refused (accept_int), never left for torch to skip as unexpected.
@@ -225,11 +227,6 @@ class QuantizedLinear(torch.nn.Module):
         named = zip(weights.NAMES, weights.tensors(), strict=True)
         return {prefix + name: tensor for name, tensor in named
                 if tensor is not None and given.get(name) is not None}  # fmt: skip
-
-
-def _names(state: LayerState) -> tuple[str, ...]:
-    """The names a processed layer's quantized tensors go by, in its form."""
-    return IntWeights.NAMES if is_weight_only_int(state.config) else CanonicalWeights.NAMES
 
 
 _GUARDED = "_kernelpick_accepts_state_dicts"

@@ -23,7 +23,7 @@ from kernelpick.integration.layer._state import LayerState, Prepared, attach, la
 from kernelpick.integration.layer._steps import frozen
 from kernelpick.kernels import Kernel, WeightBundle
 
-__all__ = ["LayerWeights", "bundle_for", "install", "run", "weights_from"]
+__all__ = ["LayerWeights", "bundle_for", "install", "run", "tensor_names", "weights_from"]
 
 # A layer's accepted tensors: the canonical FP8 or int8 ones, or an integer weight-only
 # layer's pack-quantized ones.
@@ -93,7 +93,8 @@ def _same(
     )
 
 
-def _names(config: QuantConfig) -> tuple[str, ...]:
+def tensor_names(config: QuantConfig) -> tuple[str, ...]:
+    """The names a processed layer of ``config`` holds its quantized tensors under."""
     return IntWeights.NAMES if is_weight_only_int(config) else CanonicalWeights.NAMES
 
 
@@ -113,7 +114,7 @@ def _bundle(
 def _prepare(
     kernel: Kernel, config: QuantConfig, params: Mapping[str, torch.Tensor | None]
 ) -> Prepared:
-    stamp = _stamp(*(params.get(name) for name in _names(config)))
+    stamp = _stamp(*(params.get(name) for name in tensor_names(config)))
     return Prepared(_bundle(kernel, config, params), stamp)
 
 
@@ -128,7 +129,7 @@ def bundle_for(layer: torch.nn.Module, state: LayerState) -> WeightBundle:
         # compare storages, and a bundle held outside the graph would be baked in stale.
         return _bundle(kernel, state.config, params)
     held = state.prepared
-    now = _stamp(*(params.get(name) for name in _names(state.config)))
+    now = _stamp(*(params.get(name) for name in tensor_names(state.config)))
     if held is None or not _same(held.stamp, now):
         held = state.prepared = _prepare(kernel, state.config, params)
     return held.bundle

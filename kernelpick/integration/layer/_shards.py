@@ -13,10 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kernelpick.core import InvalidValueError, QuantConfig
+from kernelpick.integration.layer._int_form import values_per_word
 
 __all__ = ["check_shards", "per_tensor", "scale_rows", "scale_shape", "zero_point_rows"]
-
-_WORD = 32
 
 
 def per_tensor(config: QuantConfig) -> bool:
@@ -41,15 +40,10 @@ def scale_rows(config: QuantConfig, start: int, rows: int) -> tuple[int, int]:
     return start // size, -(-rows // size)
 
 
-def _rows_per_zero_word(config: QuantConfig) -> int:
-    # A pack-quantized checkpoint packs zero points along N: 32 / bits rows in a word.
-    return _WORD // config.weight.dtype.bits
-
-
 def zero_point_rows(config: QuantConfig, start: int, rows: int) -> tuple[int, int]:
     """(first row, rows) of an asymmetric integer layer's packed ``weight_zero_point`` for
     weight rows ``start .. start + rows``; ``start`` is on a word: ``check_shards``."""
-    size = _rows_per_zero_word(config)
+    size = values_per_word(config)  # zero points are packed along N, a row a value
     return start // size, -(-rows // size)
 
 
@@ -64,7 +58,7 @@ def check_shards(config: QuantConfig, sizes: Sequence[int], layer: str) -> None:
     what = "blocks (the block size is {size})"
     checked = sizes[:-1]
     if config.weight.zero_point is not None and config.activation is None:
-        size = max(size, _rows_per_zero_word(config))
+        size = max(size, values_per_word(config))
         what = "words of packed zero points ({size} rows a word)"
         # An engine places each shard's words by rows // (rows a word): a last shard's
         # partial word would never be loaded.
