@@ -111,6 +111,24 @@ def test_a_preset_checkpoint_compressed_tensors_writes_loads_as_it_reads_it(
     assert relative_error(_logits(skeleton), _logits(reference)) <= 1e-2
 
 
+@pytest.mark.parametrize("preset", ["W4A16", "W8A16"])
+def test_a_preset_checkpoint_loads_through_transformers_as_through_load_quantized(
+    tmp_path: Path, preset: str
+) -> None:
+    # transformers keeps a checkpoint's own quantization_config (a kernelpick one passed
+    # beside it is refused), so its compressed-tensors quantizer is the one that loads
+    # this. W4A16_ASYM is left out: transformers 5.25 with compressed-tensors 0.20.1 sizes
+    # an asymmetric layer's zero points unpacked and refuses the checkpoint.
+    _written_by_compressed_tensors(tmp_path, preset)
+    stock = LlamaForCausalLM.from_pretrained(tmp_path)
+    assert type(stock.hf_quantizer).__name__ == "CompressedTensorsHfQuantizer"
+    reference = read_by_compressed_tensors(tmp_path, _llama(seed=99))
+    assert torch.equal(_logits(stock), _logits(reference))
+    skeleton = _llama(seed=1)
+    load_quantized(skeleton, tmp_path, CPU, kp.Policy())
+    assert relative_error(_logits(skeleton), _logits(stock)) <= 1e-2
+
+
 @pytest.mark.parametrize(
     ("scheme", "group_size", "symmetric"),
     [("int4_weight_only", None, True), ("int4_weight_only", 32, False),
