@@ -253,8 +253,8 @@ CPU_BF16_ISA = CpuIsa(
     CPU_FP8_ISA.flags | {"avx512f", "avx512bw", "avx512vl", "avx512vbmi", "avx512_bf16"}
 )
 # kernelpick's int4 CPU kernel (kernels/_cpu_int4_gemv.cpp): bf16 activations times q - z
-# on vdpbf16ps, exact, summed in fp32 with one scale and zero point per 32 values of K, so
-# groups of a multiple of 32 (these, the ones checkpoints use) or per channel, a partial
+# on vdpbf16ps, exact, summed in fp32 over each group (32 values or a multiple of 64) before
+# its scale, so these groups (the ones checkpoints use) or per channel, a partial
 # last group padded; act-order's columns in group order at prepare. bf16 activations only:
 # fp32 or fp16 ones would be rounded to bf16.
 CPU_INT4_GEMM: tuple[Requirement, ...] = (

@@ -3,9 +3,9 @@
 
 The prepared weight is the canonical nibbles as bytes (in group order for act-order),
 padded to whole groups of a multiple of 64 values and shaped ``[N, groups, depth / 2]``,
-so a bundle of another grouping is refused by its shape; each 32 values of a row carry
-their group's fp32 scale and, where asymmetric, its zero point as the shift ``7 - z`` the
-kernel reads each nibble through (see the C++).
+so a bundle of another grouping is refused by its shape; each group of a row has its
+fp32 scale and, where asymmetric, its zero point as the shift ``7 - z`` the kernel reads
+each nibble through (see the C++).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ __all__ = ["BF16_LEVELS", "CpuInt4Gemm", "int4_op_name"]
 # The levels whose build registers the op: those compiled with AVX512-BF16 (vdpbf16ps).
 BF16_LEVELS = ("avx512_amx", "avx512_bf16")
 _BLOCK = 64  # values of K the op decodes a step
-_HALF = 32  # values of K per scale the op reads
+_HALF = 32  # the least group the op reads: half a block
 
 
 def int4_op_name(level: str) -> str:
@@ -40,8 +40,8 @@ class _Op(Protocol):
         self,
         x: torch.Tensor,
         weight: torch.Tensor,
-        half_scales: torch.Tensor,
-        half_shifts: torch.Tensor | None,
+        scales: torch.Tensor,
+        shifts: torch.Tensor | None,
         span: int,
     ) -> torch.Tensor: ...
 
@@ -49,8 +49,8 @@ class _Op(Protocol):
 def _fake(
     x: torch.Tensor,
     weight: torch.Tensor,
-    half_scales: torch.Tensor,
-    half_shifts: torch.Tensor | None,
+    scales: torch.Tensor,
+    shifts: torch.Tensor | None,
     span: int,
 ) -> torch.Tensor:
     return x.new_empty((x.shape[0], weight.shape[0]), dtype=torch.float32)
@@ -80,8 +80,8 @@ class CpuInt4Gemm(IntWeightOnly):
             expected = "AVX512-BF16 (avx512_bf16 with AVX-512 F/BW/VL and VBMI)"
             raise InvalidValueError(f"{self.kernel_id} CPU ISA", sorted(self.isa), expected)
         depth = self.config.weight_block[1]
-        if depth % _HALF and depth < self.config.k:
-            expected = f"groups of a multiple of {_HALF} values (one scale per {_HALF})"
+        if depth < self.config.k and depth != _HALF and depth % _BLOCK:
+            expected = f"groups of {_HALF} values or a multiple of {_BLOCK}"
             raise InvalidValueError(f"{self.kernel_id} group size", depth, expected)
         level, op = best_op(self.kernel_id, levels, _op)  # built or loaded now, at set-up
         object.__setattr__(self, "level", level)
@@ -107,7 +107,7 @@ class CpuInt4Gemm(IntWeightOnly):
         self,
     ) -> tuple[tuple[torch.dtype, tuple[int, ...] | None], tuple[torch.dtype, tuple[int, ...]]]:
         n, padded, unit = self.config.n, self._padded(), self._unit()
-        return (torch.uint8, (n, padded // unit, unit // 2)), (torch.float32, (n, padded // _HALF))
+        return (torch.uint8, (n, padded // unit, unit // 2)), (torch.float32, (n, padded // unit))
 
     def _pack(
         self,
@@ -122,14 +122,14 @@ class CpuInt4Gemm(IntWeightOnly):
         unsigned[:, :k] = (q.to(torch.int16) + 8).to(torch.uint8)
         unit = self._unit()
         packed = (unsigned[:, 0::2] | (unsigned[:, 1::2] << 4)).reshape(n, padded // unit, -1)
-        # Each 32 values' scale: its group's (the last group's past K, where x is zero).
+        # Each unit's scale: its group's (the last group's for a unit past K, where x is
+        # zero); one unit, the padded row, where a group spans K.
         depth = self.config.weight_block[1]
-        groups = scale.shape[1]
-        first = torch.arange(0, padded, _HALF, device=q.device)
-        index = (first // depth).clamp(max=groups - 1) if groups > 1 else first * 0
-        half_scales = scale[:, index].contiguous()
+        first = torch.arange(0, padded, unit, device=q.device)
+        index = (first // depth).clamp(max=scale.shape[1] - 1)
+        scales = scale[:, index].contiguous()
         shifts = None if zero is None else (7 - zero.to(torch.int16))[:, index].contiguous()
-        return WeightBundle(packed.contiguous(), half_scales, None, shifts, order)
+        return WeightBundle(packed.contiguous(), scales, None, shifts, order)
 
     def _matmul(
         self, x: torch.Tensor, bundle: WeightBundle, bias: torch.Tensor | None

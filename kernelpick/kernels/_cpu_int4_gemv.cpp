@@ -1,7 +1,8 @@
 // kernelpick's CPU int4 weight-only GEMM for bf16 activations: y = x @ W^T in fp32, W the
 // layer's int4 values as compressed-tensors' pack-quantized bytes hold them (u = q + 8 a
 // nibble; value k of a row in the low nibble of byte k / 2 when k is even, the high one
-// when odd), each 32 values of K along a row with one fp32 scale and one zero point z.
+// when odd), each group of K along a row (32 values or a multiple of 64, or the row) with
+// one fp32 scale and one zero point z.
 //
 // Built at every ISA level with the rest of the CPU kernels (_cpu_build.py); it registers
 // kernelpick::int4_gemm_<level> only where AVX512-BF16 is on: the products run on
@@ -9,7 +10,8 @@
 // reads subnormal activations as zero), summed in fp32 over each group before its scale
 // (so activations near fp32's largest can overflow a group's sum).
 //
-// Decode reads each weight byte once per block of tokens: the nibbles of 32 bytes widen to
+// Decode reads each weight byte from memory once, and once from cache per block of eight
+// tokens: the nibbles of 32 bytes widen to
 // words (low nibbles: even k, high: odd k), take their shift 7 - z, and become the bf16
 // value q - z by one vpermw of a 32-entry table. The activations are split per 64 values
 // into their even and odd halves once per call, so both halves meet their weights in the
@@ -92,66 +94,100 @@ inline Decoded decode(const uint8_t* bytes, __m512i table, __m512i low, __m512i 
           (__m512bh)_mm512_permutexvar_epi16(odd, table)};
 }
 
-// The shifts of block b, one per 32 values of a row's ``shifts`` (none when symmetric).
-template <bool Shifted>
-inline __m512i block_shift(const int16_t* shifts, int64_t b) {
-  if constexpr (!Shifted) return _mm512_setzero_si512();
-  return _mm512_mask_blend_epi16(__mmask32(0xFFFF0000u), _mm512_set1_epi16(shifts[2 * b]),
-                                 _mm512_set1_epi16(shifts[2 * b + 1]));
-}
-
 inline __m512 dot(const Decoded& w, const uint16_t* xb, __m512 sum) {
   const __m512bh xe = (__m512bh)_mm512_loadu_si512(xb);
   const __m512bh xo = (__m512bh)_mm512_loadu_si512(xb + kBlock / 2);
   return _mm512_dpbf16_ps(_mm512_dpbf16_ps(sum, w.even, xe), w.odd, xo);
 }
 
-// Rows [n0, n1) for tokens [t0, t0 + Count): out[t, n] = the sum over K of x times the
-// weight, each 32 values' partial sum scaled by its scale. A dpbf16 lane sums the pairs of
-// words 2i and 2i + 1, so lanes 0-7 hold k 0..31 of a block and lanes 8-15 k 32..63.
-// ``span``: blocks that share one scale (a group of 64 x span values), or 0 where the two
-// halves of a block may have scales of their own (groups of 32).
-template <int Count, bool Shifted>
-void rows(const uint16_t* xs, int64_t kp, const uint8_t* w, const float* half_scales,
-          const int16_t* half_shifts, int64_t n0, int64_t n1, int64_t t0, float* out, int64_t n,
-          int64_t span) {
+// The words' shifts of one block whose halves (k 0..31 in words 0-15, 32..63 in 16-31)
+// have shifts ``a`` and ``b``.
+inline __m512i halves(int16_t a, int16_t b) {
+  return _mm512_mask_blend_epi16(__mmask32(0xFFFF0000u), _mm512_set1_epi16(a),
+                                 _mm512_set1_epi16(b));
+}
+
+// Rows [row0, row0 + R) for tokens [t0, t0 + Count): out[t, n] = the sum over K of x times
+// the weight, each group's partial sum in fp32 times its scale. A dpbf16 lane sums the
+// pairs of words 2i and 2i + 1, so lanes 0-7 hold k 0..31 of a block and lanes 8-15 k
+// 32..63. ``span``: blocks of 64 that share one scale and shift (a row has kp / (64 span)
+// of each), or 0 for groups of 32 (a row has kp / 32). The R rows' chains of dpbf16 are
+// independent: at one token a single row's chain would wait on the instruction's latency.
+template <int Count, int R, bool Shifted>
+void tile(const uint16_t* xs, int64_t kp, const uint8_t* w, const float* scales,
+          const int16_t* shifts, int64_t row0, int64_t t0, float* out, int64_t n, int64_t span) {
   const __m512i table = value_table(Shifted ? kShiftedFirst : kSymmetricFirst);
   const __m512i low = _mm512_set1_epi16(0x0F);
   const int64_t blocks = kp / kBlock;
-  for (int64_t row = n0; row < n1; ++row) {
-    const uint8_t* bytes = w + row * (kp / 2);
-    const float* scales = half_scales + row * (2 * blocks);
-    const int16_t* shifts = half_shifts == nullptr ? nullptr : half_shifts + row * (2 * blocks);
-    const uint16_t* x0 = xs + t0 * kp;
-    __m512 acc[Count];
-    for (int t = 0; t < Count; ++t) acc[t] = _mm512_setzero_ps();
-    if (span > 0) {  // whole groups of blocks: their sums in fp32, then one scale each
-      for (int64_t g0 = 0; g0 < blocks; g0 += span) {
-        const int64_t g1 = std::min(g0 + span, blocks);
-        __m512 part[Count];
-        for (int t = 0; t < Count; ++t) part[t] = _mm512_setzero_ps();
-        for (int64_t b = g0; b < g1; ++b) {
-          const Decoded d =
-              decode<Shifted>(bytes + b * (kBlock / 2), table, low, block_shift<Shifted>(shifts, b));
-          for (int t = 0; t < Count; ++t) part[t] = dot(d, x0 + t * kp + b * kBlock, part[t]);
-        }
-        const __m512 scale = _mm512_set1_ps(scales[2 * g0]);
-        for (int t = 0; t < Count; ++t) acc[t] = _mm512_fmadd_ps(part[t], scale, acc[t]);
+  const int64_t per_row = span > 0 ? blocks / span : 2 * blocks;  // scales (and shifts)
+  const uint16_t* x0 = xs + t0 * kp;
+  const uint8_t* bytes[R];
+  const float* scale_row[R];
+  const int16_t* shift_row[R];
+  for (int r = 0; r < R; ++r) {
+    bytes[r] = w + (row0 + r) * (kp / 2);
+    scale_row[r] = scales + (row0 + r) * per_row;
+    shift_row[r] = Shifted ? shifts + (row0 + r) * per_row : nullptr;
+  }
+  __m512 acc[R][Count];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < Count; ++t) acc[r][t] = _mm512_setzero_ps();
+  if (span > 0) {  // whole groups of blocks: their sums in fp32, then one scale each
+    for (int64_t g = 0; g < per_row; ++g) {
+      __m512i shift[R];
+      for (int r = 0; r < R; ++r)
+        shift[r] = Shifted ? _mm512_set1_epi16(shift_row[r][g]) : _mm512_setzero_si512();
+      __m512 part[R][Count];
+      for (int r = 0; r < R; ++r)
+        for (int t = 0; t < Count; ++t) part[r][t] = _mm512_setzero_ps();
+      for (int64_t b = g * span; b < (g + 1) * span; ++b) {
+        Decoded d[R];
+        for (int r = 0; r < R; ++r)
+          d[r] = decode<Shifted>(bytes[r] + b * (kBlock / 2), table, low, shift[r]);
+        for (int t = 0; t < Count; ++t)
+          for (int r = 0; r < R; ++r) part[r][t] = dot(d[r], x0 + t * kp + b * kBlock, part[r][t]);
       }
-    } else {
-      for (int64_t b = 0; b < blocks; ++b) {
-        const Decoded d =
-            decode<Shifted>(bytes + b * (kBlock / 2), table, low, block_shift<Shifted>(shifts, b));
-        const __m512 scale = _mm512_mask_blend_ps(
-            __mmask16(0xFF00), _mm512_set1_ps(scales[2 * b]), _mm512_set1_ps(scales[2 * b + 1]));
-        for (int t = 0; t < Count; ++t) {
-          const __m512 part = dot(d, x0 + t * kp + b * kBlock, _mm512_setzero_ps());
-          acc[t] = _mm512_fmadd_ps(part, scale, acc[t]);
-        }
+      for (int r = 0; r < R; ++r) {
+        const __m512 scale = _mm512_set1_ps(scale_row[r][g]);
+        for (int t = 0; t < Count; ++t) acc[r][t] = _mm512_fmadd_ps(part[r][t], scale, acc[r][t]);
       }
     }
-    for (int t = 0; t < Count; ++t) out[(t0 + t) * n + row] = _mm512_reduce_add_ps(acc[t]);
+  } else {  // groups of 32: a block's halves have a scale and shift each
+    for (int64_t b = 0; b < blocks; ++b) {
+      Decoded d[R];
+      __m512 scale[R];
+      for (int r = 0; r < R; ++r) {
+        const __m512i shift =
+            Shifted ? halves(shift_row[r][2 * b], shift_row[r][2 * b + 1]) : _mm512_setzero_si512();
+        d[r] = decode<Shifted>(bytes[r] + b * (kBlock / 2), table, low, shift);
+        scale[r] = _mm512_mask_blend_ps(__mmask16(0xFF00), _mm512_set1_ps(scale_row[r][2 * b]),
+                                        _mm512_set1_ps(scale_row[r][2 * b + 1]));
+      }
+      for (int t = 0; t < Count; ++t)
+        for (int r = 0; r < R; ++r) {
+          const __m512 part = dot(d[r], x0 + t * kp + b * kBlock, _mm512_setzero_ps());
+          acc[r][t] = _mm512_fmadd_ps(part, scale[r], acc[r][t]);
+        }
+    }
   }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < Count; ++t) out[(t0 + t) * n + row0 + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+// Rows a tile takes together at ``Count`` tokens: enough independent chains to cover
+// vdpbf16ps' latency, few enough that the accumulators stay in registers.
+constexpr int tile_rows(int count) { return count == 1 ? 1 : count == 2 ? 4 : 2; }
+
+// Rows [n0, n1) for tokens [t0, t0 + Count), in tiles of tile_rows(Count) then one by one.
+template <int Count, bool Shifted>
+void rows(const uint16_t* xs, int64_t kp, const uint8_t* w, const float* scales,
+          const int16_t* shifts, int64_t n0, int64_t n1, int64_t t0, float* out, int64_t n,
+          int64_t span) {
+  constexpr int R = tile_rows(Count);
+  int64_t row = n0;
+  for (; row + R <= n1; row += R)
+    tile<Count, R, Shifted>(xs, kp, w, scales, shifts, row, t0, out, n, span);
+  for (; row < n1; ++row) tile<Count, 1, Shifted>(xs, kp, w, scales, shifts, row, t0, out, n, span);
 }
 
 using RowsFn = void (*)(const uint16_t*, int64_t, const uint8_t*, const float*,
@@ -162,12 +198,16 @@ constexpr RowsFn kRows[2][kTokens] = {
     {rows<1, true>, rows<2, true>, rows<3, true>, rows<4, true>, rows<5, true>, rows<6, true>,
      rows<7, true>, rows<8, true>}};
 
-// x [M, K] bf16; weight [N, Kp / 2] uint8 (Kp: K padded to a multiple of 64); half_scales
-// [N, Kp / 32] fp32, the scale of each 32 values of a row; half_shifts [N, Kp / 32] int16,
-// each 32 values' 7 - z (None: symmetric); span: blocks of 64 that share one scale and
-// shift (0: the halves of a block may differ). Returns [M, N] fp32.
-at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& half_scales,
-                     const std::optional<at::Tensor>& half_shifts, int64_t span) {
+// Rows a thread takes through every block of tokens before the next: their bytes (16 rows
+// of a 4096-deep layer are 32 KiB) stay in cache while each block of tokens reads them.
+constexpr int64_t kRowChunk = 16;
+
+// x [M, K] bf16; weight [N, Kp / 2] uint8 (Kp: K padded to a multiple of 64); span:
+// blocks of 64 that share one scale and shift (0: groups of 32); scales [N, S] fp32 and
+// shifts [N, S] int16, each group's scale and 7 - z (None: symmetric), S = Kp / (64 span),
+// or Kp / 32 for span 0. Returns [M, N] fp32.
+at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales,
+                     const std::optional<at::Tensor>& shifts, int64_t span) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(),
               "int4_gemm: x must be a contiguous [M, K] bf16 tensor");
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kByte && weight.is_contiguous(),
@@ -175,16 +215,18 @@ at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Te
   const int64_t m = x.size(0), k = x.size(1), n = weight.size(0), kp = weight.size(1) * 2;
   TORCH_CHECK(kp % kBlock == 0 && k <= kp,
               "int4_gemm: the weight's K must be x's padded to a multiple of 64");
-  TORCH_CHECK(half_scales.scalar_type() == at::kFloat && half_scales.is_contiguous() &&
-                  half_scales.dim() == 2 && half_scales.size(0) == n &&
-                  half_scales.size(1) == kp / 32,
-              "int4_gemm: half_scales must be a contiguous [N, Kp / 32] fp32 tensor");
-  TORCH_CHECK(span >= 0, "int4_gemm: span must be 0 or a count of blocks");
-  if (half_shifts.has_value()) {
-    const at::Tensor& h = *half_shifts;
+  TORCH_CHECK(span == 0 || (span > 0 && (kp / kBlock) % span == 0),
+              "int4_gemm: span must be 0 or a count of blocks that divides the row's");
+  const int64_t per_row = span > 0 ? kp / kBlock / span : kp / 32;
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.dim() == 2 &&
+                  scales.size(0) == n && scales.size(1) == per_row,
+              "int4_gemm: scales must be a contiguous [N, S] fp32 tensor, S = Kp / (64 span) "
+              "(Kp / 32 for span 0)");
+  if (shifts.has_value()) {
+    const at::Tensor& h = *shifts;
     TORCH_CHECK(h.scalar_type() == at::kShort && h.is_contiguous() && h.dim() == 2 &&
-                    h.size(0) == n && h.size(1) == kp / 32,
-                "int4_gemm: half_shifts must be a contiguous [N, Kp / 32] int16 tensor");
+                    h.size(0) == n && h.size(1) == per_row,
+                "int4_gemm: shifts must be a contiguous int16 tensor shaped as scales");
   }
   at::Tensor out = at::empty({m, n}, x.options().dtype(at::kFloat));
   if (m == 0 || n == 0) return out;
@@ -192,14 +234,17 @@ at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Te
   auto* split = reinterpret_cast<uint16_t*>(xs.data_ptr<at::BFloat16>());
   split_rows(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), m, k, kp, split);
   const uint8_t* w = weight.data_ptr<uint8_t>();
-  const float* hs = half_scales.data_ptr<float>();
-  const int16_t* sh = half_shifts.has_value() ? half_shifts->data_ptr<int16_t>() : nullptr;
+  const float* sc = scales.data_ptr<float>();
+  const int16_t* sh = shifts.has_value() ? shifts->data_ptr<int16_t>() : nullptr;
   float* o = out.data_ptr<float>();
-  // Rows in parallel: each thread streams its rows' bytes once per block of tokens.
-  at::parallel_for(0, n, 16, [&](int64_t n0, int64_t n1) {
-    for (int64_t t0 = 0; t0 < m; t0 += kTokens) {
-      const int64_t count = std::min<int64_t>(kTokens, m - t0);
-      kRows[sh != nullptr][count - 1](split, kp, w, hs, sh, n0, n1, t0, o, n, span);
+  // Rows in parallel; each thread streams its rows' bytes from memory once.
+  at::parallel_for(0, n, kRowChunk, [&](int64_t n0, int64_t n1) {
+    for (int64_t c0 = n0; c0 < n1; c0 += kRowChunk) {
+      const int64_t c1 = std::min(c0 + kRowChunk, n1);
+      for (int64_t t0 = 0; t0 < m; t0 += kTokens) {
+        const int64_t count = std::min<int64_t>(kTokens, m - t0);
+        kRows[sh != nullptr][count - 1](split, kp, w, sc, sh, c0, c1, t0, o, n, span);
+      }
     }
   });
   return out;
@@ -208,7 +253,7 @@ at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Te
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(kernelpick, m) {
-  m.def(KP_INT4_OP "(Tensor x, Tensor weight, Tensor half_scales, Tensor? half_shifts, int span) "
+  m.def(KP_INT4_OP "(Tensor x, Tensor weight, Tensor scales, Tensor? shifts, int span) "
                    "-> Tensor");
 }
 

@@ -230,22 +230,29 @@ def test_a_family_built_without_bind_refuses_a_layer_it_would_misread(
         LAUNCHES[kernel].kernel(spec, config, CPU, torch.device("cpu"))
 
 
-def test_the_cpu_int4_kernel_is_exact_to_fp32_on_bf16_activations() -> None:
-    # bf16 activations times q - 8 are exact on vdpbf16ps: only fp32 summation remains.
+@pytest.mark.parametrize(
+    ("group", "symmetric"), [(32, False), (128, True), (64, False), (-1, True)]
+)
+def test_the_cpu_int4_kernel_is_exact_to_fp32_on_bf16_activations(
+    group: int, symmetric: bool
+) -> None:
+    # bf16 activations times q - z are exact on vdpbf16ps: only fp32 summation remains.
+    # N = 43 leaves rows past every tile of rows, at every count of tokens the op tiles by.
+    n, k = 43, 300
     config = kp.quant_config(
-        "int4_weight_only", weight_shape=(40, 300), group_size=32, symmetric=False,
+        "int4_weight_only", weight_shape=(n, k), group_size=group, symmetric=symmetric,
         input_dtype="bfloat16", out_dtype="float32",
     )  # fmt: skip
     decision = kp.choose(CPU, config, kp.Policy(force="cpu_int4_gemm"))
     if not isinstance(decision, kp.Selected):
         pytest.skip(f"this CPU has no AVX512-BF16: {decision.reasons[0]}")
     generator = torch.Generator().manual_seed(7)
-    packed, scale, zero = quantize_int(torch.randn(40, 300, generator=generator), config)
+    packed, scale, zero = quantize_int(torch.randn(n, k, generator=generator), config)
     impl = bind(decision, config, CPU)
     bundle = impl.prepare_weights(packed, scale, zero_point=zero)
-    weight = emulated_int_weight(packed, scale, zero, None, 4, 300, 32)
-    for m in (1, 7, 8, 9, 20):
-        x = torch.randn(m, 300, generator=generator).bfloat16()
+    weight = emulated_int_weight(packed, scale, zero, None, 4, k, config.weight_block[1])
+    for m in (1, 2, 3, 4, 5, 7, 8, 9, 20):
+        x = torch.randn(m, k, generator=generator).bfloat16()
         want = x.double() @ weight.t()
         got = impl.apply(x, bundle).double()
         assert float((got - want).abs().max() / want.abs().max()) < 1e-6, m
@@ -274,7 +281,7 @@ def _cpu_int4(group: int, symmetric: bool) -> tuple[IntWeightOnly, kp.QuantConfi
 
 @pytest.mark.parametrize("symmetric", [True, False])
 def test_the_cpu_int4_kernel_refuses_its_own_bundle_of_another_grouping(symmetric: bool) -> None:
-    # Its per-32 scales have one shape for every grouping: the weight's carries the group.
+    # Per channel and groups of 32 or 128: the weight's shape carries the group.
     fine, _ = _cpu_int4(32, symmetric)
     coarse, _ = _cpu_int4(128, symmetric)
     bundle = fine.quantize_weights(torch.randn(16, 256))
