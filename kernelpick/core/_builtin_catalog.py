@@ -284,6 +284,20 @@ _CPU = (
         "Xeon, 0.45 s at M=1 and 97 s at M=256)",
     ),
     KernelSpec(
+        # Before torch's op where both apply (bf16 activations on AVX512-BF16): faster at
+        # M = 1 and from M = 16 up, a little slower at M = 4, on a 2-core Zen 4; and
+        # torch.compile traces it whole, where tinygemm's packing breaks the graph.
+        "cpu_int4_gemm",
+        CPU,
+        W8A16,
+        (*CPU_INT4_GEMM, ANY_OUT),
+        "int4 nibbles decoded in registers to bf16 (AVX512-BF16 C++), exact products on "
+        "vdpbf16ps for bf16 activations, any N and K, per channel too (N = K = 4096, "
+        "2-core Zen 4, against the best F.linear: 0.30 at M=1, torch's int4 op 0.34; 0.43 "
+        "at M=4, torch's 0.38; 0.86 at M=16, torch's 1.09)",
+        fallback=frozenset(),
+    ),
+    KernelSpec(
         # N % 16: _convert_weight_to_int4pack_for_cpu's "expect N to be dividable by 16".
         "cpu_int4pack_mm",
         CPU,
@@ -293,19 +307,6 @@ _CPU = (
         "packed at load for this CPU's ISA (N = K = 4096, bf16, 2-core AMX Xeon: 0.42 of "
         "bf16 F.linear's time at M=1, but 1.9 at M=16 and 8.9 at M=256, where F.linear "
         "runs on AMX tiles)",
-        fallback=frozenset(),
-    ),
-    KernelSpec(
-        # After torch's op: at par with it at M=1 on a 2-core Zen 4 and slower at 4-16
-        # tokens (N = K = 4096); first where its rules fail (per channel, N % 16, ragged K).
-        "cpu_int4_gemm",
-        CPU,
-        W8A16,
-        (*CPU_INT4_GEMM, ANY_OUT),
-        "int4 nibbles decoded in registers to bf16 (AVX512-BF16 C++), exact products on "
-        "vdpbf16ps for bf16 activations, any N and K, per channel too, one scale per 32 "
-        "values (N = K = 4096, 2-core Zen 4: 0.34 of the best F.linear's time at M=1, as "
-        "torch's int4 op; 0.57 at M=4, torch's 0.36)",
         fallback=frozenset(),
     ),
     KernelSpec(
