@@ -69,8 +69,12 @@ def rotation_count(bytes_each: int, target: int, cap: int) -> int:
 
 
 def nbytes(values: Sequence[object]) -> int:
-    """Bytes of every tensor in ``values`` (a weight, or a bundle's tensors)."""
-    return sum(v.untyped_storage().nbytes() for v in values if isinstance(v, torch.Tensor))
+    """Bytes of every tensor in ``values`` (a weight, or a bundle's tensors), and of an
+    item another library holds, which states its own (``nbytes``)."""
+    return sum(
+        v.untyped_storage().nbytes() if isinstance(v, torch.Tensor) else getattr(v, "nbytes", 0)
+        for v in values
+    )
 
 
 @attrs.define

@@ -14,10 +14,11 @@ order rotating) and each figure is the median of per-repeat ratios.
   per-token int8 activations, per-channel int8 weights), ``per_tensor``
   (``fp8_per_tensor``: one dynamic activation scale, one weight scale), ``int4_wo`` and
   ``int8_wo`` (``int4_weight_only``, groups of 128, and ``int8_weight_only``, per
-  channel: torch's tinygemm int4 and int8pack ops where their rules hold), ``int4_kp``
-  (int4 on kernelpick's own ``cpu_int4_gemm``, forced, beside it; rejected where the CPU
-  has no AVX512-BF16) and, for comparison in the same repeats, ``ptpc``
-  (``fp8_per_channel``).
+  channel: kernelpick's ``cpu_int4_gemm`` on AVX512-BF16, else torch's tinygemm, and
+  torch's int8pack op), ``int4_torch`` (int4 on torch's ``cpu_int4pack_mm``, forced,
+  beside it) and, for comparison in the same repeats, ``ptpc`` (``fp8_per_channel``).
+- Peers, in the same repeats where the machine has them: ``q4_0``, llama.cpp's Q4_0
+  product (``ggml_peer``: set ``KERNELPICK_GGML``), beside the int4 layers.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ import torch
 
 import kernelpick as kp
 from benchmarks.decode import ACTIVATION, MIB, check_activation, layer_config, llc_bytes
+from benchmarks.ggml_peer import ggml_peer
 from benchmarks.rotation import (
+    Peer,
     candidate,
     ratio_row,
     rotated_weights,
@@ -52,12 +55,12 @@ CANDIDATES: dict[str, str] = {
     "per_tensor": "fp8_per_tensor",
     "ptpc": "fp8_per_channel",
     "int4_wo": "int4_weight_only",
-    "int4_kp": "int4_weight_only",
+    "int4_torch": "int4_weight_only",
     "int8_wo": "int8_weight_only",
 }
-# Candidates timed under a policy of their own: int4 on kernelpick's kernel beside the one
-# selected (torch's op, where its rules hold).
-_POLICIES = {"int4_kp": kp.Policy(force="cpu_int4_gemm")}
+# Candidates timed under a policy of their own: int4 on torch's op beside the one selected
+# (kernelpick's cpu_int4_gemm, where the CPU has AVX512-BF16).
+_POLICIES = {"int4_torch": kp.Policy(force="cpu_int4pack_mm")}
 # Every M the decode figures take (the issue's targets judge these layers at every M).
 SCHEME_TOKENS = (1, 4, 16, 64, 256, 2048)
 
@@ -71,7 +74,7 @@ def _config(name: str, n: int, k: int, activation: str) -> kp.QuantConfig:
 
 def _shape(
     caps: kp.DeviceCaps, n: int, k: int, tokens: Sequence[int], repeats: int, target: int,
-    seed: int, activation: str,
+    seed: int, activation: str, peers: Sequence[Peer],
 ) -> dict[str, Any]:  # fmt: skip
     generator = torch.Generator().manual_seed(seed)
     candidates = [
@@ -79,12 +82,15 @@ def _shape(
         for name in CANDIDATES
     ]
     dtype = getattr(torch, activation)
-    weights, _ = rotated_weights(n, k, candidates, target, generator, activation=dtype)
+    weights, _ = rotated_weights(n, k, candidates, target, generator, peers, dtype)
     record = shape_record(n, k, candidates, weights)
-    samples = time_tokens(tokens, k, generator, candidates, weights, repeats, activation=dtype)
+    samples = time_tokens(
+        tokens, k, generator, candidates, weights, repeats, peers=peers, activation=dtype
+    )
     del weights
     gc.collect()
-    rows = [ratio_row(m, by_name, CANDIDATES) for m, by_name in samples.items()]
+    names = [*CANDIDATES, *(peer.name for peer in peers)]
+    rows = [ratio_row(m, by_name, names) for m, by_name in samples.items()]
     return {**record, "rows": rows}
 
 
@@ -104,6 +110,8 @@ def run_schemes(
         caps = attrs.evolve(caps, arch=CpuArch(platform.machine(), cpu_isa))
     llc, llc_source = llc_bytes()
     target = 2 * llc if rotation_bytes is None else rotation_bytes
+    q4_0, q4_0_runs = ggml_peer(torch.get_num_threads())
+    peers = () if q4_0 is None else (q4_0,)
     return {
         "llc_bytes": llc,
         "llc_source": llc_source,
@@ -113,8 +121,9 @@ def run_schemes(
         "torch_threads": torch.get_num_threads(),
         "cpu_isa": sorted(caps.arch.isa) if isinstance(caps.arch, CpuArch) else [],
         "schemes": dict(CANDIDATES),
+        "peers": {"q4_0": q4_0_runs},
         "shapes": [
-            _shape(caps, n, k, tokens, repeats, target, seed, activation)
+            _shape(caps, n, k, tokens, repeats, target, seed, activation, peers)
             for seed, (n, k) in enumerate(shapes)
         ],
     }
@@ -130,6 +139,7 @@ def render_schemes(schemes: dict[str, Any]) -> list[str]:
     ]
     act = schemes.get("activation_dtype", "bfloat16")
     lines += [f"  {name}: {what}, {act} in and out" for name, what in schemes["schemes"].items()]
+    lines += [f"  {name} (peer): {what}" for name, what in schemes.get("peers", {}).items()]
     for shape in schemes["shapes"]:
         builds = shape.get("builds", {})
         ran = ", ".join(
@@ -137,7 +147,8 @@ def render_schemes(schemes: dict[str, Any]) -> list[str]:
             f"{' (DEGRADED)' if shape['degraded'].get(name) else ''}"
             for name, kernel in shape["kernels"].items()
         )
-        names = [name for name in CANDIDATES if name in shape["rows"][0]["ms"]]
+        timed = [*CANDIDATES, *schemes.get("peers", {})]
+        names = [name for name in timed if name in shape["rows"][0]["ms"]]
         lines += ["", f"schemes, N={shape['n']} K={shape['k']}  ({ran})"]
         lines.append(
             f"  {'M':>5} {'best':>5} {'best ms':>8} "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ import torch
 
 import kernelpick as kp
 from benchmarks.decode import BASELINES, CANDIDATES, llc_bytes, measure_bandwidth, run_decode
+from benchmarks.ggml_peer import GGML_ENV, ggml_peer
 from benchmarks.memory import peak_extra_rss, resident_bytes
 from benchmarks.report import DECODE_TARGETS, TARGETS, render
 from benchmarks.schemes import CANDIDATES as SCHEMES
@@ -326,3 +328,30 @@ def test_the_model_figures_run_on_minilm_and_name_the_kernels_that_ran() -> None
     assert isinstance(decision, kp.Selected)
     assert set(used) == {decision.kernel}
     assert "fp8_per_channel/fp32" in "\n".join(render_models(record))
+
+
+def test_the_q4_0_peer_runs_where_ggml_is_installed_and_says_why_not_elsewhere(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Where KERNELPICK_GGML names an install, llama.cpp's Q4_0 is timed in the same repeats
+    # as the int4 layers; elsewhere the record and report say what would run it.
+    record = run_schemes(((64, 64),), (1,), 1, 0)
+    (row,) = record["shapes"][0]["rows"]
+    text = "\n".join(render_schemes(record))
+    if GGML_ENV in os.environ:
+        assert record["peers"]["q4_0"].startswith("llama.cpp ggml Q4_0")
+        assert row["q4_0_vs_best"] > 0
+        assert "q4_0/best" in text
+        monkeypatch.delenv(GGML_ENV)
+        record = run_schemes(((64, 64),), (1,), 1, 0)
+    assert record["peers"] == {"q4_0": f"not run: set {GGML_ENV} to a ggml install prefix"}
+    assert "q4_0" not in record["shapes"][0]["rows"][0]["ms"]
+    assert f"q4_0 (peer): not run: set {GGML_ENV}" in "\n".join(render_schemes(record))
+
+
+def test_a_ggml_prefix_without_its_headers_is_refused_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(GGML_ENV, str(tmp_path))
+    with pytest.raises(RuntimeError, match=r"no include/ggml\.h"):
+        ggml_peer(1)
