@@ -293,8 +293,8 @@ _CPU = (
         (*CPU_INT4_GEMM, ANY_OUT),
         "int4 nibbles decoded in registers to bf16 (AVX512-BF16 C++), exact products on "
         "vdpbf16ps for bf16 activations, any N and K, per channel too (N = K = 4096, "
-        "2-core Zen 4, against the best F.linear: 0.30 at M=1, torch's int4 op 0.34; 0.43 "
-        "at M=4, torch's 0.38; 0.86 at M=16, torch's 1.09)",
+        "2-core Zen 4, against the best F.linear: 0.30 at M=1, torch's int4 op 0.34; 0.39 "
+        "at M=4, torch's 0.35; 0.91 at M=16, torch's 1.05)",
         fallback=frozenset(),
     ),
     KernelSpec(
