@@ -9,6 +9,8 @@ A failed build raises: a figure asked for is never left out silently.
 Q4_0 is not kernelpick's int4: 32 values share one fp16 scale (4.5 bits a value, against
 4.25 for groups of 128 with fp32 scales), and ggml multiplies on int8, the activations
 quantized to Q8_0 per 32 values; the peer times the product a llama.cpp decode step runs.
+Each weight also keeps a graph, with its x and y, for each of up to 8 counts of tokens it
+was called at (not in its ``nbytes``: that is the weight's).
 """
 
 from __future__ import annotations
@@ -84,20 +86,24 @@ class GgmlWeight:
     took it), freed with this object."""
 
     def __init__(self, lib: _Library, source: torch.Tensor, repack: bool) -> None:
-        self.n = source.shape[0]
+        self.n, self.k = source.shape
         self._lib = lib
+        self._handle = 0  # until ggml holds the weight
         self._handle = lib.weight(source, repack)
         self.nbytes = lib.nbytes(self._handle)
         self.repacked = lib.repacked(self._handle)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 2 or x.shape[1] != self.k:  # the helper copies M * K values of x
+            raise ValueError(f"x {list(x.shape)}: expected [M, {self.k}] for this weight")
         fp32 = x.to(torch.float32).contiguous()
         out = torch.empty(x.shape[0], self.n, dtype=torch.float32)
         self._lib.matmul(self._handle, fp32, out)
         return out.to(x.dtype)
 
     def __del__(self) -> None:
-        self._lib.free(self._handle)
+        if self._handle:
+            self._lib.free(self._handle)
 
 
 def _build(prefix: Path) -> Path:
@@ -107,19 +113,22 @@ def _build(prefix: Path) -> Path:
     for header in ("ggml.h", "ggml-cpu.h"):
         if not (prefix / "include" / header).is_file():
             raise RuntimeError(f"{GGML_ENV}={prefix}: no include/{header}; install ggml there")
-    key = hashlib.sha256(_SOURCE.read_bytes() + str(prefix.resolve()).encode()).hexdigest()
-    out = Path(tempfile.gettempdir()) / f"kernelpick-ggml-{key[:16]}.so"
+    lib = prefix / "lib"
+    # The helper is rebuilt for another source, prefix or ggml build at that prefix.
+    stamps = [f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in sorted(lib.glob("*"))]
+    key = hashlib.sha256("\n".join([_SOURCE.read_text(), str(prefix), *stamps]).encode())
+    out = Path(tempfile.gettempdir()) / f"kernelpick-ggml-{key.hexdigest()[:16]}.so"
     if not out.exists():
-        lib = prefix / "lib"
+        partial = f"{out}.{os.getpid()}.tmp"
         command = [
             compiler, "-O2", "-shared", "-fPIC", str(_SOURCE), "-I", str(prefix / "include"),
             "-L", str(lib), f"-Wl,-rpath,{lib}", *(f"-l{name}" for name in _LIBS),
-            "-o", f"{out}.tmp",
+            "-o", partial,
         ]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"building {_SOURCE.name} against {prefix} failed:\n{done.stderr}")
-        os.replace(f"{out}.tmp", out)
+        os.replace(partial, out)
     return out
 
 
@@ -129,7 +138,8 @@ def ggml_peer(threads: int, repack: bool = True) -> tuple[Peer | None, str]:
     prefix = os.environ.get(GGML_ENV)
     if not prefix:
         return None, f"not run: set {GGML_ENV} to a ggml install prefix"
-    lib = _Library(_build(Path(prefix)))
+    root = Path(prefix).resolve()  # absolute: the helper's rpath
+    lib = _Library(_build(root))
     lib.threads(threads)
     peer = Peer(
         "q4_0",
@@ -137,4 +147,4 @@ def ggml_peer(threads: int, repack: bool = True) -> tuple[Peer | None, str]:
         lambda x, weight: weight(x),
     )
     layout = "repacked to CPU_REPACK's 8-row tiles where N % 8" if repack else "not repacked"
-    return peer, f"llama.cpp ggml Q4_0 ({prefix}), {layout}, {threads} threads"
+    return peer, f"llama.cpp ggml Q4_0 ({root}), {layout}, {threads} threads"

@@ -3,7 +3,7 @@
  *
  * A weight is quantized once to Q4_0 (blocks of 32 values: one fp16 scale, 16 bytes of
  * nibbles) into a buffer of the CPU backend's CPU_REPACK type where that takes it (N % 8 on
- * AVX2 and up), which interleaves eight rows for its GEMM kernels, as llama.cpp loads a
+ * x86 with AVX2), which interleaves eight rows for its GEMM kernels, as llama.cpp loads a
  * model by default; else into a plain context. Each product runs ggml_mul_mat on the CPU
  * backend through one thread pool that every weight shares, as llama.cpp's decode does: ggml
  * quantizes the fp32 activations to Q8_0 and multiplies on int8 dot products. The pool does
@@ -82,7 +82,10 @@ struct kp_weight* kp_ggml_weight(const float* weight, int64_t n, int64_t k, int 
   if (k % 32 != 0) return NULL;
   struct kp_weight* h = calloc(1, sizeof(struct kp_weight));
   if (h == NULL) return NULL;
-  ggml_backend_buffer_type_t buft = repack && n % 8 == 0 ? repack_type() : NULL;
+  /* CPU_REPACK's Q4_0 tiles need N % 8 and, on x86, AVX2 (ggml-cpu/repack.cpp); where
+   * its rule fails it would hold the tensor with no layout, so the plain rows are kept. */
+  int tiles = n % 8 == 0 && ggml_cpu_has_avx2();
+  ggml_backend_buffer_type_t buft = repack && tiles ? repack_type() : NULL;
   size_t bytes = ggml_row_size(GGML_TYPE_Q4_0, k) * n;
   struct ggml_init_params params = {ggml_tensor_overhead() + (buft ? 0 : bytes) + 64, NULL,
                                     buft != NULL};

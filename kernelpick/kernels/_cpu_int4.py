@@ -2,8 +2,9 @@
 (``_cpu_int4_gemv.cpp``), for bf16 activations on AVX512-BF16.
 
 The prepared weight is the canonical nibbles as bytes (in group order for act-order),
-padded to whole groups of a multiple of 64 values and shaped ``[N, groups, depth / 2]``,
-so a bundle of another grouping is refused by its shape; each group of a row has its
+K padded to a multiple of 64 and of the group, and shaped ``[N, units, unit / 2]`` (a
+unit: the group, or the padded row where one group spans K), so a bundle of another
+grouping is refused by its shape; each group of a row has its
 fp32 scale and, where asymmetric, its zero point as the shift ``7 - z`` the kernel reads
 each nibble through (see the C++).
 """
@@ -63,7 +64,7 @@ def _op(level: str) -> _Op:
 
 @attrs.frozen
 class CpuInt4Gemm(IntWeightOnly):
-    """int4 weights, bf16 activations, groups of any multiple of 32 (or per channel), zero
+    """int4 weights, bf16 activations, groups of 32 or a multiple of 64 (or per channel), zero
     points and act-order; built for the best AVX512-BF16 level the device's flags allow,
     when the kernel is bound."""
 
@@ -88,7 +89,7 @@ class CpuInt4Gemm(IntWeightOnly):
         object.__setattr__(self, "_kernel", op)
 
     def _unit(self) -> int:
-        # Values of K a row is shaped by: its group (a multiple of 32), or the padded row
+        # Values of K a row is shaped by: its group (32 or a multiple of 64), or the padded row
         # where one group spans K (per channel, or a group as deep as K).
         depth = self.config.weight_block[1]
         return depth if depth < self.config.k else -(-self.config.k // _BLOCK) * _BLOCK
