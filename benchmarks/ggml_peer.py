@@ -34,25 +34,32 @@ _SOURCE = Path(__file__).with_name("ggml_q4_0.c")
 _LIBS = ("ggml", "ggml-base", "ggml-cpu")
 
 
+_POINTER, _INT64 = ctypes.c_void_p, ctypes.c_int64
+# The helper's calls: argument types and result type (ggml_q4_0.c).
+_CALLS: dict[str, tuple[list[type], type | None]] = {
+    "kp_ggml_threads": ([ctypes.c_int], ctypes.c_int),
+    "kp_ggml_weight": ([_POINTER, _INT64, _INT64, ctypes.c_int], _POINTER),
+    "kp_ggml_repacked": ([_POINTER], ctypes.c_int),
+    "kp_ggml_bytes": ([_POINTER], ctypes.c_size_t),
+    "kp_ggml_matmul": ([_POINTER, _POINTER, _INT64, _POINTER], ctypes.c_int),
+    "kp_ggml_free": ([_POINTER], None),
+}
+
+
 class _Library:
-    """The compiled helper's four calls, typed."""
+    """The compiled helper's calls, typed."""
 
     def __init__(self, path: Path) -> None:
         lib = ctypes.CDLL(str(path))
+        for name, (arguments, result) in _CALLS.items():
+            call = getattr(lib, name)
+            call.argtypes, call.restype = arguments, result
         self._threads = lib.kp_ggml_threads
-        self._threads.argtypes, self._threads.restype = [ctypes.c_int], ctypes.c_int
         self._weight = lib.kp_ggml_weight
-        self._weight.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
-        self._weight.restype = ctypes.c_void_p
         self._repacked = lib.kp_ggml_repacked
-        self._repacked.argtypes, self._repacked.restype = [ctypes.c_void_p], ctypes.c_int
         self._bytes = lib.kp_ggml_bytes
-        self._bytes.argtypes, self._bytes.restype = [ctypes.c_void_p], ctypes.c_size_t
         self._matmul = lib.kp_ggml_matmul
-        self._matmul.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
-        self._matmul.restype = ctypes.c_int
         self._free = lib.kp_ggml_free
-        self._free.argtypes, self._free.restype = [ctypes.c_void_p], None
 
     def threads(self, count: int) -> None:
         if self._threads(count) != 0:
