@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from kernelpick.core import Dtype, QuantConfig
+from kernelpick.kernels._quantize import AmaxReduce, reduced_amax
 from kernelpick.kernels._torch import check_tensor, reject
 
 __all__ = [
@@ -100,17 +101,26 @@ def _groups(values: torch.Tensor, depth: int) -> tuple[torch.Tensor, int]:
 
 
 def quantize_int(
-    weight: torch.Tensor, config: QuantConfig
+    weight: torch.Tensor, config: QuantConfig, *, reduce_amax: AmaxReduce | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """A float ``weight [N, K]`` to its canonical ``(weight, weight_scale, zero_point)``
     (zero_point None for a symmetric config), rounding to nearest in fp32. The caller has
-    refused NaN and infinity."""
+    refused NaN and infinity.
+
+    ``reduce_amax`` receives each group's bounds as one fp32 ``[2, N, G]`` tensor, its
+    largest value and the negation of its smallest (both at least 0, so a MAX all-reduce
+    combines them), and returns them combined: a row-parallel shard of a per-channel layer
+    all-reduces them, so that every rank quantizes its part of a row on the whole row's
+    grid (see ``quantize_canonical``)."""
     fmt = config.weight.dtype
     qmin, qmax = int_range(fmt)
     n, k = weight.shape
     grouped, _ = _groups(weight.detach().to(torch.float32), _depth(config))
     low = grouped.amin(dim=-1).clamp(max=0.0)
     high = grouped.amax(dim=-1).clamp(min=0.0)
+    if reduce_amax is not None:
+        high, negated_low = reduced_amax(reduce_amax, torch.stack([high, -low]))
+        low = -negated_low
     tiny = torch.finfo(torch.float32).tiny
     if config.weight.zero_point is None:
         scale = (torch.maximum(-low, high) / ((qmax - qmin) / 2)).clamp(min=tiny)

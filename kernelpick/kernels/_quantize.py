@@ -39,6 +39,7 @@ __all__ = [
     "quantize_per_tensor",
     "quantize_per_token",
     "quantize_static",
+    "reduced_amax",
     "scale_floor",
 ]
 
@@ -230,7 +231,7 @@ def quantize_in_chunks(
     else:
         amax = torch.cat([_group_amax(c.float(), extents) for c in chunks])
     if reduce_amax is not None:
-        amax = _reduced(reduce_amax, amax)
+        amax = reduced_amax(reduce_amax, amax)
     scale = _group_scale(amax, fp8, scale_dtype)
     for index, chunk in enumerate(chunks):
         start, height = index * step, chunk.shape[0]
@@ -240,7 +241,8 @@ def quantize_in_chunks(
     return out, scale
 
 
-def _reduced(reduce_amax: AmaxReduce, amax: torch.Tensor) -> torch.Tensor:
+def reduced_amax(reduce_amax: AmaxReduce, amax: torch.Tensor) -> torch.Tensor:
+    """``reduce_amax(amax)``, checked to be fp32 of ``amax``'s shape."""
     reduced = reduce_amax(amax)
     if (
         not isinstance(reduced, torch.Tensor)

@@ -207,8 +207,9 @@ def test_a_compressed_tensors_w4a16_config_reads_its_grouping() -> None:
 def test_two_ranks_equal_one(tmp_path: Path) -> None:
     """Two gloo ranks of pre-quantized int4 and int8 layers: a row-parallel rank holds
     whole groups of K (and whole words of them), a column-parallel one its rows and its
-    words of packed zero points; each equals the single-rank layer, and a group the split
-    would cut is refused on every rank."""
+    words of packed zero points; online per-channel row-parallel layers quantize each
+    rank's part on the whole row's bounds. Each equals the single-rank layer, and a group
+    the split would cut is refused on every rank."""
     from tests.engines import vllm_int_workers as int_workers
 
     port = workers.free_port()

@@ -1,7 +1,8 @@
 """The integer weight-only ranks of the vLLM tests (``python -m
 tests.engines.vllm_int_workers RANK PORT OUT``): pre-quantized int4 and int8 row- and
 column-parallel layers loaded from the whole checkpoint tensors through vLLM's loaders,
-which narrow them to the rank's part. vLLM is imported inside the functions only."""
+which narrow them to the rank's part, and online row-parallel per-channel layers, whose
+ranks agree each row's bounds. vLLM is imported inside the functions only."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ ROW = ("int4_weight_only", 64, True)
 ROW_PER_CHANNEL = ("int8_weight_only", -1, False)  # zero points one column, on every rank
 ROW_ONE_GROUP = ("int4_weight_only", 128, False)  # one group per rank: narrowed along K
 COLUMN = ("int4_weight_only", 32, False)
+# Online, quantized from each rank's float part: per channel, on the whole row's bounds.
+ONLINE_ROW = (("int8_weight_only", -1, True), ("int4_weight_only", -1, False))
 
 
 def _tensors(scheme: str, group: int, symmetric: bool, seed: int) -> dict[str, torch.Tensor]:
@@ -38,14 +41,16 @@ def _tensors(scheme: str, group: int, symmetric: bool, seed: int) -> dict[str, t
     return tensors
 
 
-def _layer(style: str, grouping: tuple[str, int, bool], prefix: str) -> Any:
+def _layer(
+    style: str, grouping: tuple[str, int, bool], prefix: str, checkpoint: str = "pre_quantized"
+) -> Any:
     from vllm.model_executor.layers.linear import ColumnParallelLinear, RowParallelLinear
 
     from kernelpick.engines.vllm import KernelpickConfig
 
     scheme, group, symmetric = grouping
     config = KernelpickConfig(
-        scheme, group_size=group, symmetric=symmetric, checkpoint_format="pre_quantized"
+        scheme, group_size=group, symmetric=symmetric, checkpoint_format=checkpoint
     )
     kwargs = {"params_dtype": torch.float32, "quant_config": config, "prefix": prefix}
     if style == "row":
@@ -65,6 +70,13 @@ def integer_row_and_column() -> dict[str, torch.Tensor]:
             param = layer.get_parameter(name)
             weight_loader_of(param)(param, tensor)
         layer.quant_method.process_weights_after_loading(layer)
+        out[key] = layer(peaked_x())[0]
+    for index, grouping in enumerate(ONLINE_ROW):
+        key = f"online_row_{index}"
+        layer = _layer("row", grouping, f"model.layers.0.{key}", "high_precision")
+        param = layer.get_parameter("weight")
+        weight_loader_of(param)(param, weight(N, K, 20 + index))  # the whole float weight
+        layer.quant_method.process_weights_after_loading(layer)  # all-reduces the bounds
         out[key] = layer(peaked_x())[0]
     return out
 

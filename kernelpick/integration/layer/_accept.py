@@ -31,7 +31,7 @@ from typing import ClassVar
 import attrs
 import torch
 
-from kernelpick.core import Dtype, InvalidValueError, QuantConfig
+from kernelpick.core import Dtype, QuantConfig
 from kernelpick.integration.layer._int_form import (
     IntWeights,
     is_weight_only_int,
@@ -252,11 +252,7 @@ def accept_float(
     if not checked:
         check_float(config, label, weight, bias, chunk_rows=chunk_rows)
     if is_weight_only_int(config):
-        if reduce_amax is not None:  # allocate refuses such a layer first
-            raise InvalidValueError(
-                "reduce_amax", "an all-reduce", "None: integer layers are not split yet"
-            )
-        return quantize_int_weights(config, weight)
+        return quantize_int_weights(config, weight, reduce_amax=reduce_amax)
     with torch.no_grad():
         q, scale = quantize_canonical(
             weight.detach(), config, chunk_rows=chunk_rows, reduce_amax=reduce_amax

@@ -121,21 +121,22 @@ def _check_int_split(
     input_size: int,
     layer: str,
 ) -> None:
-    """Refuse a split integer weight-only layer whose part an engine's loaders would narrow
-    to other values: packed words cut inside a word (K along a row, or an asymmetric
-    layer's zero points along N). kernelpick's own loaders do not split these layers, and
-    online per-channel scales agreed over a row split are not built."""
+    """Refuse a split integer weight-only layer whose part would be read as other values.
+    Online, each part is quantized from its own float rows, on the whole row's bounds
+    where its groups span the split (agreed over the group, ``TensorParallel.reduces``),
+    so every split the kernels' whole-groups rule lets through is exact. Pre-quantized,
+    kernelpick's own loaders do not narrow packed tensors, and an engine's must not cut a
+    word: K along a row, or an asymmetric layer's zero points along N."""
     split = sum(sizes) != output_size or input_size != config.k
-    if not split and tp is None:
+    if online or (not split and tp is None):
         return
     per_word = values_per_word(config)
     refusal = None
     if not engine:
-        refusal = "a whole layer: kernelpick's own loaders do not split integer layers"
-    elif tp is not None and online:
         refusal = (
-            "groups that fit each rank's K: per-channel integer scales split along K would "
-            "have to be agreed over the group, which is not built"
+            "a whole layer: kernelpick's own loaders do not narrow pack-quantized tensors "
+            "(an engine's loaders, such as vLLM's, do; or quantize each part online with "
+            "shard_linear)"
         )
     elif config.k % per_word:
         refusal = f"each rank's K ({config.k}) a multiple of {per_word}, the values in a word"

@@ -37,6 +37,7 @@ from kernelpick.core import (
 )
 from kernelpick.integration.layer._param import Param
 from kernelpick.kernels import (
+    AmaxReduce,
     Kernel,
     WeightBundle,
     canonical_scale,
@@ -221,13 +222,16 @@ def check_shape(config: QuantConfig, label: str, tensor: object) -> None:
         raise reject(label, shape, f"[{n}, {k}], this layer's [N, K] (it holds {shape.tolist()})")
 
 
-def quantize_int_weights(config: QuantConfig, weight: torch.Tensor) -> IntWeights:
+def quantize_int_weights(
+    config: QuantConfig, weight: torch.Tensor, *, reduce_amax: AmaxReduce | None = None
+) -> IntWeights:
     """A high-precision ``weight [N, K]`` (finite: checked by the caller) quantized
-    round-to-nearest to this form, as compressed-tensors' quantizer does."""
+    round-to-nearest to this form, as compressed-tensors' quantizer does; a row-parallel
+    shard of a per-channel layer passes ``reduce_amax`` (see ``quantize_int``)."""
     if config.act_order:
         raise reject("weight", weight, "a checkpoint's g_idx: round-to-nearest has no act-order")
     with torch.no_grad():
-        packed, scale, zero = quantize_int(weight.detach(), config)
+        packed, scale, zero = quantize_int(weight.detach(), config, reduce_amax=reduce_amax)
     if zero is not None:
         zero = pack_zero_points(zero, config.weight.dtype.bits)
     return IntWeights(config, packed, scale, zero)

@@ -31,6 +31,8 @@ def shard_linear(
     caps: DeviceCaps | None = None,
     policy: Policy | None = None,
     block_size: int | None = None,
+    group_size: int | None = None,
+    symmetric: bool = True,
     timeout: datetime.timedelta = DEFAULT_TIMEOUT,
     prefix: str = "",
 ) -> QuantizedLinear:
@@ -38,7 +40,11 @@ def shard_linear(
     group when None) holds whole: ``"column"`` keeps ``out_features / world`` outputs,
     ``"row"`` keeps ``in_features / world`` inputs. Each rank must call it for the same
     layers in the same order (a row-parallel per-channel or any per-tensor scheme
-    all-reduces the weight amax).
+    all-reduces the weight amax; an integer one, each row's bounds).
+
+    ``block_size`` is ``fp8_block``'s; ``group_size`` and ``symmetric`` are the integer
+    weight-only schemes' (see ``kp.quant_config``). A row-parallel integer shard must hold
+    whole groups: ``in_features / world`` a multiple of the group size, or per channel.
 
     The shard's forward returns its part of the output: the caller gathers column-parallel
     parts and sums row-parallel ones with an all-reduce. A row-parallel shard holds the
@@ -65,7 +71,8 @@ def shard_linear(
     if caps is None:
         caps = default_caps(device)
     method = QuantizedLinearMethod(
-        scheme, caps, policy, block_size=block_size, tensor_parallel=tp
+        scheme, caps, policy, block_size=block_size, group_size=group_size,
+        symmetric=symmetric, tensor_parallel=tp,
     )  # fmt: skip
     shard = QuantizedLinear(k_part, n_part, method.steps, _bias_part(module.bias, tp, n_part))
     with torch.device(device):

@@ -114,12 +114,12 @@ def test_shards_with_different_g_idx_are_refused_not_overwritten() -> None:
     assert torch.equal(param, g_idx)
 
 
-def test_a_split_integer_layer_is_refused_by_name() -> None:
+def test_a_split_pre_quantized_integer_layer_is_refused_by_name() -> None:
     method = _method("int4_weight_only").with_tensor_parallel(
         TensorParallel(ParallelStyle.COLUMN, 0, 2)
     )
     layer = torch.nn.Module()
-    with pytest.raises(kp.InvalidValueError, match="own loaders do not split integer layers"):
+    with pytest.raises(kp.InvalidValueError, match="own loaders do not narrow pack-quantized"):
         method.create_weights(layer, K, [N // 2], K, N, torch.float32)
     assert not list(layer.parameters())
 
