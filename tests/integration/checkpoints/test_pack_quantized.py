@@ -111,14 +111,23 @@ def test_a_preset_checkpoint_compressed_tensors_writes_loads_as_it_reads_it(
     assert relative_error(_logits(skeleton), _logits(reference)) <= 1e-2
 
 
-@pytest.mark.parametrize("preset", ["W4A16", "W8A16"])
+# transformers 5.25 with compressed-tensors 0.20.1 sizes an asymmetric layer's zero points
+# unpacked ([N, G], where the checkpoint holds them packed along N) and raises on the size
+# mismatch: upstream's bug (llm-compressor#1618, compressed-tensors#458). Strict, so that
+# the fix upstream turns this red and the case joins the others.
+_ASYM_UPSTREAM = pytest.mark.xfail(
+    raises=RuntimeError, strict=True, reason="transformers sizes packed zero points unpacked"
+)
+
+
+@pytest.mark.parametrize(
+    "preset", ["W4A16", "W8A16", pytest.param("W4A16_ASYM", marks=_ASYM_UPSTREAM)]
+)
 def test_a_preset_checkpoint_loads_through_transformers_as_through_load_quantized(
     tmp_path: Path, preset: str
 ) -> None:
     # transformers keeps a checkpoint's own quantization_config (a kernelpick one passed
-    # beside it is refused), so its compressed-tensors quantizer is the one that loads
-    # this. W4A16_ASYM is left out: transformers 5.25 with compressed-tensors 0.20.1 sizes
-    # an asymmetric layer's zero points unpacked and refuses the checkpoint.
+    # beside it is refused), so its compressed-tensors quantizer is the one that loads this.
     _written_by_compressed_tensors(tmp_path, preset)
     stock = LlamaForCausalLM.from_pretrained(tmp_path)
     assert type(stock.hf_quantizer).__name__ == "CompressedTensorsHfQuantizer"
