@@ -13,6 +13,7 @@ from kernelpick import rules
 from kernelpick._version import __version__
 from kernelpick.core import (
     Catalog,
+    Compute,
     Decision,
     DeviceCaps,
     InvalidValueError,
@@ -85,6 +86,7 @@ def bind(
 
 __all__ = [
     "Catalog",
+    "Compute",
     "Decision",
     "DeviceCaps",
     "InvalidValueError",

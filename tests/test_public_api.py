@@ -12,6 +12,7 @@ import kernelpick as kp
 
 PUBLIC = [
     "Catalog",
+    "Compute",
     "Decision",
     "DeviceCaps",
     "InvalidValueError",

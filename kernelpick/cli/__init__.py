@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TextIO
 
 from kernelpick.cli._bench import bench
@@ -75,9 +76,30 @@ def _run(argv: Sequence[str] | None, env: Mapping[str, str], out: TextIO, err: T
     except KernelpickError as error:
         return _fail(error, err)
     try:
-        return _COMMANDS[args.command](args, env, out, err)
+        with _library_log(err):
+            return _COMMANDS[args.command](args, env, out, err)
     except KernelpickError as error:
         return _fail(error, err)
+
+
+@contextlib.contextmanager
+def _library_log(err: TextIO) -> Iterator[None]:
+    """The library's warnings (a degraded or slow selection) on the command's ``err``, as
+    its other diagnostics are, for the command's duration. Without a handler, logging's
+    last resort would write them to sys.stderr, which may be closed (``2>&-``) or be the
+    stream a ``--json`` reader was promised only JSON on."""
+    handler = logging.StreamHandler(err)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("kernelpick: %(levelname)s: %(message)s"))
+    logger = logging.getLogger("kernelpick")
+    propagate = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False  # the application's own handlers, if any, are not ours to use
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
 
 
 class _DevNull(io.StringIO):

@@ -90,9 +90,15 @@ def _describe_policy(policy: Policy) -> str:
 
 def _conclusion(decision: Decision, style: Style) -> str:
     match decision:
-        case Selected(kernel=kernel, degraded=degraded):
+        case Selected(kernel=kernel, degraded=degraded, warnings=warnings):
             note = " (degraded: weight-only, activations not quantized)" if degraded else ""
-            return style.paint(style.wrap(f"=> selected {kernel}{note}"), Colour.BOLD)
+            lines = [style.paint(style.wrap(f"=> selected {kernel}{note}"), Colour.BOLD)]
+            # Why what runs may be slower than the unquantized layer (the --json "warnings").
+            lines += [
+                style.paint(style.wrap(f"warning: {w.render()}", indent=" " * 9), Colour.YELLOW)
+                for w in warnings
+            ]
+            return "\n".join(lines)
         case Rejected(hints=hints):
             lines = [style.paint(style.wrap(_NONE_FITS), Colour.RED)]
             # What would work instead, computed by choose (the same lines as --json "hints").
@@ -256,18 +262,25 @@ def kernels(args: argparse.Namespace, env: Mapping[str, str], out: TextIO, err: 
     specs = default_catalog().kernels
     if args.json:
         records = [
-            {"id": s.id, "platform": str(s.platform), "kind": s.kind.value, "summary": s.summary,
+            {"id": s.id, "platform": str(s.platform), "kind": s.kind.value,
+             "compute": s.compute.value, "summary": s.summary,
              "requires": [r.render() for r in s.rules]}
             for s in specs
         ]  # fmt: skip
         emit_json({"schema_version": SCHEMA_VERSION, "kernels": records}, out)
         return EXIT_SELECTED
     rows = [
-        [s.id, str(s.platform), str(s.kind),
+        [s.id, str(s.platform), str(s.kind), str(s.compute),
          "\n".join(r.render() for r in s.rules)]
         for s in specs
     ]  # fmt: skip
-    headers = ["kernel", "platform", "kind", "requires (in preference order per platform)"]
+    headers = [
+        "kernel",
+        "platform",
+        "kind",
+        "compute",
+        "requires (in preference order per platform)",
+    ]
     print(text_table(headers, rows, Style.for_stream(out, env)), file=out)
     return EXIT_SELECTED
 

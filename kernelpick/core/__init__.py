@@ -69,6 +69,7 @@ from kernelpick.core._schemes import (
 )
 from kernelpick.core._select import cache_info, choose, clear_cache, evaluate, rule_reasons
 from kernelpick.core._specs import Catalog, KernelKind, KernelSpec
+from kernelpick.core._speed import MISSING_TOOL_CODES, Compute, SpeedCode, SpeedWarning
 from kernelpick.core._typing import assert_never
 
 
@@ -87,6 +88,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "Arch",
     "Catalog",
+    "Compute",
     "CpuArch",
     "CudaArch",
     "Decision",
@@ -109,6 +111,8 @@ __all__ = [
     "ScaleSpec",
     "Scheme",
     "Selected",
+    "SpeedCode",
+    "SpeedWarning",
     "UnknownNameError",
     "Verdict",
     "Version",
@@ -144,6 +148,7 @@ __all__ += [
     "INTEGER_WEIGHT_ONLY",
     "INT_MM_MIN_TOKENS",
     "KERNEL_ISA_FLAGS",
+    "MISSING_TOOL_CODES",
     "MX_BLOCK_SIZE",
     "PER_CHANNEL_GROUP",
     "block_size_of",

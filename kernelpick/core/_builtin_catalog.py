@@ -54,10 +54,16 @@ from kernelpick.core._device_rules import (
 )
 from kernelpick.core._dtypes import Dtype
 from kernelpick.core._specs import Catalog, KernelKind, KernelSpec
+from kernelpick.core._speed import Compute
 
 __all__ = ["DEFAULT_CATALOG"]
 
 W8A8, W8A16 = KernelKind.W8A8, KernelKind.W8A16
+# How a row computes (kp.Compute), where it is not NATIVE: DECODE rows dequantize with
+# torch ops, then matmul; EMULATED rows are references, or torch's CPU _scaled_mm, which
+# oneDNN runs only with amx_int8 and which even there measured 77-100 ms at N = K = 4096
+# (cpu_fp8_gemm: 0.78-7.3), so a selection of one warns.
+DECODE, EMULATED = Compute.DECODE, Compute.EMULATED
 _BF16_IN = InputDtypes(frozenset({Dtype.BFLOAT16}))
 CUDA, ROCM, CPU = Platform.CUDA, Platform.ROCM, Platform.CPU
 
@@ -133,6 +139,7 @@ _CUDA = (
         W8A16,
         (*DEQUANT_ANY, ANY_OUT),
         "dequantize with torch ops (any scale grouping, blocks too), then matmul",
+        compute=DECODE,
     ),
     KernelSpec(
         # tinygemm's CUDA kernels are built for SM 8.0 on (int4mm.cu, __CUDA_ARCH__ >= 800)
@@ -153,6 +160,7 @@ _CUDA = (
         "int4/int8 weights dequantized with torch ops (any group, zero points, act-order), "
         "then matmul",
         fallback=frozenset(),
+        compute=DECODE,
     ),
 )
 
@@ -187,6 +195,7 @@ _ROCM = (
         W8A16,
         (E4M3, ScaleDtypes(frozenset({Dtype.FLOAT32})), ANY_OUT),
         "dequantize with torch ops (any scale grouping, blocks too), then matmul",
+        compute=DECODE,
     ),
     KernelSpec(
         # int4mm.cu's ROCm path: MFMA on CDNA2 and later (gfx90a, gfx942, gfx950; "only
@@ -212,6 +221,7 @@ _ROCM = (
         "int4/int8 weights dequantized with torch ops (any group, zero points, act-order), "
         "then matmul",
         fallback=frozenset(),
+        compute=DECODE,
     ),
 )
 
@@ -274,6 +284,7 @@ _CPU = (
         "about 40x on a 2-core AVX2 EPYC). Even with AMX it does not win: 77 ms at M=1 and "
         "100 ms at M=256 on a 2-core AMX Xeon, against 0.78 / 7.3 for cpu_fp8_gemm. Serves "
         "where cpu_fp8_gemm cannot (no toolchain)",
+        compute=EMULATED,
     ),
     KernelSpec(
         "cpu_tensorwise_scaled_mm",
@@ -282,6 +293,7 @@ _CPU = (
         (NeedsTorchFeature(FEATURE_SCALED_MM, "torch._scaled_mm on CPU"), *TENSORWISE, ANY_OUT),
         "torch._scaled_mm on CPU with scalar scales (an emulation: N=K=4096 on a 2-core AMX "
         "Xeon, 0.45 s at M=1 and 97 s at M=256)",
+        compute=EMULATED,
     ),
     KernelSpec(
         # Before torch's op where both apply (bf16 activations on AVX512-BF16): faster at
@@ -324,6 +336,7 @@ _CPU = (
         W8A8,
         (*ANY_GROUPING, ANY_OUT),
         "quantize, dequantize, fp32 matmul: the numerics reference",
+        compute=EMULATED,
     ),
     KernelSpec(
         "cpu_w8a16_reference",
@@ -331,6 +344,7 @@ _CPU = (
         W8A16,
         (*DEQUANT_ANY, ANY_OUT),
         "dequantize the weight (any scale grouping), fp32 matmul",
+        compute=EMULATED,
     ),
     KernelSpec(
         "cpu_wna16_reference",
@@ -340,6 +354,7 @@ _CPU = (
         "int4/int8 weights dequantized to fp32 (any group, zero points, act-order), fp32 "
         "matmul: the numerics reference",
         fallback=frozenset(),
+        compute=EMULATED,
     ),
 )
 

@@ -9,6 +9,7 @@ import attrs
 from kernelpick.core._errors import InvalidValueError
 from kernelpick.core._reasons import Reason
 from kernelpick.core._specs import KernelKind
+from kernelpick.core._speed import SpeedWarning
 
 __all__ = ["SCHEMA_VERSION", "Decision", "Rejected", "Selected", "Verdict", "reason_lines"]
 
@@ -80,6 +81,12 @@ def _hints(value: object) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _warnings(value: object) -> tuple[SpeedWarning, ...]:
+    if not isinstance(value, (tuple, list)) or not all(isinstance(w, SpeedWarning) for w in value):
+        raise InvalidValueError("warnings", value, "a tuple of kp.SpeedWarning")
+    return tuple(value)
+
+
 def _viable(verdict: Verdict, before_chosen: bool, chosen_degraded: bool) -> str:
     # The chosen kernel is the first viable one that is not degraded, or else the first
     # degraded one: a viable kernel ahead of it was passed over for being degraded.
@@ -102,11 +109,14 @@ def _trace_dict(trace: tuple[Verdict, ...], chosen: str | None) -> list[dict[str
 @attrs.frozen
 class Selected:
     """A kernel was chosen. ``trace`` holds every kernel's verdict, in catalog order, including
-    those after the chosen one; ``degraded`` marks a choice that changes numerics."""
+    those after the chosen one; ``degraded`` marks a choice that changes numerics;
+    ``warnings`` say why what runs may be slower than the layer it replaces (an emulation,
+    or a faster kernel turned down for a missing tool), and never change the choice."""
 
     kernel: str
     trace: tuple[Verdict, ...]
     degraded: bool
+    warnings: tuple[SpeedWarning, ...] = attrs.field(default=(), converter=_warnings)
 
     @property
     def alternatives(self) -> tuple[str, ...]:
@@ -117,6 +127,7 @@ class Selected:
         """The choice and, for every other kernel, why it was not chosen."""
         head = f"Selected {self.kernel}"
         lines = [f"{head} ({DEGRADED_NOTE})." if self.degraded else f"{head}."]
+        lines += [f"Warning: {warning.render()}" for warning in self.warnings]
         others = [v for v in self.trace if v.kernel != self.kernel]
         if others:
             lines.append("Other kernels:")
@@ -138,6 +149,7 @@ class Selected:
             "outcome": "selected",
             "kernel": self.kernel,
             "degraded": self.degraded,
+            "warnings": [warning.to_dict() for warning in self.warnings],
             "trace": _trace_dict(self.trace, self.kernel),
         }
 
@@ -174,6 +186,7 @@ class Rejected:
             "outcome": "rejected",
             "kernel": None,
             "degraded": False,
+            "warnings": [],
             "trace": _trace_dict(self.trace, None),
             "hints": list(self.hints),
         }

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 import attrs
 
 from kernelpick.core._arch import Arch, CpuArch, CudaArch, Platform, RocmArch, Version, as_version
+from kernelpick.core._cpuinfo import isa_class
 from kernelpick.core._dtypes import Dtype
 from kernelpick.core._errors import InvalidValueError
 
@@ -152,9 +153,20 @@ class DeviceCaps:
             features=features,
         )
 
+    @property
+    def isa_class(self) -> str | None:
+        """What a CPU has for quantized products (``AMX``, ``AVX-512 with BF16 and VNNI``,
+        ``AVX2 only``, ...; see ``kernelpick.core._cpuinfo.ISA_CLASSES``); None on a GPU."""
+        return isa_class(self.arch.isa) if isinstance(self.arch, CpuArch) else None
+
     def render(self) -> str:
-        """One line: name, platform, arch, toolkit and torch."""
-        arch = f"compute capability {self.arch}" if self.platform is Platform.CUDA else self.arch
+        """One line: name, platform, arch (a CPU's with what it has for quantized
+        products), toolkit and torch."""
+        arch: object = self.arch
+        if self.platform is Platform.CUDA:
+            arch = f"compute capability {self.arch}"
+        elif self.isa_class is not None:
+            arch = f"{self.arch}: {self.isa_class}"
         toolkit = "" if self.toolkit_version is None else f", {self.toolkit}"
         return (
             f"{self.name}: {self.platform}, {arch}{toolkit}, torch {self.torch_version}, "

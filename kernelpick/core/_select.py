@@ -16,7 +16,8 @@ The laws of a decision (docs/design.md#selection-rules tells them at length):
    kernel that fails its rules is a rejection, never a fall-through.
 6. The first kernel without reasons that is not degraded wins; else the first degraded one
    without reasons, as ``degraded=True``; else ``Rejected`` with the whole trace
-   (``_decide``).
+   (``_decide``). A selection carries the speed warnings its trace and the chosen row's
+   ``compute`` imply (``kernelpick.core._speed``), which never change it.
 7. The same question gets the same answer: ``choose`` is pure and cached, and hints, asked
    only for a rejection, never change it (``_choose``).
 """
@@ -36,6 +37,7 @@ from kernelpick.core._policy import Policy
 from kernelpick.core._quant import QuantConfig
 from kernelpick.core._reasons import Reason, RejectCode
 from kernelpick.core._specs import Catalog, KernelKind, KernelSpec
+from kernelpick.core._speed import speed_warnings
 
 __all__ = ["CACHE_SIZE", "cache_info", "choose", "clear_cache", "evaluate", "rule_reasons"]
 
@@ -131,7 +133,9 @@ def _choose(caps: DeviceCaps, config: QuantConfig, policy: Policy, catalog: Cata
                 return None
 
         return Rejected(decision.trace, hints(caps, config, decision.trace, decide))
-    return decision
+    compute = catalog.kernel(decision.kernel).compute
+    warnings = speed_warnings(decision.kernel, compute, decision.trace)
+    return attrs.evolve(decision, warnings=warnings) if warnings else decision
 
 
 def choose(

@@ -26,6 +26,7 @@ from kernelpick.core._kinds import (
 )
 from kernelpick.core._quant import GroupShape, QuantConfig
 from kernelpick.core._reasons import Reason
+from kernelpick.core._speed import Compute
 from kernelpick.core._weight_rules import LAWS, OPT_IN_DEFAULTS
 
 __all__ = ["KIND_RULES", "Catalog", "KernelKind", "KernelSpec", "Requirement", "as_kind"]
@@ -92,6 +93,16 @@ def _summary(_inst: object, attribute: attrs.Attribute[str], value: str) -> None
         raise InvalidValueError("kernel summary", value, "a string")
 
 
+def _compute(value: object) -> Compute:
+    if isinstance(value, Compute):
+        return value
+    try:
+        return Compute(value)
+    except ValueError:
+        expected = ", ".join(repr(member.value) for member in Compute)
+        raise InvalidValueError("compute", value, f"a kp.Compute: {expected}") from None
+
+
 def _fallback(value: Iterable[GroupShape] | None) -> frozenset[GroupShape] | None:
     # A converter does not see the kind: post-init checks each shape against the table.
     if value is None:
@@ -114,6 +125,9 @@ class KernelSpec:
     stand-in: None takes every one the kind table allows (per-tensor and per-token groups
     such as block FP8's 1x128), a set of ``GroupShape`` only those, ``frozenset()`` none.
     Per-token is never one, and a W8A8 kernel has none: both are refused here.
+    ``compute`` says how the kernel computes (``kp.Compute``: native, a decode then a
+    high-precision GEMM, or an emulation); a selection of an emulation carries a speed
+    warning (``kernelpick.core._speed``).
     """
 
     id: str = attrs.field(validator=_kernel_id)
@@ -124,6 +138,7 @@ class KernelSpec:
     fallback: frozenset[GroupShape] | None = attrs.field(
         default=None, converter=_fallback, kw_only=True
     )
+    compute: Compute = attrs.field(default=Compute.NATIVE, converter=_compute, kw_only=True)
     # Derived once: every uncached decision reads it for every kernel of the platform.
     _rules: tuple[Requirement, ...] = attrs.field(init=False, eq=False, hash=False, repr=False)
 

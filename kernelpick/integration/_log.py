@@ -58,14 +58,21 @@ def log_selection(
     scheme: str, caps: DeviceCaps, config: QuantConfig, decision: Selected, layer: str
 ) -> None:
     """Log one selection, the first time this process sees its (device, config, kernel):
-    WARNING for a degraded choice, INFO for any other, then the full trace at DEBUG."""
-    level = logging.WARNING if decision.degraded else logging.INFO
-    summary, trace = _still_to_log((caps, config, decision.kernel), level)
+    WARNING for a degraded choice or one with speed warnings (an emulation, a faster
+    kernel turned down for a missing tool), INFO for any other, then the full trace at
+    DEBUG."""
+    warned = decision.degraded or bool(decision.warnings)
+    summary, trace = _still_to_log(
+        (caps, config, decision.kernel), logging.WARNING if warned else logging.INFO
+    )
     where = f" (first at layer {layer!r})" if layer else ""
-    if summary and decision.degraded:
+    if summary and warned:
+        notes = ([DEGRADED_NOTE] if decision.degraded else []) + [
+            warning.render() for warning in decision.warnings
+        ]
         LOGGER.warning(
-            'quantization="%s": %s selected on %s for %s%s, %s',
-            scheme, decision.kernel, caps.name, config.render(), where, DEGRADED_NOTE,
+            'quantization="%s": %s selected on %s for %s%s; %s',
+            scheme, decision.kernel, caps.name, config.render(), where, "; ".join(notes),
         )  # fmt: skip
     elif summary:
         LOGGER.info(

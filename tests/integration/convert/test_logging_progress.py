@@ -8,10 +8,12 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 
 import kernelpick as kp
+from kernelpick.core import FEATURE_CPP_TOOLCHAIN
 from kernelpick.integration import (
     ModelConversionError,
     QuantizedLinearMethod,
@@ -103,6 +105,33 @@ def test_quantize_model_warns_for_a_degraded_choice(caplog: pytest.LogCaptureFix
     assert len(_records(caplog, logging.WARNING)) == 3
     assert not _records(caplog, logging.INFO)  # one record per config: the warning says it all
     assert "cpu_fp8_w8a16_gemm" in _records(caplog, logging.WARNING)[0].getMessage()
+
+
+@pytest.mark.parametrize(
+    ("scheme", "passed_over", "emulation"),
+    [("fp8_per_tensor", "cpu_fp8_gemm", "cpu_tensorwise_scaled_mm"),
+     ("int8_per_channel", "cpu_int8_gemm", "cpu_dequant_reference")],
+)  # fmt: skip
+def test_a_slow_choice_warns_once_per_device_and_config_with_its_reasons(
+    caplog: pytest.LogCaptureFixture, scheme: str, passed_over: str, emulation: str
+) -> None:
+    """The cpu profile without its C++ toolchain: the compiled kernel is turned down for
+    the missing tool and an emulation runs; a layer's selection is made before any weight
+    exists, so an AVX2 profile selects on any host."""
+    caplog.set_level(logging.INFO, logger="kernelpick")
+    caps = attrs.evolve(CPU, features=CPU.features - {FEATURE_CPP_TOOLCHAIN})
+    method = QuantizedLinearMethod(scheme, caps, kp.Policy())
+    for index in range(3):  # three layers of one shape: one record
+        method.create_weights(torch.nn.Module(), 64, [32], 64, 32, torch.float32,
+                              prefix=f"layers.{index}")  # fmt: skip
+    warnings = _records(caplog, logging.WARNING)
+    assert len(warnings) == 1
+    assert not _records(caplog, logging.INFO)
+    message = warnings[0].getMessage()
+    assert message.startswith(f'quantization="{scheme}": {emulation} selected on')
+    assert f"{passed_over}, ahead in preference order, was turned down only" in message
+    assert "toolchain" in message
+    assert f"{emulation} is an emulation" in message
 
 
 def test_debug_holds_the_full_trace(caplog: pytest.LogCaptureFixture) -> None:
