@@ -70,6 +70,13 @@ from kernelpick.core._schemes import (
 from kernelpick.core._select import cache_info, choose, clear_cache, evaluate, rule_reasons
 from kernelpick.core._specs import Catalog, KernelKind, KernelSpec
 from kernelpick.core._speed import MISSING_TOOL_CODES, Compute, SpeedCode, SpeedWarning
+from kernelpick.core._summary import (
+    KeptLayer,
+    LayerGroup,
+    ModelSummary,
+    collapse_names,
+    stored_bytes,
+)
 from kernelpick.core._typing import assert_never
 
 
@@ -96,10 +103,13 @@ __all__ = [
     "Dtype",
     "GroupShape",
     "InvalidValueError",
+    "KeptLayer",
     "KernelInputError",
     "KernelKind",
     "KernelSpec",
     "KernelpickError",
+    "LayerGroup",
+    "ModelSummary",
     "Platform",
     "Policy",
     "QuantConfig",
@@ -152,6 +162,7 @@ __all__ += [
     "MX_BLOCK_SIZE",
     "PER_CHANNEL_GROUP",
     "block_size_of",
+    "collapse_names",
     "group_size_of",
     "is_bool",
     "is_positive_int",
@@ -162,4 +173,5 @@ __all__ += [
     "reason_lines",
     "rule_reasons",
     "split_ids",
+    "stored_bytes",
 ]

@@ -22,6 +22,7 @@ from kernelpick.integration.convert import (
     ConversionReport,
     LayerReport,
     SkippedLayer,
+    model_summary,
     quantize_model,
 )
 from kernelpick.integration.formats import quantization_config
@@ -61,6 +62,7 @@ __all__ = [
     "WeightLoader",
     "layer_state",
     "load_quantized",
+    "model_summary",
     "quantization_config",
     "quantize_model",
     "save_quantized",

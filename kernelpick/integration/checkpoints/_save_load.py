@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from kernelpick.adapters import default_caps
-from kernelpick.core import Catalog, DeviceCaps, InvalidValueError, Policy
+from kernelpick.core import Catalog, DeviceCaps, InvalidValueError, ModelSummary, Policy
 from kernelpick.integration._errors import CheckpointError, ModelConversionError
 from kernelpick.integration.checkpoints._atomic_files import Sink, locked
 from kernelpick.integration.checkpoints._build import build
@@ -35,7 +35,14 @@ from kernelpick.integration.checkpoints._safetensors_io import (
     read_json,
     write_safetensors,
 )
-from kernelpick.integration.convert import ConversionReport, LayerReport, Swaps, model_bytes
+from kernelpick.integration.convert import (
+    ConversionReport,
+    LayerReport,
+    Swaps,
+    kept_layers,
+    model_bytes,
+    record_kept,
+)
 from kernelpick.integration.formats import (
     QUANTIZATION_CONFIG,
     check_one_config,
@@ -180,7 +187,12 @@ def load_quantized(
     for layer in planned.layers:  # logged once in place, as quantize_model does
         steps.log(layer.state)
     layers = tuple(LayerReport.of(layer.paths[0], layer.state) for layer in planned.layers)
+    kept = kept_layers(model, planned.skipped)
+    record_kept(model, kept)
+    decided = [(layer.paths[0], layer.state.config, layer.state.decision)
+               for layer in planned.layers]  # fmt: skip
+    summary = ModelSummary.of(layout.scheme.value, caps, decided, kept)
     return ConversionReport(
         layout.scheme.value, caps.name, layers, tuple(planned.skipped), before,
-        model_bytes(model),
+        model_bytes(model), summary=summary,
     )  # fmt: skip

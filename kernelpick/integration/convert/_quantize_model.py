@@ -14,19 +14,30 @@ Each step of a layer (plan, check, accept, install) is the linear method's own, 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import attrs
 import torch
 
 from kernelpick.adapters import default_caps
-from kernelpick.core import Catalog, DeviceCaps, InvalidValueError, KernelpickError, Policy, Scheme
+from kernelpick.core import (
+    Catalog,
+    Decision,
+    DeviceCaps,
+    InvalidValueError,
+    KernelpickError,
+    ModelSummary,
+    Policy,
+    QuantConfig,
+    Scheme,
+)
 from kernelpick.integration._errors import ModelConversionError
+from kernelpick.integration.convert._eligible import Found, Skip, eligible_linears, weight_groups
 from kernelpick.integration.convert._progress import ProgressBar
-from kernelpick.integration.convert._report import ConversionReport, LayerReport, SkippedLayer
-from kernelpick.integration.convert._swap import Swaps, dropped_by_swap, model_bytes
-from kernelpick.integration.formats import check_one_config, fp32_modules, record
-from kernelpick.integration.formats import kept as kept_by
+from kernelpick.integration.convert._report import ConversionReport, LayerReport
+from kernelpick.integration.convert._summary import kept_layers, record_kept
+from kernelpick.integration.convert._swap import Swaps, model_bytes
+from kernelpick.integration.formats import check_one_config, record
 from kernelpick.integration.layer import (
     LayerState,
     LayerSteps,
@@ -44,8 +55,6 @@ from kernelpick.kernels import CHUNK_ROWS, Kernel, Launch
 
 __all__ = ["quantize_model"]
 
-Skip = Callable[[str, torch.nn.Module], bool]
-
 
 @attrs.frozen
 class _Layer:
@@ -55,75 +64,6 @@ class _Layer:
     module: torch.nn.Linear
     state: LayerState
     bound: Kernel
-
-
-Found = tuple[torch.nn.Linear, tuple[str, ...]]  # a linear, and every path to it
-
-
-def _linears(model: torch.nn.Module, skip: Skip | None) -> tuple[list[Found], list[SkippedLayer]]:
-    """Each eligible linear with every path to it, and the linears ``skip`` keeps (and a
-    transformers model keeps in fp32). Only exact ``nn.Linear``: subclasses such as
-    MultiheadAttention's ``out_proj`` are read by their owners as linears. A module kept
-    at one path is kept at all of them."""
-    found: dict[int, tuple[torch.nn.Linear, list[str]]] = {}
-    kept: set[int] = set()
-    skipped: list[SkippedLayer] = []
-    fp32 = fp32_modules(model)
-    for name, module in model.named_modules(remove_duplicate=False):
-        if type(module) is not torch.nn.Linear:
-            continue
-        extra = dropped_by_swap(module)
-        why = (
-            f"it also holds {', '.join(extra)}, which a QuantizedLinear would drop" if extra else ""
-        )
-        if not why and fp32 and kept_by(name, fp32):
-            why = "the model keeps it in fp32 (_keep_in_fp32_modules)"
-        if not why and skip is not None and skip(name, module):
-            why = "skip() kept it"
-        if why:
-            kept.add(id(module))
-            skipped.append(SkippedLayer(name, why))
-        else:
-            found.setdefault(id(module), (module, []))[1].append(name)
-    linears = [(module, tuple(paths)) for key, (module, paths) in found.items() if key not in kept]
-    return linears, skipped
-
-
-def _weight_owners(model: torch.nn.Module) -> dict[int, list[tuple[str, torch.nn.Module]]]:
-    """For each parameter, every module holding it and the path it is held by."""
-    owners: dict[int, list[tuple[str, torch.nn.Module]]] = {}
-    for name, module in model.named_modules(remove_duplicate=False):
-        for key, param in module._parameters.items():
-            if param is not None:
-                path = f"{name}.{key}" if name else key
-                owners.setdefault(id(param), []).append((path, module))
-    return owners
-
-
-def _groups(
-    model: torch.nn.Module, linears: list[Found], untie: bool
-) -> tuple[list[list[Found]], list[SkippedLayer]]:
-    """The linears grouped by the weight they share (one group per weight), and the groups
-    left alone because a module that stays in high precision shares their weight."""
-    owners = _weight_owners(model)
-    by_weight: dict[int, list[Found]] = {}
-    for found in linears:
-        by_weight.setdefault(id(found[0].weight), []).append(found)
-    groups: list[list[Found]] = []
-    skipped: list[SkippedLayer] = []
-    for key, group in by_weight.items():
-        members = {id(module) for module, _ in group}
-        others = [(path, m) for path, m in owners[key] if id(m) not in members]
-        if others and not untie:
-            path, other = others[0]
-            reason = (
-                f"its weight is tied to {path} ({type(other).__name__}), which stays in high "
-                "precision; untie=True converts a separate FP8 copy"
-            )
-            skipped.extend(SkippedLayer(paths[0], reason) for _, paths in group)
-        else:
-            groups.append(group)
-    return groups, skipped
 
 
 def _plan(
@@ -173,6 +113,7 @@ def quantize_model(
     skip: Skip | None = None,
     *,
     untie: bool = False,
+    quantize_head: bool = False,
     catalog: Catalog | None = None,
     launches: Mapping[str, Launch] | None = None,
     chunk_rows: int = CHUNK_ROWS,
@@ -189,9 +130,12 @@ def quantize_model(
     round-to-nearest in groups of ``group_size`` along K (None: the scheme's default, -1
     per channel), with zero points where ``symmetric`` is False.
 
-    ``skip(name, module)`` keeps a layer as it is. A linear whose weight is shared with a
-    module that stays in high precision (a ``lm_head`` tied to the input embedding) is kept
-    too, and the report says so; ``untie=True`` converts it into a separate FP8 copy.
+    ``skip(name, module)`` keeps a layer as it is. The output head (a transformers
+    model's ``get_output_embeddings()``, or a linear named ``lm_head``) stays in high
+    precision, as in every engine, unless ``quantize_head=True``. A linear whose weight is
+    shared with a module that stays in high precision (a head tied to the input
+    embedding) is kept too, and the report says so; ``untie=True`` converts it into a
+    separate quantized copy.
     ``caps`` defaults to a probe of the device the first layer lives on. A kernel of your
     own is selected from ``catalog`` and run through its row in ``launches`` (both default
     to kernelpick's; see ``kernelpick.kernels.bind``); a catalog id without a row raises
@@ -205,17 +149,18 @@ def quantize_model(
     model untouched; or, when an exception of any kind stops the swap phase, naming the
     layers converted so far (each layer is whole; call again to finish).
     """
-    if not isinstance(untie, bool):
-        raise InvalidValueError("untie", untie, "True or False")
+    for flag, value in (("untie", untie), ("quantize_head", quantize_head)):
+        if not isinstance(value, bool):
+            raise InvalidValueError(flag, value, "True or False")
     if progress is not None and not isinstance(progress, bool):
         expected = "True, False, or None (shown where stderr is a terminal)"
         raise InvalidValueError("progress", progress, expected)
-    linears, skipped = _linears(model, skip)
+    linears, skipped = eligible_linears(model, skip, quantize_head)
     if any("" in paths for _, paths in linears):
         raise InvalidValueError(
             "model", type(model).__name__, "a module containing linears (the root is not replaced)"
         )
-    groups, tied = _groups(model, linears, untie)
+    groups, tied = weight_groups(model, linears, untie)
     del linears  # from here on only the plans hold the linears, and they are popped
     if caps is None:
         caps = default_caps(groups[0][0][0].weight.device if groups else None)
@@ -227,6 +172,7 @@ def quantize_model(
     plans = _plan_all(steps, groups)
     before = model_bytes(model)
     reports: list[LayerReport] = []
+    decided: list[tuple[str, QuantConfig, Decision]] = []
     bar = ProgressBar(progress, sum(len(layers) for layers in plans))
     try:
         while plans:  # popped, so each replaced nn.Linear is freed as soon as it is swapped out
@@ -243,6 +189,7 @@ def quantize_model(
                 converted = [report.name for report in reports]
                 raise ModelConversionError.stopped(layers[0].paths[0], converted, error) from error
             reports.extend(LayerReport.of(layer.paths[0], layer.state) for layer in layers)
+            decided.extend((x.paths[0], x.state.config, x.state.decision) for x in layers)
             # Logged once swapped in, not when planned: a conversion refused or stopped
             # would otherwise report kernels its layers never got, and the call that
             # converts them would then stay silent (each selection is logged once). The
@@ -255,9 +202,12 @@ def quantize_model(
         # raises no drawing error, which would hide the ModelConversionError raised above
     record(model)  # what a transformers model's save_pretrained writes beside its weights
     accept_before_loading(model)
+    kept = kept_layers(model, (*skipped, *tied))
+    record_kept(model, kept)
+    summary = ModelSummary.of(steps.scheme.value, caps, decided, kept)  # this call's layers
     return ConversionReport(
         steps.scheme.value, caps.name, tuple(reports), (*skipped, *tied), before,
-        model_bytes(model),
+        model_bytes(model), summary=summary,
     )  # fmt: skip
 
 

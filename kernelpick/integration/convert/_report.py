@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
+from kernelpick.core import ModelSummary
 from kernelpick.integration.layer import LayerState
 
 __all__ = ["ConversionReport", "LayerReport", "SkippedLayer"]
@@ -37,9 +40,12 @@ class SkippedLayer:
 class ConversionReport:
     """What ``quantize_model`` or ``load_quantized`` did.
 
-    The byte counts are the model's parameters and buffers before and after, each storage
-    counted once (tied weights are one tensor), so ``bytes_after / bytes_before`` is what
-    the model's memory really became.
+    ``summary`` is what every layer runs (``kernelpick.core.ModelSummary``: grouped
+    decisions, the layers kept in high precision and their checkpoint bytes). The byte
+    counts here are measured: the model's parameters and buffers before and after, each
+    storage counted once (tied weights are one tensor) and a tensor on the meta device at
+    the size it would take, so ``bytes_after / bytes_before`` is what the model's memory
+    really became, prepared copies of the weights included.
     """
 
     scheme: str
@@ -48,21 +54,18 @@ class ConversionReport:
     skipped: tuple[SkippedLayer, ...]
     bytes_before: int
     bytes_after: int
+    summary: ModelSummary = attrs.field(kw_only=True)
 
     def render(self) -> str:
-        """A table a person reads: one line per layer, the skipped layers, then the totals."""
-        width = max((len(layer.name) for layer in self.layers), default=4)
-        lines = [f'quantization="{self.scheme}" on {self.device}: {len(self.layers)} layer(s)']
-        for layer in self.layers:
-            flag = "  DEGRADED" if layer.degraded else ""
-            n, k = layer.shape
-            lines.append(f"  {layer.name:<{width}}  {n}x{k}  {layer.kernel}{flag}")
-        for skipped in self.skipped:
-            lines.append(f"  skipped {skipped.name}: {skipped.reason}")
+        """The summary, then the measured memory."""
         before, after = self.bytes_before, self.bytes_after
-        ratio = after / before if before else 1.0
-        lines.append(
-            f"  model parameters and buffers: {before / 2**20:.1f} MiB -> "
-            f"{after / 2**20:.1f} MiB ({ratio:.2f}x)"
+        ratio = f" ({after / before:.2f}x)" if before else ""
+        return (
+            f"{self.summary.render()}\nmodel parameters and buffers, measured: "
+            f"{before / 2**20:.1f} MiB -> {after / 2**20:.1f} MiB{ratio}"
         )
-        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able record: the summary's, with the measured bytes beside it."""
+        return {**self.summary.to_dict(), "measured_bytes_before": self.bytes_before,
+                "measured_bytes_after": self.bytes_after}  # fmt: skip

@@ -85,11 +85,16 @@ def dropped_by_swap(linear: torch.nn.Module) -> list[str]:
 
 def model_bytes(model: torch.nn.Module) -> int:
     """The bytes a model's parameters and buffers hold, each storage counted once: tied
-    and shared tensors are one allocation, and so are views of one tensor."""
+    and shared tensors are one allocation, and so are views of one tensor. A tensor on the
+    meta device (a skeleton) counts at the size it would take."""
     seen: set[tuple[torch.device, int]] = set()
     total = 0
     for tensor in (*model.parameters(), *model.buffers()):
-        if tensor.is_meta:
+        if tensor.is_meta:  # no storage to share: one count per tensor (a tie is one)
+            key = (tensor.device, id(tensor))
+            if key not in seen:
+                seen.add(key)
+                total += tensor.numel() * tensor.element_size()
             continue
         storage = tensor.untyped_storage()
         key = (tensor.device, storage.data_ptr())

@@ -8,11 +8,12 @@ that read a model's own settings.
 - ``check_e8m0_dtype``: a file header's refusal of a tensor that cannot be an E8M0 scale
   (mxfp8's ``weight_scale``, stored as its uint8 bytes: ``kernelpick.kernels.E8M0_STORED``).
 - ``modules_to_not_convert``: transformers' pattern rule (``check_patterns``, ``kept``),
-  the one rule every engine applies.
+  the one rule every engine applies; the output head's one default (``output_heads``).
 - A model's quantization config: ``quantization_config``, ``record`` (what
   ``save_pretrained`` writes), ``check_one_config``, ``fp32_modules``, ``quantized_layers``.
 """
 
+from kernelpick.integration.formats._head import HEAD_PATTERNS, OUTPUT_HEAD_KEPT, output_heads
 from kernelpick.integration.formats._layout import (
     QUANTIZATION_CONFIG,
     Layout,
@@ -30,6 +31,8 @@ from kernelpick.integration.formats._patterns import check_patterns, kept
 from kernelpick.integration.formats._read import read_layout
 
 __all__ = [
+    "HEAD_PATTERNS",
+    "OUTPUT_HEAD_KEPT",
     "QUANTIZATION_CONFIG",
     "Layout",
     "Stored",
@@ -38,6 +41,7 @@ __all__ = [
     "check_patterns",
     "fp32_modules",
     "kept",
+    "output_heads",
     "quantization_config",
     "quantized_layers",
     "read_layout",

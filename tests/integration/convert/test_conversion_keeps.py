@@ -12,9 +12,11 @@ from kernelpick.integration import (
     ModelConversionError,
     QuantizedLinear,
     SkippedLayer,
+    model_summary,
     quantize_model,
 )
 from kernelpick.integration.convert import _swap as swap
+from kernelpick.integration.formats import OUTPUT_HEAD_KEPT
 from kernelpick.integration.layer import _accept as steps_module
 from kernelpick.kernels._canonical import quantize_canonical
 from tests.support.snapshots import snapshot
@@ -80,18 +82,41 @@ def test_linears_sharing_a_weight_stay_one_tensor_quantized_once() -> None:
 
 
 def test_a_head_tied_to_the_embedding_is_kept_by_default_and_the_report_says_why() -> None:
-    model = TinyLM()
+    model = TinyLM()  # its head is no output head by name: the tie keeps it
     report = quantize_model(model, caps=CPU, policy=kp.Policy())
     assert type(model.head) is torch.nn.Linear
     assert model.head.weight is model.embed.weight
-    assert report.skipped == (
-        SkippedLayer(
-            "head", "its weight is tied to embed.weight (Embedding), which stays in high "
-            "precision; untie=True converts a separate FP8 copy",
-        ),
-    )  # fmt: skip
-    assert "skipped head: its weight is tied to embed.weight" in report.render()
+    why = ("its weight is tied to embed.weight (Embedding), which stays in high precision; "
+           "untie=True converts a separate FP8 copy")  # fmt: skip
+    assert report.skipped == (SkippedLayer("head", why),)
+    assert f"kept in high precision: head (256 x 64): {why}" in report.render()
+    assert model_summary(model).kept == report.summary.kept
     assert report.bytes_after < report.bytes_before
+
+
+class _Lm(torch.nn.Module):
+    """A block and an untied output head named as transformers names it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = torch.nn.Linear(64, 64)
+        self.lm_head = torch.nn.Linear(64, 256, bias=False)
+
+
+def test_the_output_head_stays_high_precision_unless_asked_and_the_summary_says_so() -> None:
+    model = _Lm()
+    report = quantize_model(model, caps=CPU, policy=kp.Policy())
+    assert type(model.lm_head) is torch.nn.Linear
+    assert [layer.name for layer in report.skipped] == ["lm_head"]
+    assert report.skipped[0].reason == OUTPUT_HEAD_KEPT
+    assert f"kept in high precision: lm_head (256 x 64): {OUTPUT_HEAD_KEPT}" in (
+        model_summary(model).render()
+    )
+    asked = _Lm()
+    quantize_model(asked, caps=CPU, policy=kp.Policy(), quantize_head=True)
+    assert isinstance(asked.lm_head, QuantizedLinear)
+    with pytest.raises(kp.InvalidValueError, match="quantize_head"):
+        quantize_model(_Lm(), caps=CPU, policy=kp.Policy(), quantize_head=1)
 
 
 def test_untie_converts_the_head_and_the_report_counts_the_copy() -> None:

@@ -108,12 +108,12 @@ def test_a_model_another_method_quantized_is_refused() -> None:
 
 
 def test_an_untied_head_is_saved_untied(tmp_path: Path) -> None:
-    """untie=True makes the tied head a quantized copy of its own: the config must not
-    tell a reader to tie the embedding's float weight to it again (stock transformers
-    then failed on FP8 promotion)."""
+    """quantize_head=True with untie=True makes the tied head a quantized copy of its own:
+    the config must not tell a reader to tie the embedding's float weight to it again
+    (stock transformers then failed on FP8 promotion)."""
     model = llama(seed=0)  # its head is tied to the embedding
     assert model.config.tie_word_embeddings
-    quantize_model(model, "fp8_per_channel", CPU, kp.Policy(), untie=True)
+    quantize_model(model, "fp8_per_channel", CPU, kp.Policy(), untie=True, quantize_head=True)
     assert model.config.tie_word_embeddings is False
     assert model.config.quantization_config["ignore"] == []
     model.save_pretrained(tmp_path)

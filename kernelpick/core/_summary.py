@@ -1,0 +1,303 @@
+"""ModelSummary: what every linear layer of a model runs, or would run, on one device.
+
+One value for both questions a deployer asks: before anything is downloaded (``kernelpick
+plan`` decides for the shapes a model's config implies) and once a model is loaded (the
+integration reads each layer's decision). Layers are grouped by their config and decision,
+so a model of 224 layers reads as its handful of shapes. Pure: decisions, configs and
+names in; counts, bytes, ``render()`` and ``to_dict()`` out.
+
+Bytes are the checkpoint's: a quantized layer's weight and its scales (and zero points,
+``g_idx``, a static input scale), against the same weight in its high-precision
+``input_dtype``; a layer kept in high precision counts the same on both sides.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import attrs
+
+from kernelpick.core._decision import SCHEMA_VERSION, Decision, Rejected, Selected, reason_lines
+from kernelpick.core._device import DeviceCaps
+from kernelpick.core._errors import InvalidValueError
+from kernelpick.core._quant import QuantConfig
+from kernelpick.core._typing import assert_never
+
+__all__ = ["KeptLayer", "LayerGroup", "ModelSummary", "collapse_names", "stored_bytes"]
+
+_WORD = 4  # bytes of the int32 words integer weights and zero points are packed in
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def stored_bytes(config: QuantConfig) -> int:
+    """The bytes ``config``'s layer holds in a checkpoint: its quantized weight (integer
+    weight-only ones packed into int32 words along K), weight scales, zero points (packed
+    along N), ``g_idx`` and static input scale."""
+    n, k = config.weight_shape
+    weight = config.weight
+    scales = 1
+    for extent in config.weight_scale_shape:
+        scales *= extent
+    total = scales * weight.scale.dtype.bits // 8
+    if config.activation is None and weight.dtype.is_integer:  # pack-quantized
+        total += n * _ceil(k * weight.dtype.bits, 32) * _WORD
+        if weight.zero_point is not None:
+            total += _ceil(n * weight.dtype.bits, 32) * _WORD * config.weight_scale_shape[-1]
+        if config.act_order:
+            total += k * _WORD
+    else:
+        total += n * k * weight.dtype.bits // 8
+    if config.activation is not None and config.activation.scale.static:
+        total += 4  # one fp32 input scale
+    return total
+
+
+def _names(value: object) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, (tuple, list)):
+        raise InvalidValueError("layer names", value, "a tuple of layer names")
+    if not value or not all(isinstance(name, str) for name in value):
+        raise InvalidValueError("layer names", value, "one or more names (strings)")
+    return tuple(value)
+
+
+@attrs.frozen
+class LayerGroup:
+    """The layers (``names``, in model order) that share one ``config`` and ``decision``."""
+
+    config: QuantConfig
+    decision: Decision
+    names: tuple[str, ...] = attrs.field(converter=_names)
+
+    @property
+    def count(self) -> int:
+        return len(self.names)
+
+    @property
+    def bytes_before(self) -> int:
+        n, k = self.config.weight_shape
+        return self.count * n * k * self.config.input_dtype.itemsize
+
+    @property
+    def bytes_after(self) -> int:
+        return self.count * stored_bytes(self.config)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "count": self.count,
+            "names": list(self.names),
+            "weight_shape": list(self.config.weight_shape),
+            "config": self.config.render(),
+            "bytes_before": self.bytes_before,
+            "bytes_after": self.bytes_after,
+            "decision": self.decision.to_dict(),
+        }
+
+
+@attrs.frozen
+class KeptLayer:
+    """A linear layer left in high precision: its name, ``(N, K)``, dtype bytes per weight
+    and why it was kept (the rule or pattern that kept it)."""
+
+    name: str
+    weight_shape: tuple[int, int]
+    itemsize: int
+    reason: str
+
+    @property
+    def weight_bytes(self) -> int:
+        n, k = self.weight_shape
+        return n * k * self.itemsize
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "weight_shape": list(self.weight_shape),
+                "bytes": self.weight_bytes, "reason": self.reason}  # fmt: skip
+
+
+@attrs.frozen
+class ModelSummary:
+    """Every linear layer of a model on one device (``caps``) under one ``scheme``: the
+    quantized layers grouped by decision, the ``kept`` ones with their reasons, and the
+    ``tensor_parallel`` size whose per-rank shapes these are. Build it with ``of``."""
+
+    scheme: str
+    caps: DeviceCaps
+    groups: tuple[LayerGroup, ...]
+    kept: tuple[KeptLayer, ...] = ()
+    tensor_parallel: int = 1
+
+    @classmethod
+    def of(
+        cls,
+        scheme: str,
+        caps: DeviceCaps,
+        layers: Iterable[tuple[str, QuantConfig, Decision]],
+        kept: Iterable[KeptLayer] = (),
+        *,
+        tensor_parallel: int = 1,
+    ) -> ModelSummary:
+        """Group ``layers`` (name, config, decision), in the order each group first appears."""
+        grouped: dict[tuple[QuantConfig, Decision], list[str]] = {}
+        for name, config, decision in layers:
+            grouped.setdefault((config, decision), []).append(name)
+        groups = tuple(LayerGroup(c, d, tuple(names)) for (c, d), names in grouped.items())
+        return cls(scheme, caps, groups, tuple(kept), tensor_parallel)
+
+    @property
+    def layers(self) -> int:
+        return sum(group.count for group in self.groups)
+
+    def _count(self, test: Callable[[Decision], bool]) -> int:
+        return sum(group.count for group in self.groups if test(group.decision))
+
+    @property
+    def rejected(self) -> int:
+        """Layers no kernel can run: a model with any cannot be loaded this way."""
+        return self._count(lambda d: isinstance(d, Rejected))
+
+    @property
+    def degraded(self) -> int:
+        return self._count(lambda d: isinstance(d, Selected) and d.degraded)
+
+    @property
+    def warned(self) -> int:
+        """Layers whose kernel carries a speed warning."""
+        return self._count(lambda d: isinstance(d, Selected) and bool(d.warnings))
+
+    @property
+    def bytes_before(self) -> int:
+        return sum(g.bytes_before for g in self.groups) + sum(k.weight_bytes for k in self.kept)
+
+    @property
+    def bytes_after(self) -> int:
+        return sum(g.bytes_after for g in self.groups) + sum(k.weight_bytes for k in self.kept)
+
+    def render(self) -> str:
+        """One screen: the device, a line per group, the kept layers, the totals, then
+        every rejection with its reasons and hints and every speed warning."""
+        where = f", tensor parallel {self.tensor_parallel} (shapes per rank)"
+        lines = [f'quantization="{self.scheme}" on {self.caps.render()}'
+                 f"{where if self.tensor_parallel > 1 else ''}"]  # fmt: skip
+        rows = [["layers", "N x K", "kernel", "layer names"]]
+        for group in self.groups:
+            n, k = group.config.weight_shape
+            rows.append([str(group.count), f"{n} x {k}", _verdict(group.decision),
+                         collapse_names(group.names)])  # fmt: skip
+        lines += _columns(rows)
+        for layer in self.kept:
+            n, k = layer.weight_shape
+            lines.append(f"  kept in high precision: {layer.name} ({n} x {k}): {layer.reason}")
+        before, after = self.bytes_before, self.bytes_after
+        ratio = f" ({after / before:.2f}x)" if before else ""
+        lines.append(
+            f"weights: {_size(before)} -> {_size(after)}{ratio}; {self.layers} quantized "
+            f"layer(s): {self.degraded} degraded, {self.rejected} rejected, {self.warned} with "
+            "speed warnings"
+        )
+        for group in self.groups:
+            decision = group.decision
+            if isinstance(decision, Rejected) or decision.warnings or decision.degraded:
+                n, k = group.config.weight_shape
+                lines.append("")
+                lines.append(f"{collapse_names(group.names)} ({n} x {k}, "
+                             f"{group.config.render()}):")  # fmt: skip
+                lines += [f"  {line}" for line in _details(decision)]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able record, stable under ``schema_version`` (the decisions' own)."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "scheme": self.scheme,
+            "device": {"name": self.caps.name, "description": self.caps.render()},
+            "tensor_parallel": self.tensor_parallel,
+            "layers": self.layers,
+            "degraded": self.degraded,
+            "rejected": self.rejected,
+            "warned": self.warned,
+            "bytes_before": self.bytes_before,
+            "bytes_after": self.bytes_after,
+            "groups": [group.to_dict() for group in self.groups],
+            "kept": [layer.to_dict() for layer in self.kept],
+        }
+
+
+def _verdict(decision: Decision) -> str:
+    match decision:
+        case Selected(kernel=kernel, degraded=degraded, warnings=warnings):
+            notes = (["degraded"] if degraded else []) + (["slow: see below"] if warnings else [])
+            return kernel + (f" ({', '.join(notes)})" if notes else "")
+        case Rejected():
+            return "REJECTED: see below"
+        case _:
+            assert_never(decision)
+
+
+def _details(decision: Decision) -> list[str]:
+    match decision:
+        case Selected(kernel=kernel, trace=trace, warnings=warnings):
+            # The selection, its warnings and why each kernel ahead of it was turned down
+            # (a fallback's reason); the kernels after it are explain's to show.
+            head = decision.render().splitlines()[0]
+            ahead = [v for v in trace[: [v.kernel for v in trace].index(kernel)] if v.reasons]
+            lines = [head, *(f"Warning: {warning.render()}" for warning in warnings)]
+            if ahead:
+                lines.append("Turned down ahead of it:")
+                lines += reason_lines([r for verdict in ahead for r in verdict.reasons])
+            return lines
+        case Rejected():
+            return decision.render().splitlines()
+        case _:
+            assert_never(decision)
+
+
+def _columns(rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    out = []
+    for row in rows:
+        cells = [cell.rjust(w) if i == 0 else cell.ljust(w) for i, (cell, w) in
+                 enumerate(zip(row, widths, strict=False))]  # fmt: skip
+        out.append("  " + "  ".join([*cells, row[-1]]).rstrip())
+    return out
+
+
+def _size(count: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} B"
+
+
+_NUMBER = re.compile(r"(?<=\.)(\d+)(?=\.|$)")
+
+
+def collapse_names(names: Sequence[str]) -> str:
+    """Layer names as few patterns as their first numbered part allows:
+    ``model.layers.{0..31}.mlp.down_proj`` for 32 layers, joined by ``, ``."""
+    templates: dict[str, list[int]] = {}
+    plain: list[str] = []
+    for name in names:
+        match = _NUMBER.search(name)
+        if match is None:
+            plain.append(name)
+            continue
+        key = f"{name[: match.start()]}{{}}{name[match.end() :]}"
+        templates.setdefault(key, []).append(int(match.group(1)))
+    parts = [key.replace("{}", _ranges(indices) if len(indices) > 1 else str(indices[0]))
+             for key, indices in templates.items()]  # fmt: skip
+    return ", ".join([*plain, *parts])
+
+
+def _ranges(indices: list[int]) -> str:
+    spans: list[list[int]] = []
+    for index in sorted(set(indices)):
+        if spans and index == spans[-1][1] + 1:
+            spans[-1][1] = index
+        else:
+            spans.append([index, index])
+    text = ",".join(str(a) if a == b else f"{a}..{b}" for a, b in spans)
+    return f"{{{text}}}"
