@@ -237,7 +237,7 @@ def _device_record(name: str, caps: DeviceCaps) -> dict[str, Any]:
         "profile": name, "name": caps.name, "platform": str(caps.platform),
         "arch": str(caps.arch), "toolkit": caps.toolkit, "torch": str(caps.torch_version),
         "fp8_format": caps.fp8_format.value, "libraries": sorted(caps.libraries),
-        "features": sorted(caps.features),
+        "features": sorted(caps.features), "isa_class": caps.isa_class,
     }  # fmt: skip
 
 
@@ -249,7 +249,8 @@ def devices(args: argparse.Namespace, env: Mapping[str, str], out: TextIO, err: 
         return EXIT_SELECTED
     headers = ["profile", "name", "platform", "arch", "toolkit", "torch", "fp8", "extras"]
     rows = [
-        [name, caps.name, str(caps.platform), str(caps.arch), caps.toolkit,
+        [name, caps.name, str(caps.platform),
+         str(caps.arch) + ("" if caps.isa_class is None else f": {caps.isa_class}"), caps.toolkit,
          str(caps.torch_version), caps.fp8_format.value,
          ", ".join(sorted(caps.libraries) + sorted(caps.features))]
         for name, caps in profiles.items()
