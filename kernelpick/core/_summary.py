@@ -220,9 +220,13 @@ class ModelSummary:
             rows.append([str(group.count), f"{n} x {k}", _verdict(group.decision),
                          collapse_names(group.names)])  # fmt: skip
         lines += columns(rows)
-        for layer in self.kept:
-            n, k = layer.weight_shape
-            lines.append(f"  kept in high precision: {layer.name} ({n} x {k}): {layer.reason}")
+        kept: dict[tuple[tuple[int, int], str], list[str]] = {}
+        for layer in self.kept:  # one line per shape and reason, as the groups are
+            kept.setdefault((layer.weight_shape, layer.reason), []).append(layer.name)
+        for ((n, k), reason), names in kept.items():
+            times = f"{len(names)} x " if len(names) > 1 else ""
+            lines.append(f"  kept in high precision: {collapse_names(names)} ({times}{n} x {k}): "
+                         f"{reason}")  # fmt: skip
         before, after = self.bytes_before, self.bytes_after
         ratio = f" ({after / before:.2f}x)" if before else ""
         lines.append(
