@@ -2,12 +2,12 @@
 
 Exit status: 0 when a kernel is selected (and for the listing commands), 2 when every
 kernel was turned down (``plan``: for any layer on any device), 1 on bad input, usage
-errors included, so that argparse's own status 2 is never read as a rejection. 141 (128 +
-SIGPIPE, what a shell reports for a C tool killed by the signal) when stdout was closed
-early, as in ``kernelpick matrix | head -1``: the command stops quietly, without a
-traceback, and ``set -o pipefail`` still sees that the output was cut short. A stream closed before the command starts (``2>&-``, ``>&-``)
-takes nothing, as /dev/null would: without a stderr, progress and errors are dropped, never
-sent to stdout.
+errors included, so that argparse's own status 2 is never read as a rejection. 141 (128
++ SIGPIPE, what a shell reports for a C tool killed by the signal) when stdout was
+closed early, as in ``kernelpick matrix | head -1``: the command stops quietly, without
+a traceback, and ``set -o pipefail`` still sees that the output was cut short. A stream
+closed before the command starts (``2>&-``, ``>&-``) takes nothing, as /dev/null would:
+without a stderr, progress and errors are dropped, never sent to stdout.
 """
 
 from __future__ import annotations
