@@ -167,8 +167,13 @@ def _qkv(layer: str, rows: tuple[int, ...], k: int, ranks: int, heads: Heads | N
     per_rank = _divide(layer, "attention heads", heads.heads, ranks)
     if heads.kv_heads >= ranks:
         kv = _divide(layer, "KV heads", heads.kv_heads, ranks)
-    else:  # QKVParallelLinear replicates each KV head over ranks / kv_heads ranks
-        _divide(layer, "tensor-parallel size by the KV heads", ranks, heads.kv_heads)
+    elif ranks % heads.kv_heads:
+        raise InvalidValueError(
+            f"--tensor-parallel for {layer}", ranks,
+            f"a multiple of its {heads.kv_heads} KV heads: vLLM replicates each KV head "
+            "over the same number of ranks when there are fewer KV heads than ranks",
+        )  # fmt: skip
+    else:  # QKVParallelLinear's num_kv_head_replicas = ranks / kv_heads
         kv = 1
     sizes = (per_rank * size, kv * size, kv * size)
     return Part(sizes, k, rows, k, sum(sizes) * ranks)
