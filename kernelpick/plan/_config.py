@@ -17,7 +17,7 @@ from kernelpick.integration.formats import QUANTIZATION_CONFIG
 __all__ = ["CONFIG_NAME", "ModelConfig", "read_config"]
 
 CONFIG_NAME = "config.json"
-# A config without a dtype: what transformers and vLLM load a model in then.
+# A config without a dtype: what vLLM's dtype "auto" computes such a model in on a GPU.
 _DEFAULT_DTYPE = Dtype.BFLOAT16
 
 

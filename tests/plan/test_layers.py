@@ -122,14 +122,19 @@ def test_without_transformers_the_refusal_names_the_extra(
 ) -> None:
     where = write_config(tmp_path, small_llama())
     monkeypatch.setitem(sys.modules, "transformers", None)  # import raises ImportError
-    with pytest.raises(TransformersUnavailableError, match=r"pip install 'kernelpick\[transformers\]'"):
+    with pytest.raises(
+        TransformersUnavailableError, match=r"pip install 'kernelpick\[transformers\]'"
+    ):
         linear_layers(where)
 
 
 @pytest.mark.parametrize(
     ("changes", "key"),
     [
-        ({"model_type": "my_model", "auto_map": {"AutoModel": "modeling_my.MyModel"}}, "model_type"),
+        (
+            {"model_type": "my_model", "auto_map": {"AutoModel": "modeling_my.MyModel"}},
+            "model_type",
+        ),
         ({"architectures": ["MyModelForCausalLM"]}, "architectures"),
         ({"architectures": ["AutoTokenizer"]}, "architectures"),  # a transformers name, no model
     ],

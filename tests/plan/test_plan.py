@@ -52,12 +52,15 @@ def test_deepseek_v3_on_h100_falls_back_for_its_fused_576_shard() -> None:
     assert (result.recipe.scheme, result.source) == (Scheme.FP8_BLOCK, "quantization_config")
     (summary,) = result.summaries
     group = _group(summary, "model.layers.0.self_attn.fused_qkv_a_proj")
-    assert group.count == 61 and group.config.weight_shape == (1536 + 576, 7168)
-    assert isinstance(group.decision, Selected) and group.decision.degraded
+    assert group.count == 61
+    assert group.config.weight_shape == (1536 + 576, 7168)
+    assert isinstance(group.decision, Selected)
+    assert group.decision.degraded
     assert _block_reason(group.decision).found == "N=2112, K=7168"
     others = [g for g in summary.groups if g is not group]
     assert {g.decision.kernel for g in others} == {"cuda_block_scaled_mm"}  # type: ignore[union-attr]
-    assert summary.rejected == 0 and summary.uncovered
+    assert summary.rejected == 0
+    assert summary.uncovered
 
 
 def test_a_compressed_tensors_ignore_list_keeps_its_layers_with_the_reason(tmp_path: Path) -> None:
@@ -95,7 +98,7 @@ def test_pre_quantized_shards_that_would_share_a_block_are_refused_as_loading_re
     # q has 5 heads of 64 rows: 320, no whole number of 128-row blocks before k.
     shape = {"hidden_size": 320, "num_attention_heads": 5, "num_key_value_heads": 1}
     pre = write_config(tmp_path / "pre", small_llama(**shape, quantization_config=FP8))
-    with pytest.raises(InvalidValueError, match="output_partition_sizes of .*qkv_proj"):
+    with pytest.raises(InvalidValueError, match=r"output_partition_sizes of .*qkv_proj"):
         plan_model(pre, [H100])
     # Quantized as it loads, the fused layer is quantized whole: no shard to straddle.
     online = write_config(tmp_path / "online", small_llama(**shape))
