@@ -179,3 +179,13 @@ def test_the_other_commands_do_not_import_transformers() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True, cwd=ROOT)  # fmt: skip
     assert result.stdout.split() == ["False", "False"]
+
+
+@pytest.mark.slow
+def test_the_readme_example_is_what_the_command_prints() -> None:
+    text = (ROOT / "README.md").read_text()
+    command = "python -m kernelpick plan tests/fixtures/configs/deepseek-v3 --device h100"
+    shown = text.split(command, 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    status, out, _ = run_cli(*command.split()[3:])
+    assert status == EXIT_SELECTED
+    assert out == shown
