@@ -80,7 +80,6 @@ ROUTER_KEPT = (
 # quantization method gets, by the end of their name; routers that are no nn.Linear in
 # transformers (its *Router modules) are found by their class.
 KEPT = {
-    "mlp.gate": ROUTER_KEPT,
     "shared_expert_gate": ROUTER_KEPT,
     "pooler.dense": "the pooler: vLLM builds it as a plain nn.Linear, which no quantization "
     "method gets",
