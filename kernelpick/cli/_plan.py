@@ -75,14 +75,15 @@ def _markdown(result: ModelPlan, names: Sequence[str]) -> str:
     for name, summary in zip(names, result.summaries, strict=True):
         rows = [[str(g.count), "{} x {}".format(*g.config.weight_shape), _cell(summary, i),
                  collapse_names(g.names)] for i, g in enumerate(summary.groups)]  # fmt: skip
-        rows += [["1", "{} x {}".format(*k.weight_shape), f"high precision: {k.reason}", k.name]
-                 for k in summary.kept]  # fmt: skip
+        for names, shape, reason in summary.kept_groups():
+            size = "{} x {}".format(*shape)
+            rows.append([str(len(names)), size, f"high precision: {reason}", collapse_names(names)])
         details = summary.render().splitlines()
         parts += ["", f"## {name}: {summary.caps.render()}", "",
                   markdown_table(["layers", "N x K", "kernel", "layer names"], rows)]  # fmt: skip
         totals = [line for line in details if line.startswith(("weights:", "not covered:"))]
         parts += ["", *[f"{line}  " for line in totals]]
-        rest = details[details.index(totals[0]) + 1 + len(totals) - 1 :] if totals else []
+        rest = details[details.index(totals[-1]) + 1 :]  # the rejections and warnings
         if any(line.strip() for line in rest):
             parts += ["", "```text", *[line for line in rest if line != ""], "```"]
     parts += ["", _not_covered(result.layers.uncovered)]

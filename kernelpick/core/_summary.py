@@ -199,6 +199,13 @@ class ModelSummary:
         """Layers whose kernel carries a speed warning."""
         return self._count(lambda d: isinstance(d, Selected) and bool(d.warnings))
 
+    def kept_groups(self) -> list[tuple[tuple[str, ...], tuple[int, int], str]]:
+        """The kept layers as (names, shape, reason), one per shape and reason, in order."""
+        kept: dict[tuple[tuple[int, int], str], list[str]] = {}
+        for layer in self.kept:
+            kept.setdefault((layer.weight_shape, layer.reason), []).append(layer.name)
+        return [(tuple(names), shape, reason) for (shape, reason), names in kept.items()]
+
     @property
     def bytes_before(self) -> int:
         return sum(g.bytes_before for g in self.groups) + sum(k.weight_bytes for k in self.kept)
@@ -220,10 +227,7 @@ class ModelSummary:
             rows.append([str(group.count), f"{n} x {k}", _verdict(group.decision),
                          collapse_names(group.names)])  # fmt: skip
         lines += columns(rows)
-        kept: dict[tuple[tuple[int, int], str], list[str]] = {}
-        for layer in self.kept:  # one line per shape and reason, as the groups are
-            kept.setdefault((layer.weight_shape, layer.reason), []).append(layer.name)
-        for ((n, k), reason), names in kept.items():
+        for names, (n, k), reason in self.kept_groups():
             times = f"{len(names)} x " if len(names) > 1 else ""
             lines.append(f"  kept in high precision: {collapse_names(names)} ({times}{n} x {k}): "
                          f"{reason}")  # fmt: skip
