@@ -1,7 +1,7 @@
 """Layering: the core is pure, dependencies point one way (core <- kernels <- adapters
-<- integration <- engines <- bench <- cli), packages meet at their public faces (a private
-module is imported only from its own package or one inside it), and no library module
-reaches back through the facade (``import kernelpick``)."""
+<- integration <- engines <- plan <- bench <- cli), packages meet at their public faces (a
+private module is imported only from its own package or one inside it), and no library
+module reaches back through the facade (``import kernelpick``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "kernelpick"
-LAYERS = ["core", "kernels", "adapters", "integration", "engines", "bench", "cli"]
+LAYERS = ["core", "kernels", "adapters", "integration", "engines", "plan", "bench", "cli"]
 CORE_ALLOWED_THIRD_PARTY = {"attrs"}
 
 

@@ -1,13 +1,13 @@
-"""The ``kernelpick`` command: explain, matrix, devices, kernels, bench.
+"""The ``kernelpick`` command: explain, matrix, devices, kernels, bench, plan.
 
 Exit status: 0 when a kernel is selected (and for the listing commands), 2 when every
-kernel was turned down, 1 on bad input, usage errors included, so that argparse's own
-status 2 is never read as a rejection. 141 (128 + SIGPIPE, what a shell reports for a C
-tool killed by the signal) when stdout was closed early, as in ``kernelpick matrix | head
--1``: the command stops quietly, without a traceback, and ``set -o pipefail`` still sees
-that the output was cut short. A stream closed before the command starts (``2>&-``, ``>&-``)
-takes nothing, as /dev/null would: without a stderr, progress and errors are dropped, never
-sent to stdout.
+kernel was turned down (``plan``: for any layer on any device), 1 on bad input, usage
+errors included, so that argparse's own status 2 is never read as a rejection. 141 (128
++ SIGPIPE, what a shell reports for a C tool killed by the signal) when stdout was
+closed early, as in ``kernelpick matrix | head -1``: the command stops quietly, without
+a traceback, and ``set -o pipefail`` still sees that the output was cut short. A stream
+closed before the command starts (``2>&-``, ``>&-``) takes nothing, as /dev/null would:
+without a stderr, progress and errors are dropped, never sent to stdout.
 """
 
 from __future__ import annotations
@@ -23,12 +23,13 @@ from typing import TextIO
 from kernelpick.cli._bench import bench
 from kernelpick.cli._commands import COMMANDS, EXIT_BAD_INPUT, EXIT_REJECTED, EXIT_SELECTED
 from kernelpick.cli._parser import UsageError, parser
+from kernelpick.cli._plan import plan
 from kernelpick.core import KernelpickError, Scheme, UnknownNameError
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_BROKEN_PIPE", "EXIT_REJECTED", "EXIT_SELECTED", "main"]
 
 EXIT_BROKEN_PIPE = 141
-_COMMANDS = {**COMMANDS, "bench": bench}
+_COMMANDS = {**COMMANDS, "bench": bench, "plan": plan}
 
 # One line of what to do next, by what was unknown.
 _HINTS = {

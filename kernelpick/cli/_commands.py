@@ -38,6 +38,7 @@ __all__ = [
     "EXIT_REJECTED",
     "EXIT_SELECTED",
     "Command",
+    "device_caps",
     "emit_json",
 ]
 
@@ -54,7 +55,8 @@ def emit_json(record: Mapping[str, Any], out: TextIO) -> None:
     print(json.dumps(record, indent=2, sort_keys=True), file=out)
 
 
-def _caps(device: str) -> DeviceCaps:
+def device_caps(device: str) -> DeviceCaps:
+    """A device profile's caps, or this machine's for ``auto``."""
     if device.strip().lower() != AUTO:
         return device_profile(device)
     from kernelpick.adapters import probe_device  # imports torch: only --device auto pays
@@ -109,7 +111,7 @@ def _conclusion(decision: Decision, style: Style) -> str:
 
 
 def explain(args: argparse.Namespace, env: Mapping[str, str], out: TextIO, err: TextIO) -> int:
-    caps = _caps(args.device)
+    caps = device_caps(args.device)
     config = quant_config(
         args.scheme,
         weight_shape=shape(args.shape),

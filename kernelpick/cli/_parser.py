@@ -149,4 +149,39 @@ def parser() -> argparse.ArgumentParser:
         "--json", nargs="?", const="-", default=None, metavar="PATH",
         help="machine-readable output, to PATH or (without one) to stdout",
     )  # fmt: skip
+    _plan_parser(commands)
     return root
+
+
+def _plan_parser(commands: Any) -> None:
+    plan = commands.add_parser(
+        "plan",
+        help="what every linear layer of a model would run, from its config.json",
+        description="What every linear layer of a model runs on each device, from its "
+        "config.json alone (shapes from transformers' own model class on the meta device; "
+        "q/k/v and gate/up fused and split over tensor-parallel ranks as vLLM does), before "
+        "anything is downloaded: groups, bytes, every rejection and speed warning. Reads "
+        "KERNELPICK_DISABLED_KERNELS, KERNELPICK_FORCE_KERNEL and KERNELPICK_STRICT. Exit "
+        "status 2 when any layer is rejected on any device. Needs transformers.",
+    )
+    plan.add_argument("config", help="a model's config.json, or a directory holding one")
+    plan.add_argument(
+        "--scheme", default=None,
+        help=f"{_schemes()}; default: the config's own quantization_config",
+    )  # fmt: skip
+    plan.add_argument("--block-size", type=int, default=None, help="fp8_block's block size")
+    plan.add_argument("--group-size", type=int, default=None, help="int4/int8 weight-only groups")
+    symmetry = plan.add_mutually_exclusive_group()
+    symmetry.add_argument("--symmetric", dest="symmetric", action="store_true", default=None,
+                          help="integer weight-only: no zero points (the default)")  # fmt: skip
+    symmetry.add_argument("--asymmetric", dest="symmetric", action="store_false",
+                          help="integer weight-only: zero points")  # fmt: skip
+    plan.add_argument(
+        "--device", action="append", default=None,
+        help=f"profiles ({_profiles()}) or auto, repeatable or comma-separated (default auto)",
+    )  # fmt: skip
+    plan.add_argument("--tensor-parallel", type=int, default=1,
+                      help="ranks; shapes are one rank's (default 1)")  # fmt: skip
+    plan.add_argument("--dtype", default=None,
+                      help="activations' dtype (default: the config's)")  # fmt: skip
+    plan.add_argument("--format", choices=("text", "markdown", "json"), default="text")

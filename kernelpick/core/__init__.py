@@ -74,9 +74,10 @@ from kernelpick.core._summary import (
     KeptLayer,
     LayerGroup,
     ModelSummary,
-    collapse_names,
+    UncoveredWeights,
     stored_bytes,
 )
+from kernelpick.core._summary_text import collapse_names
 from kernelpick.core._typing import assert_never
 
 
@@ -123,6 +124,7 @@ __all__ = [
     "Selected",
     "SpeedCode",
     "SpeedWarning",
+    "UncoveredWeights",
     "UnknownNameError",
     "Verdict",
     "Version",

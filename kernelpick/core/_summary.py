@@ -8,13 +8,15 @@ names in; counts, bytes, ``render()`` and ``to_dict()`` out.
 
 Bytes are the checkpoint's: a quantized layer's weight and its scales (and zero points,
 ``g_idx``, a static input scale), against the same weight in its high-precision
-``input_dtype``; a layer kept in high precision counts the same on both sides.
+``input_dtype``; a layer kept in high precision counts the same on both sides. Weights no
+kernel is chosen for (MoE experts stored as 3-D parameters: ``UncoveredWeights``) are
+listed apart, with their bytes, and counted in neither total: the totals are what the
+decisions cover.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
@@ -23,9 +25,10 @@ from kernelpick.core._decision import SCHEMA_VERSION, Decision, Rejected, Select
 from kernelpick.core._device import DeviceCaps
 from kernelpick.core._errors import InvalidValueError
 from kernelpick.core._quant import QuantConfig
+from kernelpick.core._summary_text import collapse_names, columns, size
 from kernelpick.core._typing import assert_never
 
-__all__ = ["KeptLayer", "LayerGroup", "ModelSummary", "collapse_names", "stored_bytes"]
+__all__ = ["KeptLayer", "LayerGroup", "ModelSummary", "UncoveredWeights", "stored_bytes"]
 
 _WORD = 4  # bytes of the int32 words integer weights and zero points are packed in
 
@@ -119,16 +122,43 @@ class KeptLayer:
 
 
 @attrs.frozen
+class UncoveredWeights:
+    """Weights of a model that are no linear layer kernelpick chooses for (MoE experts
+    stored as 3-D parameters): the modules holding them (``names``), how many elements
+    they hold in all, bytes per element, and why they are not covered."""
+
+    names: tuple[str, ...] = attrs.field(converter=_names)
+    elements: int
+    itemsize: int
+    reason: str
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.elements * self.itemsize
+
+    def render(self) -> str:
+        weights = f"{self.elements:,} weights, {size(self.weight_bytes)}"
+        modules = f"{len(self.names)} module(s), {collapse_names(self.names)}"
+        return f"not covered: {modules} ({weights}): {self.reason}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"count": len(self.names), "names": list(self.names), "elements": self.elements,
+                "bytes": self.weight_bytes, "reason": self.reason}  # fmt: skip
+
+
+@attrs.frozen
 class ModelSummary:
     """Every linear layer of a model on one device (``caps``) under one ``scheme``: the
-    quantized layers grouped by decision, the ``kept`` ones with their reasons, and the
-    ``tensor_parallel`` size whose per-rank shapes these are. Build it with ``of``."""
+    quantized layers grouped by decision, the ``kept`` ones with their reasons, the
+    ``tensor_parallel`` size whose per-rank shapes these are, and the weights no decision
+    covers (``uncovered``). Build it with ``of``."""
 
     scheme: str
     caps: DeviceCaps
     groups: tuple[LayerGroup, ...]
     kept: tuple[KeptLayer, ...] = ()
     tensor_parallel: int = 1
+    uncovered: tuple[UncoveredWeights, ...] = ()
 
     @classmethod
     def of(
@@ -139,13 +169,14 @@ class ModelSummary:
         kept: Iterable[KeptLayer] = (),
         *,
         tensor_parallel: int = 1,
+        uncovered: Iterable[UncoveredWeights] = (),
     ) -> ModelSummary:
         """Group ``layers`` (name, config, decision), in the order each group first appears."""
         grouped: dict[tuple[QuantConfig, Decision], list[str]] = {}
         for name, config, decision in layers:
             grouped.setdefault((config, decision), []).append(name)
         groups = tuple(LayerGroup(c, d, tuple(names)) for (c, d), names in grouped.items())
-        return cls(scheme, caps, groups, tuple(kept), tensor_parallel)
+        return cls(scheme, caps, groups, tuple(kept), tensor_parallel, tuple(uncovered))
 
     @property
     def layers(self) -> int:
@@ -168,6 +199,13 @@ class ModelSummary:
         """Layers whose kernel carries a speed warning."""
         return self._count(lambda d: isinstance(d, Selected) and bool(d.warnings))
 
+    def kept_groups(self) -> list[tuple[tuple[str, ...], tuple[int, int], str]]:
+        """The kept layers as (names, shape, reason), one per shape and reason, in order."""
+        kept: dict[tuple[tuple[int, int], str], list[str]] = {}
+        for layer in self.kept:
+            kept.setdefault((layer.weight_shape, layer.reason), []).append(layer.name)
+        return [(tuple(names), shape, reason) for (shape, reason), names in kept.items()]
+
     @property
     def bytes_before(self) -> int:
         return sum(g.bytes_before for g in self.groups) + sum(k.weight_bytes for k in self.kept)
@@ -177,8 +215,9 @@ class ModelSummary:
         return sum(g.bytes_after for g in self.groups) + sum(k.weight_bytes for k in self.kept)
 
     def render(self) -> str:
-        """One screen: the device, a line per group, the kept layers, the totals, then
-        every rejection with its reasons and hints and every speed warning."""
+        """One screen: the device, a line per group, the kept layers, the totals, the
+        weights not covered, then every rejection with its reasons and hints and every
+        speed warning."""
         where = f", tensor parallel {self.tensor_parallel} (shapes per rank)"
         lines = [f'quantization="{self.scheme}" on {self.caps.render()}'
                  f"{where if self.tensor_parallel > 1 else ''}"]  # fmt: skip
@@ -187,17 +226,19 @@ class ModelSummary:
             n, k = group.config.weight_shape
             rows.append([str(group.count), f"{n} x {k}", _verdict(group.decision),
                          collapse_names(group.names)])  # fmt: skip
-        lines += _columns(rows)
-        for layer in self.kept:
-            n, k = layer.weight_shape
-            lines.append(f"  kept in high precision: {layer.name} ({n} x {k}): {layer.reason}")
+        lines += columns(rows)
+        for names, (n, k), reason in self.kept_groups():
+            times = f"{len(names)} x " if len(names) > 1 else ""
+            lines.append(f"  kept in high precision: {collapse_names(names)} ({times}{n} x {k}): "
+                         f"{reason}")  # fmt: skip
         before, after = self.bytes_before, self.bytes_after
         ratio = f" ({after / before:.2f}x)" if before else ""
         lines.append(
-            f"weights: {_size(before)} -> {_size(after)}{ratio}; {self.layers} quantized "
+            f"weights: {size(before)} -> {size(after)}{ratio}; {self.layers} quantized "
             f"layer(s): {self.degraded} degraded, {self.rejected} rejected, {self.warned} with "
             "speed warnings"
         )
+        lines += [uncovered.render() for uncovered in self.uncovered]
         for group in self.groups:
             decision = group.decision
             if isinstance(decision, Rejected) or decision.warnings or decision.degraded:
@@ -223,6 +264,7 @@ class ModelSummary:
             "bytes_after": self.bytes_after,
             "groups": [group.to_dict() for group in self.groups],
             "kept": [layer.to_dict() for layer in self.kept],
+            "uncovered": [weights.to_dict() for weights in self.uncovered],
         }
 
 
@@ -253,51 +295,3 @@ def _details(decision: Decision) -> list[str]:
             return decision.render().splitlines()
         case _:
             assert_never(decision)
-
-
-def _columns(rows: Sequence[Sequence[str]]) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    out = []
-    for row in rows:
-        cells = [cell.rjust(w) if i == 0 else cell.ljust(w) for i, (cell, w) in
-                 enumerate(zip(row, widths, strict=False))]  # fmt: skip
-        out.append("  " + "  ".join([*cells, row[-1]]).rstrip())
-    return out
-
-
-def _size(count: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if count >= scale:
-            return f"{count / scale:.1f} {unit}"
-    return f"{count} B"
-
-
-_NUMBER = re.compile(r"(?<=\.)(\d+)(?=\.|$)")
-
-
-def collapse_names(names: Sequence[str]) -> str:
-    """Layer names as few patterns as their first numbered part allows:
-    ``model.layers.{0..31}.mlp.down_proj`` for 32 layers, joined by ``, ``."""
-    templates: dict[str, list[int]] = {}
-    plain: list[str] = []
-    for name in names:
-        match = _NUMBER.search(name)
-        if match is None:
-            plain.append(name)
-            continue
-        key = f"{name[: match.start()]}{{}}{name[match.end() :]}"
-        templates.setdefault(key, []).append(int(match.group(1)))
-    parts = [key.replace("{}", _ranges(indices) if len(indices) > 1 else str(indices[0]))
-             for key, indices in templates.items()]  # fmt: skip
-    return ", ".join([*plain, *parts])
-
-
-def _ranges(indices: list[int]) -> str:
-    spans: list[list[int]] = []
-    for index in sorted(set(indices)):
-        if spans and index == spans[-1][1] + 1:
-            spans[-1][1] = index
-        else:
-            spans.append([index, index])
-    text = ",".join(str(a) if a == b else f"{a}..{b}" for a, b in spans)
-    return f"{{{text}}}"

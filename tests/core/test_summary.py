@@ -15,6 +15,7 @@ from kernelpick.core import (
     FEATURE_CPP_TOOLCHAIN,
     KeptLayer,
     ModelSummary,
+    UncoveredWeights,
     collapse_names,
     stored_bytes,
 )
@@ -88,6 +89,36 @@ def test_kept_layers_count_alike_before_and_after_and_say_why() -> None:
     # FP8: a byte a weight, and one fp32 scale a row.
     assert summary.bytes_after == 4096 * 4096 + 4096 * 4 + kept.weight_bytes
     assert "kept in high precision: lm_head (32000 x 4096): the output head" in summary.render()
+
+
+def test_kept_layers_of_one_shape_and_reason_read_as_one_line() -> None:
+    why = "an MoE router"
+    kept = [KeptLayer(f"model.layers.{i}.mlp.gate", (256, 7168), 2, why) for i in range(3, 61)]
+    summary = ModelSummary.of(
+        "fp8_block", H100, [], [*kept, KeptLayer("lm_head", (9, 7168), 2, why)]
+    )
+    lines = [line for line in summary.render().splitlines() if "kept in high precision" in line]
+    assert lines == [
+        f"  kept in high precision: model.layers.{{3..60}}.mlp.gate (58 x 256 x 7168): {why}",
+        f"  kept in high precision: lm_head (9 x 7168): {why}",
+    ]
+    assert len(summary.to_dict()["kept"]) == 59  # the record keeps every layer
+
+
+def test_weights_no_decision_covers_are_listed_with_their_bytes_and_in_no_total() -> None:
+    names = ("model.layers.3.mlp.experts", "model.layers.4.mlp.experts")
+    experts = UncoveredWeights(names, 2 * 8 * 3 * 64 * 32, 2, "MoE experts stored as 3-D weights")
+    layers = _layers(H100, "fp8_block", DEEPSEEK, 1)
+    summary = ModelSummary.of("fp8_block", H100, layers, uncovered=[experts])
+    assert summary.bytes_before == ModelSummary.of("fp8_block", H100, layers).bytes_before
+    assert experts.weight_bytes == 2 * 8 * 3 * 64 * 32 * 2
+    assert ("not covered: 2 module(s), model.layers.{3..4}.mlp.experts (98,304 weights, "
+            "192.0 KiB): MoE experts stored as 3-D weights") in summary.render()  # fmt: skip
+    record = json.loads(json.dumps(summary.to_dict()))
+    assert record["uncovered"] == [{"count": 2, "names": list(experts.names), "elements": 98304,
+                                    "bytes": 196608, "reason": experts.reason}]  # fmt: skip
+    with pytest.raises(kp.InvalidValueError):
+        UncoveredWeights((), 1, 2, "none")
 
 
 @pytest.mark.parametrize(

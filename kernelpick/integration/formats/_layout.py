@@ -63,6 +63,11 @@ class Layout:
         precision, why; None for any other module."""
         raise NotImplementedError(f"{type(self).__name__} must define role")
 
+    def expected_role(self, name: str, module: torch.nn.Module) -> bool | str | None:
+        """``role`` in a checkpoint that stores what this config says, as a plan made
+        before anything is downloaded reads it."""
+        raise NotImplementedError(f"{type(self).__name__} must define expected_role")
+
 
 # An E8M0 scale is stored as its uint8 bytes (kernelpick.kernels.E8M0_STORED, as
 # compressed-tensors' MXFP8 compressor stores it); a checkpoint storing float8_e8m0fnu

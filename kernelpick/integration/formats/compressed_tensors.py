@@ -111,6 +111,9 @@ class CompressedTensorsLayout(Layout):
             name, module, self.ignore
         ) else True  # fmt: skip
 
+    def expected_role(self, name: str, module: torch.nn.Module) -> bool | str | None:
+        return self.role(name, module, lambda _: True)  # targets and ignore say it all
+
 
 def _args(row: _Row, strategy: str, dynamic: bool, size: int | None) -> dict[str, Any]:
     args = {"num_bits": 8, "type": row.type, "symmetric": True, "strategy": strategy,

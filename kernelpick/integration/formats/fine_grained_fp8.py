@@ -59,6 +59,11 @@ class FineGrainedFp8Layout(Layout):
             return "modules_to_not_convert keeps it in high precision"
         return f"the checkpoint stores no {self.scale_name} for it: high precision"
 
+    def expected_role(self, name: str, module: torch.nn.Module) -> bool | str | None:
+        # FineGrainedFP8 stores a scale for every linear modules_to_not_convert leaves.
+        keeps = kept(name, self.not_convert)
+        return self.role(name, module, lambda tensor: not keeps and tensor == self.scale_name)
+
 
 def _refuse(where: str, key: str, value: object, expected: str) -> CheckpointError:
     return CheckpointError(where, key, repr(value), expected)

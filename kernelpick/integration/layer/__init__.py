@@ -3,6 +3,8 @@
 
 - ``Recipe``: the scheme, block size and checkpoint format, checked once and purely.
 - ``LayerSteps.plan``: select before allocating; a ``LayerPlan`` names the parameters.
+  ``partition_config`` and ``check_partition`` are the config and the refusals of one
+  rank's part, from its sizes alone (what ``kernelpick.plan`` reports before any download).
 - the loaders (``loader_for``): each tensor checked as it arrives, an engine's own loader
   behind the same checks.
 - ``accept`` / ``accept_float``: the only place a layer's tensors are checked and made
@@ -25,7 +27,11 @@ from kernelpick.integration.layer._accept import (
     scale_check,
     weight_check,
 )
-from kernelpick.integration.layer._allocate import ParameterFactory
+from kernelpick.integration.layer._allocate import (
+    ParameterFactory,
+    check_partition,
+    partition_config,
+)
 from kernelpick.integration.layer._int_form import (
     INT_NAMES,
     SHAPE_NAME,
@@ -98,6 +104,7 @@ __all__ = [
     "bundle_for",
     "check_bias",
     "check_float",
+    "check_partition",
     "check_shape",
     "find_state",
     "float_weight_check",
@@ -106,6 +113,7 @@ __all__ = [
     "int_params",
     "is_weight_only_int",
     "layer_state",
+    "partition_config",
     "refuse_integer",
     "run",
     "scale_check",

@@ -13,6 +13,7 @@ from kernelpick.integration.layer._int_form import is_weight_only_int, values_pe
 from kernelpick.integration.layer._loaders import EngineLoader, WeightLoader, loader_for
 from kernelpick.integration.layer._parallel import TensorParallel, check_split_blocks
 from kernelpick.integration.layer._plan import Param
+from kernelpick.integration.layer._recipe import Recipe
 from kernelpick.integration.layer._shards import check_shards
 from kernelpick.integration.layer._state import (
     CheckpointShape,
@@ -22,7 +23,7 @@ from kernelpick.integration.layer._state import (
 )
 from kernelpick.integration.layer._steps import LayerSteps, frozen
 
-__all__ = ["ParameterFactory", "allocate"]
+__all__ = ["ParameterFactory", "allocate", "check_partition", "partition_config"]
 
 # An engine's parameter class for a planned parameter: (what to register, its storage, the
 # checking loader it must carry) -> the parameter, over that storage.
@@ -48,37 +49,22 @@ def allocate(
     """``QuantizedLinearMethod.create_weights`` (see there) with the method's steps and
     tensor-parallel place."""
     sizes = positive_sizes(output_partition_sizes)
-    config = steps.config(sum(sizes), input_size_per_partition, params_dtype)
-    if is_weight_only_int(config) and input_size != input_size_per_partition:
-        # A row-parallel part: its kernels must find whole groups in it (WholeGroupsPerPart).
-        parts = input_size // input_size_per_partition if input_size_per_partition else 1
-        config = steps.config(sum(sizes), input_size_per_partition, params_dtype, k_parts=parts)
-    pre_quantized = not steps.recipe.online
-    if weight_loader is not None and tp is not None and not tp.reduces(config):
-        # The engine narrows every tensor itself; kernelpick's part in the split is only
-        # agreeing scale groups that span it, which this layer's do not.
-        tp = None
-    if tp is not None:
-        tp.check_partition(config, sizes, input_size, output_size, prefix or "layer")
-        if dist.is_available() and dist.is_initialized():
-            tp.check_group()  # a rank or size the group disagrees with loads another part
-        elif tp.reduces(config) and not pre_quantized:
-            tp.check_group()  # raises: its amax is all-reduced, so the group must be up
-    if pre_quantized:  # before selecting: a layer it refuses logs no kernel
-        check_shards(config, sizes, prefix or "layer")
-    if is_weight_only_int(config):
-        _check_int_split(
-            config, tp, weight_loader is not None, not pre_quantized, sizes, output_size,
-            input_size, prefix or "layer",
-        )  # fmt: skip
-    engine: tuple[EngineLoader, CheckpointShape] | None = None
+    config = partition_config(steps.recipe, sizes, input_size_per_partition, input_size,
+                              params_dtype)  # fmt: skip
+    whole = None
     if weight_loader is not None:
         whole = CheckpointShape.of_engine(sizes, input_size, output_size, checkpoint_shards)
-        if tp is None:  # the engine splits the layer itself (tp checked its own split)
-            split = [part for part, rows in zip(sizes, whole.shards, strict=True)
-                     if part != rows]  # fmt: skip
-            check_split_blocks(config, split, whole.k != config.k, prefix or "layer")
-        engine = (weight_loader, whole)
+    layer_name = prefix or "layer"
+    tp = check_partition(
+        steps.recipe, config, sizes, input_size, output_size, layer_name, tp=tp, engine=whole
+    )
+    if tp is not None:
+        if dist.is_available() and dist.is_initialized():
+            tp.check_group()  # a rank or size the group disagrees with loads another part
+        elif tp.reduces(config) and steps.recipe.online:
+            tp.check_group()  # raises: its amax is all-reduced, so the group must be up
+    pre_quantized = not steps.recipe.online
+    engine = None if weight_loader is None or whole is None else (weight_loader, whole)
     if parameter is not None and engine is None:
         raise InvalidValueError(
             "parameter", "a factory without weight_loader",
@@ -109,6 +95,63 @@ def allocate(
     # every layer before loading any weight, and this is when it wants to know the
     # kernel; what goes wrong later is raised to it by process_weights_after_loading.
     steps.log(state)
+
+
+def partition_config(
+    recipe: Recipe,
+    sizes: Sequence[int],
+    input_size_per_partition: int,
+    input_size: int,
+    dtype: object,
+    *,
+    bias: bool = False,
+) -> QuantConfig:
+    """The QuantConfig of one rank's part of a layer: N the sum of its shards' ``sizes``, K
+    ``input_size_per_partition`` of the whole ``input_size``. An integer weight-only part
+    cut along K says into how many parts (``k_parts``), so that its kernels are asked for
+    whole groups in it (``WholeGroupsPerPart``)."""
+    config = recipe.config(sum(sizes), input_size_per_partition, dtype, bias=bias)
+    if is_weight_only_int(config) and input_size != input_size_per_partition:
+        parts = input_size // input_size_per_partition if input_size_per_partition else 1
+        config = recipe.config(sum(sizes), input_size_per_partition, dtype, bias=bias,
+                               k_parts=parts)  # fmt: skip
+    return config
+
+
+def check_partition(
+    recipe: Recipe,
+    config: QuantConfig,
+    sizes: Sequence[int],
+    input_size: int,
+    output_size: int,
+    layer: str,
+    *,
+    tp: TensorParallel | None,
+    engine: CheckpointShape | None,
+) -> TensorParallel | None:
+    """Every refusal ``create_weights`` makes of one rank's part from its sizes alone, before
+    anything is selected or allocated (no process group is asked): a partition the group
+    could not have made, fused pre-quantized shards that would share a block of scales (or
+    a word of zero points), a split cutting a scale block or a packed word. ``engine`` is
+    the whole layer as an engine's own loaders read it (they narrow every tensor), None for
+    kernelpick's loaders. Returns the tensor-parallel place the layer keeps: None where an
+    engine narrows every tensor and no scale group spans the split."""
+    if engine is not None and tp is not None and not tp.reduces(config):
+        # The engine narrows every tensor itself; kernelpick's part in the split is only
+        # agreeing scale groups that span it, which this layer's do not.
+        tp = None
+    if tp is not None:
+        tp.check_partition(config, sizes, input_size, output_size, layer)
+    if not recipe.online:  # before selecting: a layer it refuses logs no kernel
+        check_shards(config, sizes, layer)
+    if is_weight_only_int(config):
+        _check_int_split(
+            config, tp, engine is not None, recipe.online, sizes, output_size, input_size, layer
+        )
+    if engine is not None and tp is None:  # the engine splits the layer itself
+        split = [part for part, rows in zip(sizes, engine.shards, strict=True) if part != rows]
+        check_split_blocks(config, split, engine.k != config.k, layer)
+    return tp
 
 
 def _check_int_split(

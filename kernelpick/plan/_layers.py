@@ -1,0 +1,155 @@
+"""A model's linear layers as vLLM builds them, from transformers' modules on the meta
+device: fused by ``FUSED``, split by their ``Split`` over the tensor-parallel ranks, the
+ones vLLM keeps in high precision apart, and the weights that are no linear layer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import attrs
+import torch
+
+from kernelpick.core import InvalidValueError, KeptLayer, UncoveredWeights, positive_int
+from kernelpick.integration.formats import OUTPUT_HEAD_KEPT, output_heads
+from kernelpick.plan._config import ModelConfig, read_config
+from kernelpick.plan._meta import meta_model
+from kernelpick.plan._table import FUSED, KEPT, ROUTER_KEPT, Heads, Part, Split, part, split_of
+
+__all__ = ["EXPERTS", "Linear", "ModelLayers", "linear_layers"]
+
+EXPERTS = (
+    "MoE experts stored as 3-D parameters, not nn.Linear layers: vLLM runs them in "
+    "FusedMoE, which takes no linear method, so kernelpick chooses no kernel for them"
+)
+
+
+@attrs.frozen
+class Linear:
+    """One layer as vLLM builds it: its ``name`` (a fused one's, such as ``qkv_proj``), the
+    transformers modules it is made of (``members``, in shard order), its ``split`` (None:
+    not in the table), this rank's ``part``, and whether it has a bias."""
+
+    name: str
+    members: tuple[str, ...]
+    split: Split | None
+    part: Part
+    bias: bool
+
+    @property
+    def weight_shape(self) -> tuple[int, int]:
+        return (sum(self.part.sizes), self.part.k)
+
+
+@attrs.frozen(eq=False)  # holds modules, compared by identity
+class ModelLayers:
+    """A model's linear layers on one of ``tensor_parallel`` ranks: those a quantization
+    applies to (``layers``), those vLLM keeps in high precision whatever it is (``kept``),
+    the weights that are no linear layer (``uncovered``), and each member's module (what a
+    checkpoint's layout matches its patterns against)."""
+
+    config: ModelConfig
+    tensor_parallel: int
+    layers: tuple[Linear, ...]
+    kept: tuple[KeptLayer, ...]
+    uncovered: tuple[UncoveredWeights, ...]
+    modules: Mapping[str, torch.nn.Module]
+
+
+def _heads(model: torch.nn.Module) -> Heads | None:
+    config = getattr(model, "config", None)
+    text = getattr(config, "get_text_config", None)
+    config = text() if callable(text) else config
+    heads = getattr(config, "num_attention_heads", None)
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    return Heads(heads, kv) if isinstance(heads, int) and isinstance(kv, int) else None
+
+
+def _ends(name: str, tail: str) -> bool:
+    return name == tail or name.endswith("." + tail)
+
+
+def _kept_reason(name: str, module: torch.nn.Module, heads: set[str]) -> str | None:
+    if name in heads:
+        return OUTPUT_HEAD_KEPT
+    if type(module).__name__.endswith("Router"):  # transformers' MoE routers (no nn.Linear)
+        return ROUTER_KEPT
+    return next((why for tail, why in KEPT.items() if _ends(name, tail)), None)
+
+
+def _groups(
+    linears: dict[str, torch.nn.Linear],
+) -> Iterator[tuple[str, tuple[str, ...], Split | None]]:
+    """(vLLM's name, members, split) of every layer, fused ones where the parent holds
+    every shard, in the order of each layer's first member."""
+    taken: set[str] = set()
+    for name in linears:
+        if name in taken:
+            continue
+        parent, _, last = name.rpartition(".")
+        prefix = f"{parent}." if parent else ""
+        for fused in FUSED:
+            members = tuple(prefix + shard for shard in fused.shards)
+            if last in fused.shards and all(m in linears for m in members):
+                taken.update(members)
+                yield prefix + fused.name, members, fused.split
+                break
+        else:
+            yield name, (name,), split_of(name)
+
+
+def _part(name: str, split: Split | None, shards: list[int], k: int, ranks: int,
+          heads: Heads | None) -> Part:  # fmt: skip
+    if split is None:
+        if ranks > 1:
+            raise InvalidValueError(
+                f"--tensor-parallel for {name}", ranks,
+                "1: kernelpick plan's table does not say how vLLM splits this layer",
+            )  # fmt: skip
+        split = Split.REPLICATED
+    return part(name, split, shards, k, ranks, heads)
+
+
+def linear_layers(where: str | Path | ModelConfig, tensor_parallel: int = 1) -> ModelLayers:
+    """The linear layers of the model whose ``config.json`` is at ``where`` (or a directory
+    holding it), as vLLM builds them on one of ``tensor_parallel`` ranks."""
+    ranks = positive_int("--tensor-parallel", tensor_parallel, "a positive int")
+    config = where if isinstance(where, ModelConfig) else read_config(where)
+    model = meta_model(config)
+    heads = output_heads(model)
+    itemsize = config.dtype.itemsize
+    head_count = _heads(model)
+    linears: dict[str, torch.nn.Linear] = {}
+    kept: list[KeptLayer] = []
+    experts: list[tuple[str, int]] = []
+    for name, module in model.named_modules():
+        # A model's own module with 3-D weights holds experts; torch's (convolutions) do not.
+        own = not type(module).__module__.startswith("torch.")
+        big = [p for p in module.parameters(recurse=False) if p.dim() >= 3] if own else []
+        if big:
+            experts.append((name, sum(p.numel() for p in big)))
+        reason = _kept_reason(name, module, heads) if name else None
+        weight = getattr(module, "weight", None)
+        if reason is not None and isinstance(weight, torch.Tensor) and weight.dim() == 2:
+            n, k = weight.shape
+            style = Split.VOCAB if name in heads else split_of(name) or Split.REPLICATED
+            shape = _part(name, style, [n], k, ranks, head_count)
+            kept.append(KeptLayer(name, (sum(shape.sizes), shape.k), itemsize, reason))
+        elif isinstance(module, torch.nn.Linear):
+            linears[name] = module
+    layers = []
+    for name, members, split in _groups(linears):
+        shards = [linears[m].out_features for m in members]
+        k = linears[members[0]].in_features
+        if any(linears[m].in_features != k for m in members):
+            inputs = [linears[m].in_features for m in members]
+            raise InvalidValueError(f"inputs (K) of the shards of {name}", inputs,
+                                    "one K: vLLM fuses them into one layer")  # fmt: skip
+        bias = any(linears[m].bias is not None for m in members)
+        layers.append(Linear(name, members, split,
+                             _part(name, split, shards, k, ranks, head_count), bias))  # fmt: skip
+    uncovered: tuple[UncoveredWeights, ...] = ()
+    if experts:
+        names = tuple(name for name, _ in experts)
+        uncovered = (UncoveredWeights(names, sum(n for _, n in experts), itemsize, EXPERTS),)
+    return ModelLayers(config, ranks, tuple(layers), tuple(kept), uncovered, dict(linears))

@@ -1,0 +1,104 @@
+"""A model's linear layers as transformers builds them: its own model class on the meta
+device (shapes, no weights), never code from the checkpoint (``trust_remote_code``)."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from kernelpick.core import KernelpickError
+from kernelpick.integration import CheckpointError
+from kernelpick.integration.formats import QUANTIZATION_CONFIG
+from kernelpick.plan._config import ModelConfig
+
+__all__ = ["TransformersUnavailableError", "meta_model"]
+
+EXTRA = "pip install 'kernelpick[transformers]'"
+
+
+class TransformersUnavailableError(KernelpickError):
+    """A model's shapes are to be read where transformers cannot be imported."""
+
+    def __init__(self, cause: str = "") -> None:
+        self.cause = cause
+        detail = f" ({cause})" if cause else ""
+        super().__init__(
+            "kernelpick plan builds the model from its config with transformers' own model "
+            f"classes, and transformers cannot be imported here{detail}: {EXTRA}"
+        )
+
+    def __reduce__(self) -> tuple[type[TransformersUnavailableError], tuple[str]]:
+        return (type(self), (self.cause,))
+
+
+def _transformers() -> ModuleType:
+    try:
+        return importlib.import_module("transformers")
+    except ImportError as error:
+        raise TransformersUnavailableError(f"{type(error).__name__}: {error}") from error
+
+
+@contextlib.contextmanager
+def _quiet(transformers: ModuleType) -> Iterator[None]:
+    # transformers' notes on a config's legacy keys are not ours to print on every plan.
+    logging = transformers.logging
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
+
+
+def _remote(config: ModelConfig, what: str) -> CheckpointError:
+    code = " (its auto_map names code in the checkpoint)" if config.data.get("auto_map") else ""
+    found = config.model_type if what == "model_type" else config.architectures[0]
+    return CheckpointError(
+        config.path, what, repr(found),
+        f"a model transformers itself implements{code}: kernelpick plan never runs a "
+        "checkpoint's own code (trust_remote_code)",
+    )  # fmt: skip
+
+
+def _model_class(transformers: ModuleType, config: ModelConfig) -> Any:
+    if not config.architectures:
+        return transformers.AutoModel
+    found = getattr(transformers, config.architectures[0], None)
+    if not (isinstance(found, type) and issubclass(found, transformers.PreTrainedModel)):
+        raise _remote(config, "architectures")
+    return found
+
+
+def meta_model(config: ModelConfig) -> torch.nn.Module:
+    """``config``'s model built on the meta device by transformers' class for
+    ``architectures[0]`` (``AutoModel`` when none is named). Refused: a model type or
+    class transformers does not implement (remote code), or a config it cannot read."""
+    transformers = _transformers()
+    mapping = transformers.CONFIG_MAPPING
+    if config.model_type not in mapping:
+        raise _remote(config, "model_type")
+    data = {k: v for k, v in config.data.items() if k != QUANTIZATION_CONFIG}
+    with _quiet(transformers):
+        try:
+            hf_config = mapping[config.model_type].from_dict(data)
+        except (ValueError, TypeError, KeyError, AttributeError) as error:
+            found = f"a config transformers cannot read ({type(error).__name__}: {error})"
+            expected = f"a {config.model_type} config transformers reads"
+            raise CheckpointError(config.path, "", found, expected) from error
+        cls = _model_class(transformers, config)
+        build = cls.from_config if cls is transformers.AutoModel else cls._from_config
+        try:
+            with torch.device("meta"):
+                model: torch.nn.Module = build(hf_config)
+        except (ValueError, TypeError, KeyError, AttributeError, RuntimeError) as error:
+            found = (
+                f"a config {cls.__name__} cannot be built from ({type(error).__name__}: {error})"
+            )
+            expected = f"the config of a {cls.__name__}"
+            raise CheckpointError(config.path, "", found, expected) from error
+    return model

@@ -1,0 +1,33 @@
+"""The fixture configs of real models (tests/fixtures/configs/<name>/config.json, sizes from
+their public releases, no weights) and small configs written for one test."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "tests" / "fixtures" / "configs"
+FIXTURES = sorted(path.name for path in CONFIGS.iterdir() if (path / "config.json").is_file())
+
+
+def fixture_data(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((CONFIGS / name / "config.json").read_text())
+    return data
+
+
+def small_llama(**changes: Any) -> dict[str, Any]:
+    """A two-layer Llama config, quick to build on the meta device."""
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+        "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_hidden_layers": 2, "vocab_size": 1000, "torch_dtype": "bfloat16", **changes,
+    }  # fmt: skip
+
+
+def write_config(folder: Path, data: dict[str, Any]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "config.json"
+    path.write_text(json.dumps(data))
+    return path
