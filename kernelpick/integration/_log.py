@@ -3,6 +3,8 @@
 Records go to ``logging.getLogger("kernelpick.integration")``, which propagates to
 ``"kernelpick"``. kernelpick adds no handler and sets no level: as the standard library
 advises for libraries, the application decides where records go and how many it wants.
+An engine that shows only its own logger's records (vLLM) names that logger as a second
+destination: the same records, remembered apart, so each destination gets each one once.
 """
 
 from __future__ import annotations
@@ -19,23 +21,24 @@ __all__ = ["LOGGER", "forget_logged", "log_selection"]
 LOGGER = logging.getLogger("kernelpick.integration")
 
 # A model repeats a handful of layer shapes many times (224 layers of 7 shapes), so each
-# (device, config, kernel) is logged once per process. Bounded, oldest forgotten first, so
-# a long-running server that sees endless shapes does not grow without limit. The value is
-# the most verbose level already logged for the key: DEBUG turned on later still gets the
-# trace of a selection first logged at INFO.
+# (device, config, kernel) is logged once per process to each destination logger.
+# Bounded, oldest forgotten first, so a long-running server that sees endless shapes does
+# not grow without limit. The value is the most verbose level already logged for the key:
+# DEBUG turned on later still gets the trace of a selection first logged at INFO.
 _MAX_REMEMBERED = 1024
 _logged: OrderedDict[Hashable, int] = OrderedDict()
 _lock = threading.Lock()  # engines may create layers from several threads
 
 
-def _still_to_log(key: Hashable, summary: int) -> tuple[bool, bool]:
-    """Whether to log ``key``'s summary (at level ``summary``) and its DEBUG trace now: each
-    once per process, and only once the logger lets it through, so a selection nobody
-    listened to is logged when someone does."""
-    trace = LOGGER.isEnabledFor(logging.DEBUG)
-    if not trace and not LOGGER.isEnabledFor(summary):
+def _still_to_log(logger: logging.Logger, key: Hashable, summary: int) -> tuple[bool, bool]:
+    """Whether to log ``key``'s summary (at level ``summary``) and its DEBUG trace to
+    ``logger`` now: each once per process and logger, and only once the logger lets it
+    through, so a selection nobody listened to is logged when someone does."""
+    trace = logger.isEnabledFor(logging.DEBUG)
+    if not trace and not logger.isEnabledFor(summary):
         return False, False
     wanted = logging.DEBUG if trace else summary
+    key = (logger.name, key)  # one destination's record never stands in for another's
     with _lock:
         done = _logged.get(key)
         if done is not None:
@@ -55,32 +58,37 @@ def forget_logged() -> None:
 
 
 def log_selection(
-    scheme: str, caps: DeviceCaps, config: QuantConfig, decision: Selected, layer: str
+    scheme: str,
+    caps: DeviceCaps,
+    config: QuantConfig,
+    decision: Selected,
+    layer: str,
+    logger: logging.Logger = LOGGER,
 ) -> None:
-    """Log one selection, the first time this process sees its (device, config, kernel):
-    WARNING for a degraded choice or one with speed warnings (an emulation, a faster
-    kernel turned down for a missing tool), INFO for any other, then the full trace at
-    DEBUG."""
+    """Log one selection to ``logger``, the first time this process tells it this
+    (device, config, kernel): WARNING for a degraded choice or one with speed warnings (an
+    emulation, a faster kernel turned down for a missing tool), INFO for any other, then
+    the full trace at DEBUG."""
     warned = decision.degraded or bool(decision.warnings)
     summary, trace = _still_to_log(
-        (caps, config, decision.kernel), logging.WARNING if warned else logging.INFO
+        logger, (caps, config, decision.kernel), logging.WARNING if warned else logging.INFO
     )
     where = f" (first at layer {layer!r})" if layer else ""
     if summary and warned:
         notes = ([DEGRADED_NOTE] if decision.degraded else []) + [
             warning.render() for warning in decision.warnings
         ]
-        LOGGER.warning(
+        logger.warning(
             'quantization="%s": %s selected on %s for %s%s; %s',
             scheme, decision.kernel, caps.name, config.render(), where, "; ".join(notes),
         )  # fmt: skip
     elif summary:
-        LOGGER.info(
+        logger.info(
             'quantization="%s": %s selected on %s for %s%s',
             scheme, decision.kernel, caps.name, config.render(), where,
         )  # fmt: skip
     if trace:
-        LOGGER.debug(
+        logger.debug(
             'quantization="%s" on %s for %s:\n%s',
             scheme, caps.render(), config.render(), decision.render(),
         )  # fmt: skip

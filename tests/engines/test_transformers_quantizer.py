@@ -69,7 +69,12 @@ def test_config_round_trips_through_its_dict() -> None:
     assert isinstance(again, KernelpickConfig)
     assert again.to_dict() == saved
     default = KernelpickConfig()
-    assert (default.scheme, default.modules_to_not_convert) == ("fp8_per_channel", ["lm_head"])
+    # None is the default (the model's output heads), saved as None: a reload applies the
+    # same default to the model it loads, rather than a list naming one head.
+    assert (default.scheme, default.modules_to_not_convert) == ("fp8_per_channel", None)
+    assert default.to_dict()["modules_to_not_convert"] is None
+    reloaded = AutoQuantizationConfig.from_dict(json.loads(json.dumps(default.to_dict())))
+    assert reloaded.to_dict() == default.to_dict()
     assert default.caps is None
     assert default.policy is None
     assert "caps" not in KernelpickConfig(caps=kp.device_profile("cpu")).to_dict()

@@ -242,6 +242,29 @@ def whole_tensors(rank: int) -> dict[str, Any]:
     return {"replicated_kv_error": error, "rank_part": part}
 
 
+def _serve_logging() -> dict[str, Any]:
+    """vLLM's logging configured as ``vllm serve`` configures it (``LoggingConfig``'s
+    defaults: a formatted handler on the ``vllm`` logger alone, which does not propagate),
+    then one layer built, loaded and processed: what this process prints is the test's."""
+    cpu_target()
+    from vllm.config.logging import LoggingConfig
+    from vllm.logger import configure_logging
+    from vllm.model_executor.layers.linear import ColumnParallelLinear
+
+    from kernelpick.engines.vllm import KernelpickConfig
+    from kernelpick.integration import layer_state
+
+    configure_logging(LoggingConfig())
+    with vllm_group(1, 0, free_port()):
+        layer = ColumnParallelLinear(
+            K, N, bias=False, params_dtype=torch.float32, quant_config=KernelpickConfig(),
+            prefix="model.layers.0.mlp.up_proj",
+        )  # fmt: skip
+        layer.weight.weight_loader(layer.weight, weight())
+        layer.quant_method.process_weights_after_loading(layer)
+    return {"kernel": layer_state(layer).decision.kernel}
+
+
 def _tp_rank(rank: int, port: int, schemes: list[str], out: Path) -> dict[str, Any]:
     with vllm_group(WORLD, rank, port):
         tensors = {scheme: row_and_column(scheme) for scheme in schemes}
@@ -255,6 +278,8 @@ def main(argv: list[str]) -> None:
     scenario = argv[0]
     if scenario == "plugins":
         result = _plugins(Path(argv[1]))
+    elif scenario == "logging":
+        result = _serve_logging()
     elif scenario == "tp":
         rank, port, schemes, out = int(argv[1]), int(argv[2]), argv[3], Path(argv[4])
         result = _tp_rank(rank, port, schemes.split(","), out)

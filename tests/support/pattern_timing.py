@@ -31,10 +31,11 @@ LINEAR = torch.nn.Linear(2, 2)
 
 def _transformers(pattern: str) -> Matcher:
     from kernelpick.engines.transformers import KernelpickConfig
-    from kernelpick.integration.formats._patterns import kept
+    from kernelpick.engines.transformers._kept import keep_rule
 
     config = KernelpickConfig(modules_to_not_convert=[pattern])
-    return lambda name: kept(name, config.modules_to_not_convert)  # as the quantizer does
+    rule = keep_rule(torch.nn.Module(), config.modules_to_not_convert)  # as the quantizer does
+    return lambda name: rule(name, LINEAR)
 
 
 def _fine_grained_fp8(pattern: str) -> Matcher:

@@ -17,6 +17,12 @@ before any weight is allocated (a rejection raises ``KernelSelectionError`` with
 reason), swaps it for an ``QuantizedLinear`` and quantizes each weight as it loads; a weight
 kernelpick refuses (NaN, say) raises kernelpick's error, not transformers' generic one.
 
+The output head stays in high precision unless ``modules_to_not_convert`` says otherwise
+(None, the default: the model's output heads, whatever they are called, are kept; a list,
+even ``[]``, is used as given). Once loaded, the model's summary (what each layer runs and
+which were kept, and why: ``kernelpick.integration.model_summary(model)``) is logged once
+at INFO on the ``kernelpick.engines.transformers`` logger.
+
 ``save_pretrained`` writes one format, the one ``save_quantized`` writes: the canonical
 tensors with a compressed-tensors ``quantization_config``, which transformers (with
 compressed-tensors installed), vLLM and SGLang load as the quantized model it is, with or
@@ -29,6 +35,7 @@ cast their FP8 or int8 weights into plain linears, with no scales.
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Any, cast
 
 import attrs
@@ -45,10 +52,12 @@ from transformers.utils.quantization_config import QuantizationConfigMixin, Quan
 
 from kernelpick.adapters import default_caps
 from kernelpick.core import DeviceCaps, InvalidValueError, Policy, Scheme
+from kernelpick.engines.transformers._kept import keep_rule
 from kernelpick.engines.transformers._layers import HfLayers
 from kernelpick.engines.transformers._stored import check_high_precision
-from kernelpick.integration import CheckpointError, quantization_config
-from kernelpick.integration.formats import check_patterns, fp32_modules, kept
+from kernelpick.integration import CheckpointError, model_summary, quantization_config
+from kernelpick.integration.convert import kept_layers, record_kept
+from kernelpick.integration.formats import check_patterns
 from kernelpick.integration.layer import (
     CheckpointFormat,
     LayerSteps,
@@ -57,7 +66,9 @@ from kernelpick.integration.layer import (
     refuse_integer,
 )
 
-__all__ = ["METHOD", "KernelpickConfig", "KernelpickHfQuantizer"]
+__all__ = ["LOGGER", "METHOD", "KernelpickConfig", "KernelpickHfQuantizer"]
+
+LOGGER = logging.getLogger("kernelpick.engines.transformers")
 
 METHOD = "kernelpick"
 FORMAT_VERSION = 1  # the layout an earlier save_pretrained wrote: canonical tensors, per layer
@@ -73,7 +84,8 @@ class KernelpickConfig(QuantizationConfigMixin):
     """What ``from_pretrained`` quantizes with kernelpick: ``scheme`` (one of
     ``kernelpick.integration.ONLINE_SCHEMES``), the modules kept in high precision
     (``modules_to_not_convert``: transformers' patterns, a name prefix at a module
-    boundary, a regex or a suffix; ``["lm_head"]`` when None), for ``fp8_block``
+    boundary, a regex or a suffix; None keeps the model's output heads, and is saved as
+    None, so a reload applies the same default), for ``fp8_block``
     ``block_size`` (None: 128), and for the integer weight-only schemes
     ``group_size`` (None: the scheme's; -1 per channel) and ``symmetric``. ``caps`` and
     ``policy`` (not saved) choose the device to select for (default ``kp.probe`` of the
@@ -104,9 +116,7 @@ class KernelpickConfig(QuantizationConfigMixin):
         recipe = Recipe.of(  # what every layer is made with
             scheme, block_size=block_size, group_size=group_size, symmetric=symmetric
         )
-        skip = check_patterns(
-            ["lm_head"] if modules_to_not_convert is None else modules_to_not_convert
-        )
+        skip = None if modules_to_not_convert is None else check_patterns(modules_to_not_convert)
         if caps is not None and not isinstance(caps, DeviceCaps):
             raise InvalidValueError("caps", type(caps).__name__, "None or a kp.DeviceCaps")
         if policy is not None and not isinstance(policy, Policy):
@@ -114,7 +124,7 @@ class KernelpickConfig(QuantizationConfigMixin):
         self.quant_method = cast(QuantizationMethod, METHOD)
         self.recipe = recipe
         self.scheme = recipe.scheme.value
-        self.modules_to_not_convert = list(skip)
+        self.modules_to_not_convert = None if skip is None else list(skip)
         self.block_size = block_size
         self.group_size = group_size
         self.symmetric = symmetric
@@ -134,9 +144,10 @@ class KernelpickConfig(QuantizationConfigMixin):
     def to_dict(self) -> dict[str, Any]:
         """This config's settings, as a ``format_version`` 1 checkpoint holds them. A model
         quantized with it saves compressed-tensors' config instead (see the module)."""
+        skip = self.modules_to_not_convert  # None: the default, saved as it is (see __init__)
         return {
             "quant_method": METHOD, "scheme": self.scheme,
-            "modules_to_not_convert": list(self.modules_to_not_convert),
+            "modules_to_not_convert": None if skip is None else list(skip),
             "block_size": self.block_size, "group_size": self.group_size,
             "symmetric": self.symmetric, "format_version": FORMAT_VERSION,
         }  # fmt: skip
@@ -206,10 +217,8 @@ class KernelpickHfQuantizer(HfQuantizer):
         fmt = CheckpointFormat.HIGH_PRECISION if online else CheckpointFormat.PRE_QUANTIZED
         recipe = attrs.evolve(config.recipe, checkpoint_format=fmt)
         steps = LayerSteps.create(recipe, caps, config.policy)
-        # The model's own fp32 modules: transformers casts them apart, so never quantized.
-        patterns = [*config.modules_to_not_convert, *fp32_modules(model)]
         layers = HfLayers(steps, online)
-        layers.swap(model, lambda name: kept(name, patterns))
+        layers.swap(model, keep_rule(model, config.modules_to_not_convert))
         if online:  # transformers casts each tensor before the quantize op sees it
             check_high_precision(kwargs.get("checkpoint_files"))
         self._layers = layers
@@ -246,9 +255,14 @@ class KernelpickHfQuantizer(HfQuantizer):
     def _process_model_after_weight_loading(self, model: Any, **kwargs: Any) -> Any:
         layers = self._hf_layers()
         layers.finish()
+        record_kept(model, kept_layers(model, layers.kept))  # their loaded shapes and dtypes
         if layers.layers:  # what save_pretrained writes: compressed-tensors, not this config
             model.config.quantization_config = quantization_config(model)
             accept_before_loading(model)
+            if LOGGER.isEnabledFor(logging.INFO):
+                summary = model_summary(model).render()
+                LOGGER.info("%s from_pretrained with kernelpick:\n%s", type(model).__name__,
+                            summary)  # fmt: skip
         return model
 
     def get_state_dict_and_metadata(self, model: Any) -> tuple[None, dict[str, Any]]:

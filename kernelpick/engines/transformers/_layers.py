@@ -12,14 +12,13 @@ shape, is refused after loading rather than run with uninitialised memory.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import attrs
 import torch
 
 from kernelpick.core import InvalidValueError, KernelpickError
+from kernelpick.engines.transformers._kept import Keep
 from kernelpick.integration import CheckpointError, ModelConversionError
-from kernelpick.integration.convert import Swaps, dropped_by_swap
+from kernelpick.integration.convert import SkippedLayer, Swaps
 from kernelpick.integration.layer import (
     INT_NAMES,
     IntWeights,
@@ -51,40 +50,37 @@ def _meta(shape: tuple[int, ...], dtype: torch.dtype) -> torch.nn.Parameter:
     return frozen(torch.empty(shape, dtype=dtype, device="meta"))
 
 
-def _tied(model: torch.nn.Module) -> set[str]:
-    """The parameters transformers ties (both ends): such a weight is shared with a module
-    that stays in high precision, so its linear is kept, as ``quantize_model`` keeps it."""
-    tied = getattr(model, "all_tied_weights_keys", None) or {}
-    return {str(k) for k in tied} | {str(v) for v in tied.values()}
-
-
 @attrs.define
 class HfLayers:
     """The quantized layers of one ``from_pretrained`` call, by path, with the steps that
-    selected their kernels. ``online`` layers quantize a high-precision checkpoint; the
-    others read kernelpick's canonical tensors. ``errors`` are the quantizations that failed
-    during loading (transformers would only log them), ``scales`` the scales they made (the
-    only ones an online layer installs)."""
+    selected their kernels, and the linears ``kept`` in high precision with why.
+    ``online`` layers quantize a high-precision checkpoint; the others read kernelpick's
+    canonical tensors. ``errors`` are the quantizations that failed during loading
+    (transformers would only log them), ``scales`` the scales they made (the only ones an
+    online layer installs)."""
 
     steps: LayerSteps
     online: bool
     layers: dict[str, QuantizedLinear] = attrs.field(factory=dict)
+    kept: list[SkippedLayer] = attrs.field(factory=list)
     errors: dict[str, Exception] = attrs.field(factory=dict)
     scales: dict[str, torch.Tensor] = attrs.field(factory=dict)
 
     # -- before loading ----------------------------------------------------------------
 
-    def swap(self, model: torch.nn.Module, keep: Callable[[str], bool]) -> None:
-        """Select a kernel for every eligible linear (exact ``nn.Linear``, not kept by
-        ``keep``, not tied), then put an ``QuantizedLinear`` on the meta device at each. A
-        rejection raises ``KernelSelectionError`` with every reason before anything
-        changes or is allocated."""
-        tied = _tied(model)
+    def swap(self, model: torch.nn.Module, keep: Keep) -> None:
+        """Select a kernel for every eligible linear (exact ``nn.Linear`` that ``keep``
+        gives no reason to keep, each kept one in ``kept``), then put an
+        ``QuantizedLinear`` on the meta device at each. A rejection raises
+        ``KernelSelectionError`` with every reason before anything changes or is
+        allocated."""
         found: list[tuple[str, torch.nn.Linear]] = []
         for name, module in model.named_modules():
-            if type(module) is not torch.nn.Linear or not name or keep(name):
+            if type(module) is not torch.nn.Linear or not name:
                 continue
-            if f"{name}.weight" in tied or dropped_by_swap(module):
+            why = keep(name, module)
+            if why is not None:
+                self.kept.append(SkippedLayer(name, why))
                 continue
             found.append((name, module))
         states = [(name, linear, self._select(name, linear)) for name, linear in found]

@@ -7,6 +7,10 @@ selects, checks, quantizes and runs, and vLLM loads. The parameters kernelpick r
 re-registered as vLLM's parameter classes (same storage, same dims), each with vLLM's
 ``weight_loader_v2`` behind kernelpick's shard bookkeeping, so vLLM narrows each tensor to
 this rank's part and kernelpick still refuses a layer with shards never loaded.
+
+Each selection is logged to kernelpick's logger and to vLLM's (``LOGGER``, a child of the
+``vllm`` logger, the only one ``vllm serve`` configures): once per (device, config) each,
+INFO, or WARNING for a degraded choice or one with speed warnings.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
+from vllm.logger import init_logger
 from vllm.model_executor.layers.linear import (
     ColumnParallelLinear,
     LinearMethodBase,
@@ -59,7 +64,13 @@ from kernelpick.integration.layer import (
 if TYPE_CHECKING:
     from kernelpick.engines.vllm._config import KernelpickConfig
 
-__all__ = ["KernelpickLinearMethod"]
+__all__ = ["LOGGER", "KernelpickLinearMethod"]
+
+# vLLM gives its own logger a handler and stops it propagating; in ``vllm serve`` nothing
+# shows kernelpick's records (but Python's last resort, which prints warnings bare). A
+# child of vLLM's logger is where its users read which kernel each layer got, beside
+# vLLM's own "Selected %s for %s".
+LOGGER = init_logger("vllm.plugins.kernelpick")
 
 
 @register_weight_loader_v2_supported_method
@@ -117,6 +128,7 @@ class KernelpickLinearMethod(LinearMethodBase):
             # ([rows, columns] of weight per scale: fp8_block's b x b, mxfp8's 1 x 32).
             setattr(layer, "weight_block_size", list(plan.config.weight_block))  # noqa: B010
         self._method = method
+        _log_to_vllm(method, layer_state(layer))
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         self.method.process_weights_after_loading(layer)
@@ -125,6 +137,17 @@ class KernelpickLinearMethod(LinearMethodBase):
         self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
         return self.method.apply(layer, x, bias)
+
+
+def _log_to_vllm(method: QuantizedLinearMethod, state: LayerState) -> None:
+    """The selection, on vLLM's logger too (kernelpick's got it when the layer was planned).
+    Only the first rank of the world logs it, as vLLM logs its own kernels' choices
+    (``scope="global"``): every rank selects alike for its equal partition, and ``vllm
+    serve`` prints each worker's records."""
+    from vllm.distributed import is_global_first_rank
+
+    if is_global_first_rank():
+        method.steps.log(state, LOGGER)
 
 
 def _tensor_parallel(layer: torch.nn.Module) -> TensorParallel | None:

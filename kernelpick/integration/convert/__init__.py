@@ -4,6 +4,7 @@ and reports what it did (``ConversionReport``; ``model_summary`` reads what ever
 any converted model runs); ``Swaps`` puts modules in place keeping
 their hooks, ``dropped_by_swap`` names what a swap would lose."""
 
+from kernelpick.integration.convert._eligible import kept_reason
 from kernelpick.integration.convert._progress import ProgressBar, is_terminal
 from kernelpick.integration.convert._quantize_model import quantize_model
 from kernelpick.integration.convert._report import ConversionReport, LayerReport, SkippedLayer
@@ -19,6 +20,7 @@ __all__ = [
     "dropped_by_swap",
     "is_terminal",
     "kept_layers",
+    "kept_reason",
     "model_bytes",
     "model_summary",
     "quantize_model",

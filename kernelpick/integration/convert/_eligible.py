@@ -5,7 +5,7 @@ with its reason."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 
 import torch
 
@@ -14,11 +14,28 @@ from kernelpick.integration.convert._swap import dropped_by_swap
 from kernelpick.integration.formats import OUTPUT_HEAD_KEPT, fp32_modules, output_heads
 from kernelpick.integration.formats import kept as kept_by
 
-__all__ = ["Found", "Skip", "eligible_linears", "weight_groups"]
+__all__ = ["Found", "Skip", "eligible_linears", "kept_reason", "weight_groups"]
 
 Skip = Callable[[str, torch.nn.Module], bool]
 
 Found = tuple[torch.nn.Linear, tuple[str, ...]]  # a linear, and every path to it
+
+
+def kept_reason(
+    name: str, linear: torch.nn.Module, heads: Collection[str], fp32: Sequence[str]
+) -> str | None:
+    """Why every conversion leaves ``linear`` (at ``name``) in high precision, by the rules
+    they all share, first match first: it holds what a swap would drop, it is an output
+    head kept (``heads``: ``output_heads`` of the model, or none), or the model keeps it
+    in fp32 (``fp32``: ``fp32_modules``). None where none of them keeps it."""
+    extra = dropped_by_swap(linear)
+    if extra:
+        return f"it also holds {', '.join(extra)}, which a QuantizedLinear would drop"
+    if name in heads:
+        return OUTPUT_HEAD_KEPT
+    if fp32 and kept_by(name, fp32):
+        return "the model keeps it in fp32 (_keep_in_fp32_modules)"
+    return None
 
 
 def eligible_linears(
@@ -37,14 +54,7 @@ def eligible_linears(
     for name, module in model.named_modules(remove_duplicate=False):
         if type(module) is not torch.nn.Linear:
             continue
-        extra = dropped_by_swap(module)
-        why = (
-            f"it also holds {', '.join(extra)}, which a QuantizedLinear would drop" if extra else ""
-        )
-        if not why and name in heads:
-            why = OUTPUT_HEAD_KEPT
-        if not why and fp32 and kept_by(name, fp32):
-            why = "the model keeps it in fp32 (_keep_in_fp32_modules)"
+        why = kept_reason(name, module, heads, fp32)
         if not why and skip is not None and skip(name, module):
             why = "skip() kept it"
         if why:

@@ -10,6 +10,7 @@ kernel prepares what it runs on then, once, not on every forward.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -32,7 +33,7 @@ from kernelpick.core import (
     positive_int,
 )
 from kernelpick.integration._errors import KernelSelectionError
-from kernelpick.integration._log import log_selection
+from kernelpick.integration._log import LOGGER, log_selection
 from kernelpick.integration.layer._parallel import TensorParallel
 from kernelpick.integration.layer._plan import LayerPlan
 from kernelpick.integration.layer._recipe import Recipe
@@ -167,9 +168,13 @@ class LayerSteps:
         decision = self.select(config, prefix, parallel=parallel)
         return LayerPlan(config, decision, self.caps, prefix, sizes, parallel, params)
 
-    def log(self, state: LayerState) -> None:
-        """Tell the ``kernelpick`` logger which kernel ``state``'s layer got (see ``_log``)."""
-        log_selection(self.scheme.value, state.caps, state.config, state.decision, state.prefix)
+    def log(self, state: LayerState, logger: logging.Logger = LOGGER) -> None:
+        """Tell ``logger`` (kernelpick's by default; an engine's own as a second
+        destination) which kernel ``state``'s layer got, once per (device, config) and
+        logger (see ``_log``)."""
+        log_selection(
+            self.scheme.value, state.caps, state.config, state.decision, state.prefix, logger
+        )
 
     # -- bind --------------------------------------------------------------------------
 
