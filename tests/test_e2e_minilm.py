@@ -86,7 +86,7 @@ def test_minilm_round_trips_through_a_checkpoint_in_a_fresh_process(tmp_path: Pa
                "--embeddings", str(out)]  # fmt: skip
     finished = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert finished.returncode == 0, finished.stderr
-    assert "37 layer(s)" in finished.stdout
+    assert "37 quantized layer(s)" in finished.stdout
     loaded = load_file(str(out))
     assert torch.equal(loaded["fp8"], saved.embeddings)  # bit-identical, another process
     cosine = torch.nn.functional.cosine_similarity(loaded["fp8"], loaded["fp32"], dim=-1)

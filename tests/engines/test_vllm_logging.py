@@ -194,7 +194,8 @@ def test_only_the_first_rank_logs_to_vllms_logger(
 
 def test_vllm_serves_logging_prints_the_selection_once() -> None:
     """In a fresh process whose logging vLLM configured as ``vllm serve`` does: the line
-    is printed in vLLM's format, once (kernelpick's own logger has no handler there)."""
+    is printed in vLLM's format, once (kernelpick's own logger has no handler there), for
+    an INFO selection and for a degraded one's WARNING."""
     result = subprocess.run(
         [sys.executable, "-m", "tests.engines.vllm_workers", "logging"], cwd=ROOT,
         env=os.environ | {"VLLM_TARGET_DEVICE": "cpu", "VLLM_LOGGING_COLOR": "0"},
@@ -212,3 +213,9 @@ def test_vllm_serves_logging_prints_the_selection_once() -> None:
     assert f"N={workers.N} K={workers.K}" in line
     assert line.endswith("(first at layer 'model.layers.0.mlp.up_proj')")
     print(line)  # the example docs/engines.md shows
+    # A WARNING too is printed once, in vLLM's format: kernelpick's logger, which no one
+    # configured, does not hand it to logging's last resort as well.
+    degraded = [line for line in (result.stdout + result.stderr).splitlines()
+                if 'quantization="fp8_per_tensor"' in line]  # fmt: skip
+    assert len(degraded) == 1, degraded
+    assert " WARNING " in degraded[0]

@@ -262,6 +262,10 @@ def _serve_logging() -> dict[str, Any]:
         )  # fmt: skip
         layer.weight.weight_loader(layer.weight, weight())
         layer.quant_method.process_weights_after_loading(layer)
+        # A degraded choice (an A100 runs fp8_per_tensor weight-only): a WARNING, selected
+        # only, as selecting needs no A100.
+        degraded = KernelpickConfig("fp8_per_tensor", caps=kp.device_profile("a100"))
+        ColumnParallelLinear(K, N, bias=False, quant_config=degraded, prefix="model.degraded")
     return {"kernel": layer_state(layer).decision.kernel}
 
 

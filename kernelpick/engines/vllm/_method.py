@@ -16,6 +16,7 @@ INFO, or WARNING for a degraded choice or one with speed warnings.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -71,6 +72,19 @@ __all__ = ["LOGGER", "KernelpickLinearMethod"]
 # child of vLLM's logger is where its users read which kernel each layer got, beside
 # vLLM's own "Selected %s for %s".
 LOGGER = init_logger("vllm.plugins.kernelpick")
+
+
+def _quiet_last_resort() -> None:
+    """Give kernelpick's logger a ``NullHandler``: vLLM's logger carries every selection,
+    and without a handler of its own kernelpick's would hand its WARNING records to
+    logging's last resort, so ``vllm serve`` printed them twice. Records still propagate to
+    any handler the application configures."""
+    root = logging.getLogger("kernelpick")
+    if not any(isinstance(handler, logging.NullHandler) for handler in root.handlers):
+        root.addHandler(logging.NullHandler())
+
+
+_quiet_last_resort()
 
 
 @register_weight_loader_v2_supported_method
