@@ -48,7 +48,7 @@ from kernelpick.core import DeviceCaps, InvalidValueError, Policy, Scheme
 from kernelpick.engines.transformers._layers import HfLayers
 from kernelpick.engines.transformers._stored import check_high_precision
 from kernelpick.integration import CheckpointError, quantization_config
-from kernelpick.integration.formats import check_patterns, fp32_modules, kept
+from kernelpick.integration.formats import check_patterns, fp32_modules, kept, kernelpick_v1
 from kernelpick.integration.layer import (
     CheckpointFormat,
     LayerSteps,
@@ -59,12 +59,9 @@ from kernelpick.integration.layer import (
 
 __all__ = ["METHOD", "KernelpickConfig", "KernelpickHfQuantizer"]
 
-METHOD = "kernelpick"
-FORMAT_VERSION = 1  # the layout an earlier save_pretrained wrote: canonical tensors, per layer
-_KEYS = (
-    "quant_method", "scheme", "modules_to_not_convert", "block_size", "group_size", "symmetric",
-    "format_version",
-)  # fmt: skip
+METHOD = kernelpick_v1.METHOD
+FORMAT_VERSION = kernelpick_v1.FORMAT_VERSION  # what an earlier save_pretrained wrote
+_KEYS = kernelpick_v1.KEYS
 _QUANTIZED_DTYPES = ("F8_E4M3", "F8_E5M2", "I8")  # safetensors' names
 _WHERE = "transformers from_pretrained"
 

@@ -111,6 +111,19 @@ class CompressedTensorsLayout(Layout):
             name, module, self.ignore
         ) else True  # fmt: skip
 
+    @property
+    def ignored(self) -> tuple[str, ...]:
+        return self.ignore
+
+    def ignores(self, name: str) -> bool:
+        return matches(name, None, self.ignore)
+
+    @property
+    def format(self) -> str:
+        """The config's ``format``, which its scheme fixes."""
+        row = _ROWS.get(self.scheme)
+        return INT_FORMAT if row is None else row.format
+
 
 def _args(row: _Row, strategy: str, dynamic: bool, size: int | None) -> dict[str, Any]:
     args = {"num_bits": 8, "type": row.type, "symmetric": True, "strategy": strategy,
