@@ -142,7 +142,7 @@ def _config(layout: Layout, stored: Stored, prefix: str, weight: str, dtype: Dty
         dtype_name = str(wanted.dtype).removeprefix("torch.")
         raise CheckpointError(
             str(header.path), entry.name, f"{entry.dtype} {list(entry.shape)}",
-            f"{dtype_name} {list(wanted.shape)}: a {layout.scheme.value} weight of "
+            f"{dtype_name} {list(wanted.shape)}, what {layout.scheme.value} stores for "
             f"[{n}, {k}] ({config.render()})",
         )  # fmt: skip
     return config
@@ -205,7 +205,9 @@ def activation_dtype(where: Path, config: dict[str, Any]) -> tuple[Dtype, str]:
         parsed = None
     if parsed is None or parsed not in HIGH_PRECISION:
         valid = ", ".join(sorted(d.value for d in HIGH_PRECISION))
-        raise CheckpointError(str(where), key, repr(value), f"one of {valid}: the activations'")
+        raise CheckpointError(
+            str(where), key, repr(value), f"one of {valid}: the dtype the layers compute in"
+        )
     return parsed, f"config.json's {key}"
 
 

@@ -94,7 +94,12 @@ def _entry(path: Path, name: str, value: object, data: int) -> TensorEntry:
         raise _refuse(path, name, repr(value)[:80], "an object of dtype, shape and data_offsets")
     dtype = value.get("dtype")
     if not isinstance(dtype, str) or dtype not in DTYPES:
-        raise _refuse(path, name, f"dtype {dtype!r}", f"one of {', '.join(DTYPES)}")
+        raise _refuse(
+            path,
+            name,
+            f"dtype {dtype!r}",
+            f"one of safetensors' dtypes kernelpick reads: {', '.join(DTYPES)}",
+        )
     shape = _shape(path, name, value.get("shape"))
     offsets = value.get("data_offsets")
     if not (
@@ -159,7 +164,7 @@ def read_header(path: Path) -> FileHeader:
     try:
         parsed = json.loads(text.decode("utf-8"), object_pairs_hook=_unique)
     except _Duplicate as duplicate:
-        raise _refuse(path, duplicate.key, "two entries", "one entry a name") from None
+        raise _refuse(path, duplicate.key, "two entries", "one entry per name") from None
     except ValueError as error:  # not UTF-8, not JSON
         raise _refuse(path, "header", str(error), "a JSON object in UTF-8") from None
     if not isinstance(parsed, dict):
