@@ -46,7 +46,7 @@ from kernelpick.integration.checkpoints._safetensors_io import (
     read_aliases,
 )
 from kernelpick.integration.formats import Layout
-from kernelpick.integration.layer import SHAPE_NAME, LayerPlan
+from kernelpick.integration.layer import SHAPE_NAME, LayerPlan, Recipe
 
 __all__ = [
     "KEPT_REASON",
@@ -117,32 +117,42 @@ def _stored_shape(stored: Stored, prefix: str) -> tuple[int, int]:
     return values[0], values[1]
 
 
-def _config(layout: Layout, stored: Stored, prefix: str, weight: str, dtype: Dtype) -> QuantConfig:
+def _located(
+    layout: Layout, stored: Stored, prefix: str, weight: str
+) -> tuple[FileHeader, TensorEntry, int, int]:
+    """A quantized layer's stored weight, and its N and K."""
     found = stored.get(f"{prefix}.{weight}")
     if found is None:
         raise CheckpointError(str(stored.directory), f"{prefix}.{weight}", "nothing",
                               f"the weight of a layer with a {layout.scale_name}")  # fmt: skip
     header, entry = found
-    where = f"{header.path}: {entry.name}"
     if layout.scheme in INTEGER_WEIGHT_ONLY:
-        n, k = _stored_shape(stored, prefix)
-    elif len(entry.shape) == 2:
-        n, k = entry.shape
-    else:
+        return (header, entry, *_stored_shape(stored, prefix))
+    if len(entry.shape) != 2:
         raise CheckpointError(str(header.path), entry.name, f"shape {list(entry.shape)}",
                               "a weight [N, K]")  # fmt: skip
-    bias = stored.get(f"{prefix}.bias") is not None
+    return header, entry, entry.shape[0], entry.shape[1]
+
+
+def _config(
+    recipe: Recipe, header: FileHeader, entry: TensorEntry, shape: tuple[int, int], bias: bool,
+    dtype: Dtype,
+) -> QuantConfig:  # fmt: skip
+    """The layer's config, its stored weight checked to be the one the config implies."""
+    n, k = shape
     try:
-        config = layout.recipe.config(n, k, dtype, bias=bias)
+        config = recipe.config(n, k, dtype, bias=bias)
     except KernelpickError as error:
-        raise CheckpointError(where, "shape", f"[{n}, {k}]", str(error)) from error
-    param = LayerPlan.params_of(config, (n,), torch.bfloat16, online=False)
-    wanted = next(p for p in param if p.name == weight)
+        raise CheckpointError(f"{header.path}: {entry.name}", "shape", f"[{n}, {k}]",
+                              str(error)) from error  # fmt: skip
+    name = entry.name.rpartition(".")[2]
+    params = LayerPlan.params_of(config, (n,), torch.bfloat16, online=False)
+    wanted = next(p for p in params if p.name == name)
     if DTYPES[entry.dtype] != wanted.dtype or entry.shape != wanted.shape:
         dtype_name = str(wanted.dtype).removeprefix("torch.")
         raise CheckpointError(
             str(header.path), entry.name, f"{entry.dtype} {list(entry.shape)}",
-            f"{dtype_name} {list(wanted.shape)}, what {layout.scheme.value} stores for "
+            f"{dtype_name} {list(wanted.shape)}, what {recipe.scheme.value} stores for "
             f"[{n}, {k}] ({config.render()})",
         )  # fmt: skip
     return config
@@ -154,6 +164,9 @@ def quantized_layers(layout: Layout, stored: Stored, dtype: Dtype) -> tuple[Quan
     without its weight, or one whose weight is not what its config implies."""
     suffix = f".{layout.scale_name}"
     weight = "weight_packed" if layout.scheme in INTEGER_WEIGHT_ONLY else "weight"
+    recipe = layout.recipe
+    # Made once a distinct layer: a checkpoint of thousands of experts has a few shapes.
+    made: dict[tuple[object, ...], QuantConfig] = {}
     layers = []
     for name in stored.entries:
         if not name.endswith(suffix):
@@ -165,7 +178,12 @@ def quantized_layers(layout: Layout, stored: Stored, dtype: Dtype) -> tuple[Quan
                 "in high precision", f"no {layout.scale_name} for {prefix}, or a config that "
                 f"does not keep it ({', '.join(layout.ignored)})",
             )  # fmt: skip
-        layers.append(QuantizedLayer(prefix, _config(layout, stored, prefix, weight, dtype)))
+        header, entry, n, k = _located(layout, stored, prefix, weight)
+        bias = stored.get(f"{prefix}.bias") is not None
+        key = (n, k, bias, entry.dtype, entry.shape)
+        if key not in made:
+            made[key] = _config(recipe, header, entry, (n, k), bias, dtype)
+        layers.append(QuantizedLayer(prefix, made[key]))
     return tuple(layers)
 
 

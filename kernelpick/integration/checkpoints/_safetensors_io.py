@@ -86,14 +86,17 @@ def checkpoint_files(directory: Path) -> dict[Path, set[str] | None]:
     weight_map = read_json(index).get("weight_map")
     if not isinstance(weight_map, dict):
         raise CheckpointError(str(index), "weight_map", repr(weight_map), "a mapping")
-    files: dict[Path, set[str]] = {}
+    files: dict[str, set[str]] = {}
     for key, name in weight_map.items():
         if not isinstance(name, str) or Path(name).name != name:
             raise CheckpointError(str(index), key, repr(name), "a file name in this directory")
-        if not (directory / name).is_file():
-            raise CheckpointError(str(index), key, f"{name}, no such file", "a shard beside it")
-        files.setdefault(directory / name, set()).add(key)
-    return {path: keys for path, keys in files.items()}
+        keys = files.get(name)
+        if keys is None:  # a new shard: one look for it, however many keys it holds
+            if not (directory / name).is_file():
+                raise CheckpointError(str(index), key, f"{name}, no such file", "a shard beside it")
+            keys = files[name] = set()
+        keys.add(key)
+    return {directory / name: keys for name, keys in files.items()}
 
 
 def read_aliases(path: Path, metadata: Mapping[str, str]) -> dict[str, str]:
