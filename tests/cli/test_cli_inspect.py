@@ -6,6 +6,7 @@ format_version 1 it once wrote) and the real compressed-tensors package."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -137,3 +138,17 @@ def test_a_checkpoint_compressed_tensors_wrote(tmp_path: Path) -> None:
     assert "scheme: int4_weight_only, groups of 128 along K, asymmetric (zero points)" in text
     assert "N x K: each layer's weight_shape tensor" in text
     assert "14 quantized layer(s): 0 degraded, 0 rejected" in text
+
+
+def test_the_readme_shows_what_inspect_prints(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    _saved(tmp_path / "tiny-llama-int4", "int4_weight_only", group_size=64, symmetric=False)
+    status, out, _ = run_cli("inspect", "tiny-llama-int4", "--device", "h100")
+    command = "$ kernelpick inspect tiny-llama-int4 --device h100\n"
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    shown = re.search(re.escape(command) + r"(.*?)```", readme, re.DOTALL)
+    assert status == EXIT_SELECTED
+    assert shown is not None
+    assert shown.group(1) == out

@@ -41,7 +41,6 @@ from kernelpick.integration.checkpoints._found_layers import (
     quantized_layers,
     read_stored,
 )
-from kernelpick.integration.checkpoints._headers import TensorEntry
 from kernelpick.integration.checkpoints._safetensors_io import read_json
 from kernelpick.integration.checkpoints._save_load import CONFIG_NAME
 from kernelpick.integration.formats import QUANTIZATION_CONFIG, Layout, read_layout
@@ -60,12 +59,12 @@ class DtypeTally:
     bytes: int
 
     @classmethod
-    def of(cls, entries: Iterable[TensorEntry]) -> tuple[DtypeTally, ...]:
-        """One tally a dtype, the largest first."""
+    def summed(cls, parts: Iterable[tuple[str, int, int]]) -> tuple[DtypeTally, ...]:
+        """(dtype, tensors, bytes) parts summed into one tally a dtype, the largest first."""
         counts: dict[str, tuple[int, int]] = {}
-        for entry in entries:
-            tensors, size = counts.get(entry.dtype, (0, 0))
-            counts[entry.dtype] = (tensors + 1, size + entry.nbytes)
+        for dtype, tensors, size in parts:
+            had_tensors, had_size = counts.get(dtype, (0, 0))
+            counts[dtype] = (had_tensors + tensors, had_size + size)
         tallies = (cls(dtype, tensors, size) for dtype, (tensors, size) in counts.items())
         return tuple(sorted(tallies, key=lambda t: (-t.bytes, t.dtype)))
 
@@ -87,9 +86,10 @@ class FileTally:
     def bytes(self) -> int:
         return sum(t.bytes for t in self.by_dtype)
 
-
-def _tally_dict(tallies: Sequence[DtypeTally]) -> dict[str, Any]:
-    return {t.dtype: {"tensors": t.tensors, "bytes": t.bytes} for t in tallies}
+    def to_dict(self) -> dict[str, Any]:
+        by_dtype = {t.dtype: {"tensors": t.tensors, "bytes": t.bytes} for t in self.by_dtype}
+        return {"name": self.name, "size": self.size, "tensors": self.tensors,
+                "bytes": self.bytes, "by_dtype": by_dtype}  # fmt: skip
 
 
 def _describe(layout: Layout | None) -> tuple[str, dict[str, Any]]:
@@ -166,7 +166,12 @@ class CheckpointInfo:
         qconfig = config.get(QUANTIZATION_CONFIG)
         layout = None if qconfig is None else read_layout(str(config_path), qconfig, legacy=True)
         stored, headers = read_stored(root)
-        files = tuple(FileTally(h.path.name, h.size, DtypeTally.of(h.tensors)) for h in headers)
+        files = tuple(
+            FileTally(
+                h.path.name, h.size, DtypeTally.summed((t.dtype, 1, t.nbytes) for t in h.tensors)
+            )
+            for h in headers
+        )
         aliases = tuple(sorted(stored.aliases.items()))
         if layout is None:
             return cls(str(root), None, None, "", files, (), (), aliases)
@@ -184,14 +189,11 @@ class CheckpointInfo:
         return attrs.evolve(self, summary=ModelSummary.of(scheme, caps, decided, self.kept))
 
     @property
-    def by_dtype(self) -> tuple[DtypeTally, ...]:
-        """The tensors of every file, by dtype."""
-        merged: dict[str, tuple[int, int]] = {}
-        for tally in (t for file in self.files for t in file.by_dtype):
-            tensors, size = merged.get(tally.dtype, (0, 0))
-            merged[tally.dtype] = (tensors + tally.tensors, size + tally.bytes)
-        tallies = (DtypeTally(dtype, tensors, size) for dtype, (tensors, size) in merged.items())
-        return tuple(sorted(tallies, key=lambda t: (-t.bytes, t.dtype)))
+    def total(self) -> FileTally:
+        """Every file's tensors, by dtype, as one ``FileTally`` named "total"."""
+        parts = ((t.dtype, t.tensors, t.bytes) for file in self.files for t in file.by_dtype)
+        size = sum(file.size for file in self.files)
+        return FileTally("total", size, DtypeTally.summed(parts))
 
     @property
     def shape_source(self) -> str | None:
@@ -213,18 +215,13 @@ class CheckpointInfo:
                 "activation_dtype_source": self.dtype_source,
                 "shape_source": self.shape_source,
             }  # fmt: skip
-        totals = self.by_dtype
-        files = [{"name": f.name, "size": f.size, "tensors": f.tensors, "bytes": f.bytes,
-                  "by_dtype": _tally_dict(f.by_dtype)} for f in self.files]  # fmt: skip
-        total = {"tensors": sum(t.tensors for t in totals), "bytes": sum(t.bytes for t in totals),
-                 "by_dtype": _tally_dict(totals)}  # fmt: skip
         return {
             "schema_version": SCHEMA_VERSION,
             "directory": self.directory,
             "format": described,
             "quantization": quantization,
-            "files": files,
-            "total": total,
+            "files": [file.to_dict() for file in self.files],
+            "total": self.total.to_dict(),
             "layers": [layer.to_dict() for layer in self.layers],
             "kept": [layer.to_dict() for layer in self.kept],
             "aliases": dict(self.aliases),
@@ -243,11 +240,9 @@ class CheckpointInfo:
                       f"activations: {self.dtype} ({self.dtype_source})"]  # fmt: skip
         lines += ["", "tensors (bytes: elements x element size):"]
         rows = [["file", "tensors", "bytes", "by dtype"]]
-        for name, tallies in [*((f.name, f.by_dtype) for f in self.files),
-                              ("total", self.by_dtype)]:  # fmt: skip
-            parts = ", ".join(f"{t.dtype} {t.tensors} ({t.bytes:,})" for t in tallies)
-            rows.append([name, str(sum(t.tensors for t in tallies)),
-                         f"{sum(t.bytes for t in tallies):,}", parts])  # fmt: skip
+        for file in (*self.files, self.total):
+            parts = ", ".join(f"{t.dtype} {t.tensors} ({t.bytes:,})" for t in file.by_dtype)
+            rows.append([file.name, str(file.tensors), f"{file.bytes:,}", parts])
         lines += _aligned(rows)
         lines += [f"tied (stored once): {alias} -> {target}" for alias, target in self.aliases]
         if self.layout is not None:
@@ -267,7 +262,7 @@ class CheckpointInfo:
         rows += [[str(len(names)), f"{n} x {k}", collapse_names(names)]
                  for (n, k), names in shapes.items()]  # fmt: skip
         lines += _aligned(rows) if shapes else []
-        for kept in self.kept:
+        for kept in () if self.summary is not None else self.kept:  # the summary lists them
             n, k = kept.weight_shape
             lines.append(f"kept in high precision: {kept.name} ({n} x {k}): {kept.reason}")
         return lines
