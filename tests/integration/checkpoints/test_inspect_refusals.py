@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+import kernelpick as kp
 from kernelpick.core import Scheme
 from kernelpick.integration import CheckpointError, inspect_checkpoint
 from kernelpick.integration.checkpoints import _safetensors_io
@@ -347,3 +348,17 @@ def test_a_stored_bias_makes_the_layer_a_biased_one(tmp_path: Path) -> None:
     assert [layer.config.bias for layer in inspect_checkpoint(tmp_path).layers] == [True]
     _checkpoint(tmp_path)
     assert [layer.config.bias for layer in inspect_checkpoint(tmp_path).layers] == [False]
+
+
+def test_a_checkpoint_without_a_quantization_config_is_not_quantized(tmp_path: Path) -> None:
+    _checkpoint(tmp_path)
+    (tmp_path / "config.json").write_text('{"dtype": "float64"}')  # no layer computes in it
+    info = inspect_checkpoint(tmp_path, kp.device_profile("h100"))
+    record = info.to_dict()
+    assert (record["format"], record["quantization"]) == (
+        "not quantized (config.json has no quantization_config)", None,
+    )  # fmt: skip
+    assert (info.layers, info.kept) == ((), ())
+    assert record["total"]["tensors"] == 3
+    assert info.summary is not None
+    assert info.summary.layers == 0
