@@ -1,4 +1,4 @@
-"""The ``kernelpick`` command: explain, matrix, devices, kernels, bench, plan.
+"""The ``kernelpick`` command: explain, matrix, devices, kernels, bench, plan, inspect.
 
 Exit status: 0 when a kernel is selected (and for the listing commands), 2 when every
 kernel was turned down (``plan``: for any layer on any device), 1 on bad input, usage
@@ -22,6 +22,7 @@ from typing import TextIO
 
 from kernelpick.cli._bench import bench
 from kernelpick.cli._commands import COMMANDS, EXIT_BAD_INPUT, EXIT_REJECTED, EXIT_SELECTED
+from kernelpick.cli._inspect import inspect
 from kernelpick.cli._parser import UsageError, parser
 from kernelpick.cli._plan import plan
 from kernelpick.core import KernelpickError, Scheme, UnknownNameError
@@ -29,7 +30,7 @@ from kernelpick.core import KernelpickError, Scheme, UnknownNameError
 __all__ = ["EXIT_BAD_INPUT", "EXIT_BROKEN_PIPE", "EXIT_REJECTED", "EXIT_SELECTED", "main"]
 
 EXIT_BROKEN_PIPE = 141
-_COMMANDS = {**COMMANDS, "bench": bench, "plan": plan}
+_COMMANDS = {**COMMANDS, "bench": bench, "plan": plan, "inspect": inspect}
 
 # One line of what to do next, by what was unknown.
 _HINTS = {

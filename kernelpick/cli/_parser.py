@@ -81,6 +81,24 @@ def _layer_options(command: argparse.ArgumentParser) -> None:
     command.add_argument("--out-dtype", default="bfloat16", help="output dtype (default bfloat16)")
 
 
+def _inspect_parser(commands: Any) -> None:
+    inspect = commands.add_parser(
+        "inspect",
+        help="what a checkpoint directory holds, from its safetensors headers",
+        description="What a checkpoint directory holds (format, scheme, ignored modules, "
+        "tensors and bytes by dtype per file, the quantized layers), read from config.json "
+        "and the safetensors headers; no tensor data but each pack-quantized layer's "
+        "weight_shape. With --device, what each layer would run there (reads "
+        "KERNELPICK_DISABLED_KERNELS, KERNELPICK_FORCE_KERNEL and KERNELPICK_STRICT). Exit "
+        "status 2 when --device is given and a layer is rejected there.",
+    )
+    inspect.add_argument("directory", metavar="DIR", help="the checkpoint directory")
+    inspect.add_argument(
+        "--device", default=None, help=f"a profile ({_profiles()}), or auto: this machine"
+    )
+    inspect.add_argument("--json", action="store_true", help="machine-readable output")
+
+
 def parser() -> argparse.ArgumentParser:
     root = _Parser(
         prog="kernelpick",
@@ -131,6 +149,8 @@ def parser() -> argparse.ArgumentParser:
                        ("kernels", "the kernel catalog: kind and requirements")):  # fmt: skip
         listing = commands.add_parser(name, help=what, description=f"List {what}.")
         listing.add_argument("--json", action="store_true", help="machine-readable output")
+
+    _inspect_parser(commands)
 
     bench = commands.add_parser(
         "bench",

@@ -17,7 +17,12 @@ from kernelpick.integration._errors import (
     ModelConversionError,
     TensorParallelError,
 )
-from kernelpick.integration.checkpoints import load_quantized, save_quantized
+from kernelpick.integration.checkpoints import (
+    CheckpointInfo,
+    inspect_checkpoint,
+    load_quantized,
+    save_quantized,
+)
 from kernelpick.integration.convert import (
     ConversionReport,
     LayerReport,
@@ -46,6 +51,7 @@ __all__ = [
     "ONLINE_SCHEMES",
     "CheckpointError",
     "CheckpointFormat",
+    "CheckpointInfo",
     "ConversionReport",
     "Fp8PtpcLinearMethod",
     "KernelSelectionError",
@@ -60,6 +66,7 @@ __all__ = [
     "TensorParallel",
     "TensorParallelError",
     "WeightLoader",
+    "inspect_checkpoint",
     "layer_state",
     "load_quantized",
     "model_summary",

@@ -57,7 +57,7 @@ from kernelpick.engines.transformers._layers import HfLayers
 from kernelpick.engines.transformers._stored import check_high_precision
 from kernelpick.integration import CheckpointError, model_summary, quantization_config
 from kernelpick.integration.convert import kept_layers, record_kept
-from kernelpick.integration.formats import check_patterns
+from kernelpick.integration.formats import check_patterns, kernelpick_v1
 from kernelpick.integration.layer import (
     CheckpointFormat,
     LayerSteps,
@@ -70,12 +70,9 @@ __all__ = ["LOGGER", "METHOD", "KernelpickConfig", "KernelpickHfQuantizer"]
 
 LOGGER = logging.getLogger("kernelpick.engines.transformers")
 
-METHOD = "kernelpick"
-FORMAT_VERSION = 1  # the layout an earlier save_pretrained wrote: canonical tensors, per layer
-_KEYS = (
-    "quant_method", "scheme", "modules_to_not_convert", "block_size", "group_size", "symmetric",
-    "format_version",
-)  # fmt: skip
+METHOD = kernelpick_v1.METHOD
+FORMAT_VERSION = kernelpick_v1.FORMAT_VERSION  # what an earlier save_pretrained wrote
+_KEYS = kernelpick_v1.KEYS
 _QUANTIZED_DTYPES = ("F8_E4M3", "F8_E5M2", "I8")  # safetensors' names
 _WHERE = "transformers from_pretrained"
 

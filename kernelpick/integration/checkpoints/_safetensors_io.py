@@ -24,9 +24,13 @@ from kernelpick.integration.checkpoints._atomic_files import Sink
 
 __all__ = [
     "ALIASES",
+    "DTYPES",
     "INDEX_NAME",
+    "MAX_HEADER",
     "WEIGHTS_NAME",
     "Checkpoint",
+    "checkpoint_files",
+    "read_aliases",
     "read_json",
     "unique_tensors",
     "write_safetensors",
@@ -38,7 +42,7 @@ INDEX_NAME = "model.safetensors.index.json"
 ALIASES = "kernelpick.aliases"
 
 # safetensors' dtype names.
-_DTYPES = {
+DTYPES = {
     "F8_E4M3": torch.float8_e4m3fn,
     "F8_E5M2": torch.float8_e5m2,
     "F8_E8M0": torch.float8_e8m0fnu,  # the MX formats' block scales
@@ -56,7 +60,7 @@ _DTYPES = {
     "I32": torch.int32,
     "I64": torch.int64,
 }
-_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
+_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -71,7 +75,7 @@ def read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _files(directory: Path) -> dict[Path, set[str] | None]:
+def checkpoint_files(directory: Path) -> dict[Path, set[str] | None]:
     """Each safetensors file of a checkpoint, with the keys to take from it: one
     ``model.safetensors`` (all of its keys), or the shards its index maps each key to."""
     single, index = directory / WEIGHTS_NAME, directory / INDEX_NAME
@@ -82,15 +86,20 @@ def _files(directory: Path) -> dict[Path, set[str] | None]:
     weight_map = read_json(index).get("weight_map")
     if not isinstance(weight_map, dict):
         raise CheckpointError(str(index), "weight_map", repr(weight_map), "a mapping")
-    files: dict[Path, set[str]] = {}
+    files: dict[str, set[str]] = {}
     for key, name in weight_map.items():
         if not isinstance(name, str) or Path(name).name != name:
             raise CheckpointError(str(index), key, repr(name), "a file name in this directory")
-        files.setdefault(directory / name, set()).add(key)
-    return {path: keys for path, keys in files.items()}
+        keys = files.get(name)
+        if keys is None:  # a new shard: one look for it, however many keys it holds
+            if not (directory / name).is_file():
+                raise CheckpointError(str(index), key, f"{name}, no such file", "a shard beside it")
+            keys = files[name] = set()
+        keys.add(key)
+    return {directory / name: keys for name, keys in files.items()}
 
 
-def _aliases(path: Path, metadata: Mapping[str, str]) -> dict[str, str]:
+def read_aliases(path: Path, metadata: Mapping[str, str]) -> dict[str, str]:
     """The tied names a file's metadata records (``ALIASES``), each mapped to the stored one."""
     text = metadata.get(ALIASES)
     if text is None:
@@ -119,7 +128,7 @@ class Checkpoint:
         self._path: dict[str, Path] = {}
         self.aliases: dict[str, str] = {}
         try:
-            for path, keys in _files(directory).items():
+            for path, keys in checkpoint_files(directory).items():
                 self._open(path, keys)
         except BaseException:
             self._stack.close()
@@ -141,7 +150,7 @@ class Checkpoint:
         for key in held if keys is None else keys:
             self._where[key] = handle
             self._path[key] = path
-        self.aliases.update(_aliases(path, handle.metadata() or {}))
+        self.aliases.update(read_aliases(path, handle.metadata() or {}))
 
     def __enter__(self) -> Checkpoint:
         return self
@@ -163,7 +172,7 @@ class Checkpoint:
         """(dtype, or safetensors' name for one torch lacks; shape) from the header."""
         piece = self._where[key].get_slice(key)
         name = piece.get_dtype()
-        return _DTYPES.get(name, name), tuple(piece.get_shape())
+        return DTYPES.get(name, name), tuple(piece.get_shape())
 
     def where(self, key: str) -> str:
         return f"{self._path[key]}: {key}"
@@ -199,7 +208,7 @@ def unique_tensors(
 
 
 # safetensors' readers refuse a larger header (safetensors' MAX_HEADER_SIZE).
-_MAX_HEADER = 100_000_000
+MAX_HEADER = 100_000_000
 
 
 def _unencodable(name: str) -> bool:
@@ -242,9 +251,9 @@ def write_safetensors(out: Sink, state: Mapping[str, torch.Tensor], where: str) 
         offset += size
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
-    if len(text) > _MAX_HEADER:
+    if len(text) > MAX_HEADER:
         found = f"a header of {len(text)} bytes ({len(tensors)} tensors)"
-        raise CheckpointError(where, "", found, f"at most {_MAX_HEADER} bytes, safetensors' limit")
+        raise CheckpointError(where, "", found, f"at most {MAX_HEADER} bytes, safetensors' limit")
     out(len(text).to_bytes(8, "little") + text)
     for key in order:
         flat = tensors[key].detach().to("cpu").contiguous().reshape(-1)

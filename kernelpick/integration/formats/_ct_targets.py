@@ -29,12 +29,12 @@ def strings(value: object) -> bool:
     return isinstance(value, list) and all(isinstance(item, str) for item in value)
 
 
-def matches(name: str, module: torch.nn.Module, patterns: Iterable[str]) -> bool:
+def matches(name: str, module: torch.nn.Module | None, patterns: Iterable[str]) -> bool:
     """compressed-tensors' rule: a pattern is a module name, ``re:`` and a regular
     expression matched from the start of the name (by RE2, in linear time: see
     ``_patterns``), or a class name in the module's MRO (``Linear`` also matching vLLM's
-    ``LinearBase``)."""
-    classes = {cls.__name__ for cls in type(module).__mro__}
+    ``LinearBase``; no class for ``module`` None, a name read from a file header)."""
+    classes = set() if module is None else {cls.__name__ for cls in type(module).__mro__}
     if "LinearBase" in classes:
         classes.add("Linear")
     for pattern in patterns:

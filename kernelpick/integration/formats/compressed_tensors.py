@@ -114,6 +114,19 @@ class CompressedTensorsLayout(Layout):
     def expected_role(self, name: str, module: torch.nn.Module) -> bool | str | None:
         return self.role(name, module, lambda _: True)  # targets and ignore say it all
 
+    @property
+    def ignored(self) -> tuple[str, ...]:
+        return self.ignore
+
+    def ignores(self, name: str) -> bool:
+        return matches(name, None, self.ignore)
+
+    @property
+    def format(self) -> str:
+        """The config's ``format``, which its scheme fixes."""
+        row = _ROWS.get(self.scheme)
+        return INT_FORMAT if row is None else row.format
+
 
 def _args(row: _Row, strategy: str, dynamic: bool, size: int | None) -> dict[str, Any]:
     args = {"num_bits": 8, "type": row.type, "symmetric": True, "strategy": strategy,

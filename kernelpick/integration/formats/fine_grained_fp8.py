@@ -23,7 +23,7 @@ from kernelpick.integration._errors import CheckpointError
 from kernelpick.integration.formats._layout import Layout, Stored
 from kernelpick.integration.formats._patterns import kept, not_convert_refusal
 
-__all__ = ["METHOD", "FineGrainedFp8Layout", "from_hf_config"]
+__all__ = ["METHOD", "FineGrainedFp8Layout", "from_hf_config", "not_convert_patterns"]
 
 METHOD = "fp8"
 SCALE_NAME = "weight_scale_inv"
@@ -64,6 +64,13 @@ class FineGrainedFp8Layout(Layout):
         keeps = kept(name, self.not_convert)
         return self.role(name, module, lambda tensor: not keeps and tensor == self.scale_name)
 
+    @property
+    def ignored(self) -> tuple[str, ...]:
+        return self.not_convert
+
+    def ignores(self, name: str) -> bool:
+        return kept(name, self.not_convert)
+
 
 def _refuse(where: str, key: str, value: object, expected: str) -> CheckpointError:
     return CheckpointError(where, key, repr(value), expected)
@@ -91,7 +98,9 @@ def _two_positive_ints(value: object) -> tuple[int, int] | None:
     return int(rows), int(cols)
 
 
-def _patterns(where: str, config: Mapping[str, Any]) -> tuple[str, ...]:
+def not_convert_patterns(where: str, config: Mapping[str, Any]) -> tuple[str, ...]:
+    """The config's ``modules_to_not_convert`` (alias ``ignored_layers``): transformers'
+    patterns, each one refused that Python's re and RE2 would read apart."""
     key = "modules_to_not_convert"
     if config.get(key) is None and "ignored_layers" in config:
         key = "ignored_layers"
@@ -138,5 +147,5 @@ def from_hf_config(where: str, config: Mapping[str, Any]) -> FineGrainedFp8Layou
     size = _block_size(where, config.get("weight_block_size", [DEFAULT_BLOCK_SIZE] * 2))
     return FineGrainedFp8Layout(
         where=where, scheme=Scheme.FP8_BLOCK, block_size=size, scale_name=SCALE_NAME,
-        not_convert=_patterns(where, config),
+        not_convert=not_convert_patterns(where, config),
     )  # fmt: skip

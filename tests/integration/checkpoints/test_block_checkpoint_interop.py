@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -23,8 +22,6 @@ from compressed_tensors.quantization import (
 )
 from compressed_tensors.quantization.utils import calculate_qparams
 from safetensors.torch import load_file, save_file
-from transformers import FineGrainedFP8Config
-from transformers.integrations.finegrained_fp8 import Fp8Quantize
 from transformers.quantizers.quantizers_utils import should_convert_module
 
 import kernelpick as kp
@@ -39,6 +36,7 @@ from tests.support.tiny_llama import (
     logits,
     refused_and_unchanged,
 )
+from tests.support.written_checkpoints import finegrained_fp8_checkpoint
 
 CPU = kp.device_profile("cpu")
 K_PROJ = "model.layers.0.self_attn.k_proj"  # N = 64: half a block of 128 rows
@@ -127,31 +125,10 @@ def test_a_checkpoint_compressed_tensors_writes_loads_and_runs(
         assert any(int(w.detach().min()) == -128 for w in weights)
 
 
-def _hf_checkpoint(directory: Path, block: int, not_convert: list[str] | None = None) -> None:
-    """A FineGrainedFP8 checkpoint: every linear but lm_head quantized by transformers' own
-    Fp8Quantize (which passes shapes its blocks do not divide through unquantized), its
-    config written by transformers beside the tensors."""
-    model = llama(seed=0)
-    fp8 = FineGrainedFP8Config(weight_block_size=(block, block),
-                               modules_to_not_convert=not_convert)  # fmt: skip
-    quantize = Fp8Quantize(SimpleNamespace(quantization_config=fp8))  # type: ignore[no-untyped-call]
-    state: dict[str, torch.Tensor] = {}
-    for key, tensor in model.state_dict().items():
-        if key == "lm_head.weight":
-            continue  # tied to the embedding: stored once
-        if ".mlp." in key or ".self_attn." in key:
-            state.update(quantize.convert({key: tensor}))  # type: ignore[arg-type]
-        else:
-            state[key] = tensor
-    save_file({k: v.contiguous() for k, v in state.items()}, str(directory / "model.safetensors"))
-    model.config.quantization_config = fp8
-    model.config.save_pretrained(directory)
-
-
 def test_a_finegrained_fp8_checkpoint_loads_with_weight_scale_inv_as_the_multiplier(
     tmp_path: Path,
 ) -> None:
-    _hf_checkpoint(tmp_path, 32, ["lm_head"])
+    finegrained_fp8_checkpoint(tmp_path, 32, ["lm_head"])
     written = json.loads((tmp_path / "config.json").read_text())["quantization_config"]
     assert (written["quant_method"], written["weight_block_size"]) == ("fp8", [32, 32])
     stored = load_file(str(tmp_path / "model.safetensors"))
@@ -180,7 +157,8 @@ def _hand_quantized(weight: torch.Tensor, size: int) -> tuple[torch.Tensor, torc
 def test_a_finegrained_layer_of_half_a_block_loads_and_one_without_scales_stays_high(
     tmp_path: Path,
 ) -> None:
-    _hf_checkpoint(tmp_path, 128)  # k_proj and v_proj (N = 64), down_proj (K = 192) pass through
+    # k_proj and v_proj (N = 64), down_proj (K = 192) pass through
+    finegrained_fp8_checkpoint(tmp_path, 128)
     stored = load_file(str(tmp_path / "model.safetensors"))
     original = llama(seed=0).get_submodule(K_PROJ).get_parameter("weight").detach()
     weight, scale_inv = _hand_quantized(original, 128)
@@ -220,7 +198,7 @@ SHIPPED = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
 
 
 def test_the_config_deepseek_and_qwen3_ship_loads(tmp_path: Path) -> None:
-    _hf_checkpoint(tmp_path, 128)
+    finegrained_fp8_checkpoint(tmp_path, 128)
     path = tmp_path / "config.json"
     config = json.loads(path.read_text())
     config["quantization_config"] = dict(SHIPPED)
@@ -236,7 +214,7 @@ def test_the_config_deepseek_and_qwen3_ship_loads(tmp_path: Path) -> None:
 def test_a_finegrained_variant_kernelpick_does_not_read_is_named_and_nothing_changes(
     tmp_path: Path, case: str, change: Callable[[dict[str, object]], None], named: str
 ) -> None:
-    _hf_checkpoint(tmp_path, 32)
+    finegrained_fp8_checkpoint(tmp_path, 32)
     edit_config(tmp_path, lambda config: change(config["quantization_config"]))
     assert "config.json" in str(refused_and_unchanged(tmp_path, named, CheckpointError))
 

@@ -175,12 +175,12 @@ def test_a_tensor_safetensors_cannot_hold_is_refused_before_anything_changes(
 def test_every_dtype_the_reader_knows_is_written_as_safetensors_writes_it(tmp_path: Path) -> None:
     """The writer streams the format itself (no path is reopened): the bytes and the header
     safetensors' own reader finds are those of every tensor, for every dtype, E8M0 included."""
-    from kernelpick.integration.checkpoints._safetensors_io import _DTYPES, write_safetensors
+    from kernelpick.integration.checkpoints._safetensors_io import DTYPES, write_safetensors
 
     generator = torch.Generator().manual_seed(0)
     state = {
         name: torch.randint(0, 100, (3, 5), generator=generator).to(dtype)
-        for name, dtype in _DTYPES.items()
+        for name, dtype in DTYPES.items()
     }
     chunks: list[bytes] = []
     write_safetensors(lambda data: chunks.append(bytes(data)), state, "x")

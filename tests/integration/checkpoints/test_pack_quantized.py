@@ -14,13 +14,6 @@ from pathlib import Path
 import pytest
 import safetensors.torch
 import torch
-from compressed_tensors.compressors import ModelCompressor
-from compressed_tensors.quantization import (
-    QuantizationConfig,
-    apply_quantization_config,
-    preset_name_to_scheme,
-)
-from compressed_tensors.quantization.utils import calculate_qparams
 from transformers import LlamaForCausalLM
 
 import kernelpick as kp
@@ -36,13 +29,10 @@ from kernelpick.integration import (
 from kernelpick.kernels import dequantize_int, pack_int, unpack_zero_points
 from tests.support.ct_reader import read_by_compressed_tensors
 from tests.support.emulation import relative_error
-from tests.support.tiny_llama import llama, logits
+from tests.support.tiny_llama import logits
+from tests.support.written_checkpoints import packed_llama, written_by_compressed_tensors
 
 CPU = kp.device_profile("cpu")
-
-
-def _llama(seed: int) -> LlamaForCausalLM:
-    return llama(seed, intermediate=256)  # K = 128 and 256: whole groups of 128
 
 
 def _logits(model: torch.nn.Module) -> torch.Tensor:
@@ -59,33 +49,6 @@ def _dequantized(module: QuantizedLinear) -> torch.Tensor:
     return dequantize_int(params["weight_packed"], params["weight_scale"], zero, config)
 
 
-def _written_by_compressed_tensors(directory: Path, preset: str) -> LlamaForCausalLM:
-    """A checkpoint compressed-tensors' own API writes: the preset applied, each group's
-    min/max calibrated with its qparams, compressed, saved and its config written."""
-    model = _llama(seed=0)
-    scheme = preset_name_to_scheme(preset, ["Linear"])
-    apply_quantization_config(
-        model, QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head"])
-    )
-    for module in model.modules():
-        if not hasattr(module, "weight_scale"):
-            continue
-        args = module.__dict__["quantization_scheme"].weights
-        weight = module.get_parameter("weight").detach()
-        grouped = weight.view(weight.shape[0], -1, args.group_size or weight.shape[1])
-        scale, zero = calculate_qparams(grouped.amin(-1), grouped.amax(-1), args)
-        module.get_parameter("weight_scale").data.copy_(scale.reshape(module.weight_scale.shape))
-        if hasattr(module, "weight_zero_point"):
-            module.get_parameter("weight_zero_point").data.copy_(
-                zero.reshape(module.weight_zero_point.shape)
-            )
-    compressor = ModelCompressor.from_pretrained_model(model)
-    compressor.compress_model(model)
-    model.save_pretrained(directory)
-    compressor.update_config(str(directory))
-    return model
-
-
 @pytest.mark.parametrize(
     ("preset", "scheme", "symmetric"),
     [("W4A16", "int4_weight_only", True), ("W4A16_ASYM", "int4_weight_only", False),
@@ -94,13 +57,13 @@ def _written_by_compressed_tensors(directory: Path, preset: str) -> LlamaForCaus
 def test_a_preset_checkpoint_compressed_tensors_writes_loads_as_it_reads_it(
     tmp_path: Path, preset: str, scheme: str, symmetric: bool
 ) -> None:
-    _written_by_compressed_tensors(tmp_path, preset)
-    skeleton = _llama(seed=1)
+    written_by_compressed_tensors(tmp_path, preset)
+    skeleton = packed_llama(seed=1)
     report = load_quantized(skeleton, tmp_path, CPU, kp.Policy())
     assert report.scheme == scheme
     assert len(report.layers) == 14
     assert [s.name for s in report.skipped] == ["lm_head"]
-    reference = read_by_compressed_tensors(tmp_path, _llama(seed=99))
+    reference = read_by_compressed_tensors(tmp_path, packed_llama(seed=99))
     for name, module in skeleton.named_modules():
         if isinstance(module, QuantizedLinear):
             config = layer_state(module).config
@@ -128,12 +91,12 @@ def test_a_preset_checkpoint_loads_through_transformers_as_through_load_quantize
 ) -> None:
     # transformers keeps a checkpoint's own quantization_config (a kernelpick one passed
     # beside it is refused), so its compressed-tensors quantizer is the one that loads this.
-    _written_by_compressed_tensors(tmp_path, preset)
+    written_by_compressed_tensors(tmp_path, preset)
     stock = LlamaForCausalLM.from_pretrained(tmp_path)
     assert type(stock.hf_quantizer).__name__ == "CompressedTensorsHfQuantizer"
-    reference = read_by_compressed_tensors(tmp_path, _llama(seed=99))
+    reference = read_by_compressed_tensors(tmp_path, packed_llama(seed=99))
     assert torch.equal(_logits(stock), _logits(reference))
-    skeleton = _llama(seed=1)
+    skeleton = packed_llama(seed=1)
     load_quantized(skeleton, tmp_path, CPU, kp.Policy())
     assert relative_error(_logits(skeleton), _logits(stock)) <= 1e-2
 
@@ -146,7 +109,7 @@ def test_a_preset_checkpoint_loads_through_transformers_as_through_load_quantize
 def test_a_checkpoint_kernelpick_writes_round_trips_and_compressed_tensors_decompresses_it(
     tmp_path: Path, scheme: str, group_size: int | None, symmetric: bool
 ) -> None:
-    model = _llama(seed=0)
+    model = packed_llama(seed=0)
     quantize_model(model, scheme, CPU, kp.Policy(), group_size=group_size, symmetric=symmetric)
     save_quantized(model, tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())["quantization_config"]
@@ -157,12 +120,12 @@ def test_a_checkpoint_kernelpick_writes_round_trips_and_compressed_tensors_decom
     stored = safetensors.torch.load_file(str(tmp_path / "model.safetensors"))
     assert stored["model.layers.0.mlp.down_proj.weight_shape"].tolist() == [128, 256]
     assert ("model.layers.0.mlp.down_proj.weight_zero_point" in stored) is not symmetric
-    reference = read_by_compressed_tensors(tmp_path, _llama(seed=99))
+    reference = read_by_compressed_tensors(tmp_path, packed_llama(seed=99))
     for name, module in model.named_modules():
         if isinstance(module, QuantizedLinear):
             decompressed = reference.get_submodule(name).get_parameter("weight")
             assert torch.equal(_dequantized(module), decompressed), name
-    skeleton = _llama(seed=1)
+    skeleton = packed_llama(seed=1)
     load_quantized(skeleton, tmp_path, CPU, kp.Policy())
     for key, tensor in model.state_dict().items():
         assert torch.equal(skeleton.state_dict()[key], tensor), key
