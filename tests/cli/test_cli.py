@@ -78,7 +78,12 @@ def test_strict_and_force_flags() -> None:
 
 
 BAD_INPUT = [
-    (["explain", "--device", "a10"], ["did you mean 'a10g'", "a100", "kernelpick devices"]),
+    # A name that begins several: each is offered, and nothing it does not begin.
+    (["explain", "--device", "a10"],
+     ["did you mean one of 'a100', 'a10g'?", "kernelpick devices"]),
+    (["explain", "--device", "h100", "--scheme", "fp8"],
+     ["did you mean one of 'fp8_per_channel', 'fp8_per_tensor', 'fp8_per_tensor_static', "
+      "'fp8_weight_only', 'fp8_block'?"]),
     (["explain", "--device", "h100", "--scheme", "fp8_per_chanel"],
      ["fp8_per_channel", "fp8_weight_only"]),
     (["explain", "--device", "h100", "--shape", "4096;4096"], ["N,K"]),
