@@ -15,7 +15,7 @@ import kernelpick as kp
 from kernelpick.cli import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_REJECTED, EXIT_SELECTED, main
 from kernelpick.cli._output import wrap
 from kernelpick.core import ENV_DISABLED, SCHEMA_VERSION
-from tests.support.cli_run import assert_fits, joined, run_cli
+from tests.support.cli_run import assert_fits, run_cli, words
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -246,15 +246,15 @@ def test_wrapped_text_keeps_every_word(width: int) -> None:
     assert isinstance(decision, kp.Rejected)
     # Each reason's continuation lines hold nothing else, so its words follow one another.
     for text in [r.render() for r in decision.reasons] + [f"hint: {h}" for h in decision.hints]:
-        assert joined(text) in joined(out), text
+        assert words(text) in words(out), text
     _, out, _ = run_cli("kernels", env=env)
     for spec in kp.default_catalog().kernels:
         for rule in spec.rules:
-            assert joined(rule.render()) in joined(out), rule.render()
+            assert words(rule.render()) in words(out), rule.render()
     _, out, _ = run_cli("matrix", env=env)
     for entry in json.loads(run_cli("matrix", "--format", "json")[1])["entries"]:
         if entry["reason"]:
-            assert joined(entry["reason"]["message"]) in joined(out), entry
+            assert words(entry["reason"]["message"]) in words(out), entry
 
 
 def test_output_into_a_pipe_is_not_wrapped() -> None:
@@ -265,14 +265,34 @@ def test_output_into_a_pipe_is_not_wrapped() -> None:
 
 
 @pytest.mark.parametrize("width", [1, 2, 3, 7, 12, 30])
-def test_wrap_breaks_words_only_where_it_may(width: int) -> None:
+def test_wrap_breaks_between_words_only(width: int) -> None:
     text = "requires  cuda_rowwise_scaled_mm on NVIDIA A100-SXM4-80GB; has 8.0"
     lines = wrap(text, width)
     assert_fits("\n".join(lines), width, text)
     assert "".join("".join(lines).split()) == "".join(text.split())
     assert all(line.strip() for line in lines)
-    if width >= 2 + len("cuda_rowwise_scaled_mm"):
-        assert any("cuda_rowwise_scaled_mm" in line for line in lines)
+    # Whole at every width (on a line of its own where it is wider than the line).
+    for word in ("cuda_rowwise_scaled_mm", "A100-SXM4-80GB;"):
+        assert any(word in line.split() for line in lines), (word, lines)
+
+
+EVERY_PROFILE_EXPLAINED = [
+    (profile, scheme)
+    for profile in kp.device_profiles()
+    for scheme in ("fp8_per_channel", "fp8_block", "int8_per_channel", "int4_weight_only")
+]
+
+
+@pytest.mark.parametrize("width", [60, 40])
+@pytest.mark.parametrize(("profile", "scheme"), EVERY_PROFILE_EXPLAINED)
+def test_explain_never_splits_a_kernel_id(profile: str, scheme: str, width: int) -> None:
+    argv = ("explain", "--device", profile, "--scheme", scheme)
+    _, out, _ = run_cli(*argv, env={"COLUMNS": str(width)})
+    assert_fits(out, width, run_cli(*argv)[1])
+    said = set(out.split())
+    config = kp.quant_config(scheme, weight_shape=(4096, 4096))
+    for verdict in kp.choose(kp.device_profile(profile), config).trace:
+        assert verdict.kernel in said, (verdict.kernel, out)
 
 
 def _subprocess(*argv: str) -> subprocess.CompletedProcess[str]:

@@ -16,7 +16,7 @@ import torch
 import kernelpick as kp
 from kernelpick.bench import STAGES, median_seconds
 from kernelpick.cli import EXIT_BAD_INPUT, EXIT_SELECTED, main
-from tests.support.cli_run import Tty, assert_fits, joined, run_cli
+from tests.support.cli_run import Tty, assert_fits, run_cli, words
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH_TINY = ("bench", "--shape", "64,64", "--tokens", "8", "--repeats", "1")
@@ -60,7 +60,7 @@ def test_bench_reports_each_stage_on_stderr() -> None:
 def test_bench_output_fits_the_width(width: int) -> None:
     status, out, _ = run_cli(*BENCH_TINY, "--quiet", env={"COLUMNS": str(width)})
     assert status == EXIT_SELECTED
-    assert "layer: fp8_per_channel, M=8 N=64 K=64, bfloat16" in joined(out)
+    assert "layer: fp8_per_channel, M=8 N=64 K=64, bfloat16" in words(out)
     assert_fits(out, width, out.replace("\n", " "))  # words only: the times vary by run
 
 
