@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import kernelpick as kp
-from kernelpick.cli import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_REJECTED, EXIT_SELECTED, main
+from kernelpick.cli import EXIT_BAD_INPUT, EXIT_REJECTED, EXIT_SELECTED, main
 from kernelpick.cli._output import wrap
 from kernelpick.core import ENV_DISABLED, SCHEMA_VERSION
 from tests.support.cli_run import assert_fits, run_cli, words
@@ -317,19 +318,24 @@ def test_explaining_a_profile_does_not_import_torch() -> None:
     assert result.stdout.strip().splitlines()[-1] == "False", result.stderr
 
 
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ["matrix"], EXPLAIN_A100, ["kernels"], ["devices", "--json"],
-        ["--help"], ["--version"], ["matrix", "--help"],
-    ],
-    ids=" ".join,
-)  # fmt: skip
+CUT_SHORT = [
+    ["matrix"], EXPLAIN_A100, ["kernels"], ["devices", "--json"],
+    ["--help"], ["--version"], ["matrix", "--help"],
+]  # fmt: skip
+
+
+def _own_status(argv: list[str]) -> int:
+    return run_cli(*argv)[0]
+
+
+@pytest.mark.parametrize("argv", CUT_SHORT, ids=" ".join)
 @pytest.mark.parametrize("unbuffered", [False, True], ids=["buffered", "unbuffered"])
-def test_a_closed_pipe_ends_the_command_quietly(argv: list[str], unbuffered: bool) -> None:
+def test_a_reader_gone_before_the_first_write_leaves_the_status_alone(
+    argv: list[str], unbuffered: bool
+) -> None:
     # `kernelpick matrix | head -1`, with the reader gone before the first write, so that
-    # the write fails every time (a reader that leaves after one line may be too late).
-    # Unbuffered, the first write fails at once, inside argparse for --help and --version.
+    # the write fails every time. Unbuffered, the first write fails at once, inside argparse
+    # for --help and --version.
     env = {"PATH": "", "PYTHONPATH": str(ROOT)} | ({"PYTHONUNBUFFERED": "1"} if unbuffered else {})
     read, write = os.pipe()
     os.close(read)
@@ -341,7 +347,50 @@ def test_a_closed_pipe_ends_the_command_quietly(argv: list[str], unbuffered: boo
     finally:
         os.close(write)
     assert result.stderr == ""
-    assert result.returncode == EXIT_BROKEN_PIPE
+    assert result.returncode == _own_status(argv)  # 2 for the rejection, 0 for the others
+
+
+class _GoneAt(io.StringIO):
+    """Standard output whose reader leaves at the first ``write`` or at the ``flush`` after
+    the whole output was written, as a pipe's buffer would show either."""
+
+    def __init__(self, at: str) -> None:
+        super().__init__()
+        self.at = at
+
+    def write(self, text: str) -> int:
+        if self.at == "write":
+            raise BrokenPipeError(32, "Broken pipe")
+        return super().write(text)
+
+    def flush(self) -> None:
+        if self.at == "flush":
+            raise BrokenPipeError(32, "Broken pipe")
+
+
+@pytest.mark.parametrize("argv", CUT_SHORT, ids=" ".join)
+def test_the_status_is_the_same_whenever_the_reader_goes(argv: list[str]) -> None:
+    statuses = {"never": _own_status(argv)}
+    for at in ("write", "flush"):
+        err = io.StringIO()
+        statuses[at] = main(argv, env={}, out=_GoneAt(at), err=err)
+        assert err.getvalue() == ""
+    assert set(statuses.values()) == {EXIT_REJECTED if argv == EXPLAIN_A100 else EXIT_SELECTED}
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash, for set -o pipefail")
+def test_a_pipeline_cut_short_by_head_succeeds_under_pipefail() -> None:
+    # All of matrix fits a pipe's buffer, so head may leave before or after the last write,
+    # by timing; neither may fail the pipeline, so it runs twice.
+    for _ in range(2):
+        done = subprocess.run(
+            ["bash", "-c", 'set -o pipefail; "$@" matrix | head -1', "bash",
+             sys.executable, "-m", "kernelpick"],
+            capture_output=True, text=True, check=False, cwd=ROOT,
+            env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT)},
+        )  # fmt: skip
+        assert (done.returncode, done.stderr) == (EXIT_SELECTED, "")
+        assert len(done.stdout.splitlines()) == 1
 
 
 def _shell(command: str, *argv: str) -> subprocess.CompletedProcess[str]:
