@@ -216,6 +216,27 @@ def test_bench_json_to_a_path_replaces_the_file(
     assert not new.exists()  # opened before the run, removed when it failed
 
 
+def test_the_text_and_the_json_give_each_ratio_the_same_way(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vs_fp32 is a run's time over fp32's in both: the kernel at a quarter of fp32's time
+    reads 0.25 in the table and in the record, never 4.00 in one of them."""
+    from kernelpick.bench import LayerBench
+
+    timed = LayerBench("cpu_fp8_gemm", False, "CPU", 8, (64, 64), "bfloat16", 1.0, 4.0, 2.0, 0.01)
+    monkeypatch.setattr("kernelpick.bench.bench_layer", lambda *args, **kwargs: timed)
+    record = json.loads(run_cli(*BENCH_TINY, "--quiet", "--json")[1])
+    assert (record["vs_fp32"], record["vs_native"]) == (0.25, 0.5)
+    _, out, _ = run_cli(*BENCH_TINY, "--quiet")
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("run "))
+    assert lines[header].split()[3] == "vs_fp32"  # after run, median ms: the JSON's name
+    # Each row: its label, median ms, vs_fp32, error.
+    rows = {" ".join(line.split()[:-3]): line.split()[-2] for line in lines[header + 1 : -1]}
+    assert rows == {"cpu_fp8_gemm": "0.25", "linear fp32": "1.00", "linear bfloat16": "0.50"}
+    assert "vs_fp32 = time / fp32 time (below 1: faster than fp32)" in lines
+
+
 def test_bench_draws_a_bar_on_a_terminal_and_wipes_it() -> None:
     out, err = io.StringIO(), Tty()
     args = ["bench", "--shape", "64,64", "--tokens", "8", "--repeats", "1"]
