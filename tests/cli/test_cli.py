@@ -406,6 +406,7 @@ def _shell(command: str, *argv: str) -> subprocess.CompletedProcess[str]:
 BENCH_TINY = ("bench", "--shape", "64,64", "--tokens", "8", "--repeats", "1")
 
 
+@pytest.mark.slow  # 5 s: three benchmarks, each in a fresh process
 def test_with_stderr_closed_json_on_stdout_is_only_json() -> None:
     result = _shell('exec "$@" 2>&-', *BENCH_TINY, "--json")
     assert result.returncode == EXIT_SELECTED
