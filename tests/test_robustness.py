@@ -43,6 +43,7 @@ def _questions(count: int, seed: int) -> list[tuple[kp.DeviceCaps, kp.QuantConfi
     ]  # fmt: skip
 
 
+@pytest.mark.slow  # 25-28 s: 10,000 questions, then 16 threads asking them all
 def test_sixteen_threads_get_exactly_what_one_thread_gets_and_the_cache_stays_bounded() -> None:
     kp.clear_cache()
     work = _questions(10_000, seed=7)

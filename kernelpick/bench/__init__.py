@@ -5,7 +5,7 @@
 benchmark suite lives in the source tree (``benchmarks/``), not here.
 """
 
-from kernelpick.bench._layer import STAGES, LayerBench, Progress, bench_layer
+from kernelpick.bench._layer import RATIO, STAGES, LayerBench, Progress, bench_layer, ratio
 from kernelpick.bench._timing import median_seconds
 
-__all__ = ["STAGES", "LayerBench", "Progress", "bench_layer", "median_seconds"]
+__all__ = ["RATIO", "STAGES", "LayerBench", "Progress", "bench_layer", "median_seconds", "ratio"]

@@ -13,12 +13,20 @@ from kernelpick.core import DeviceCaps, Dtype, Scheme
 from kernelpick.integration import QuantizedLinearMethod, layer_state, weight_loader_of
 from kernelpick.kernels import torch_dtype
 
-__all__ = ["STAGES", "LayerBench", "Progress", "bench_layer", "processed_layer"]
+__all__ = ["RATIO", "STAGES", "LayerBench", "Progress", "bench_layer", "processed_layer", "ratio"]
 
 Progress = Callable[[str, int, int], None]
 """Told ``(stage, number, total)`` as each stage of a benchmark starts, numbered from 1."""
 
 STAGES = 4  # quantize, then time the kernel, the fp32 linear and the native linear
+
+RATIO = "vs_{baseline} = time / {baseline} time (below 1: faster than {baseline})"
+"""What every ``vs_<baseline>`` figure is, in the text and in the JSON (``ratio``)."""
+
+
+def ratio(seconds: float, baseline: float) -> float:
+    """``seconds`` over the ``baseline``'s seconds (see ``RATIO``)."""
+    return seconds / baseline
 
 
 def processed_layer(
@@ -53,10 +61,11 @@ class LayerBench:
     relative_error: float
 
     def to_dict(self) -> dict[str, object]:
+        """The fields, with the kernel's ``vs_fp32`` and ``vs_native`` (see ``RATIO``)."""
         return {
             **attrs.asdict(self),
-            "vs_fp32": self.seconds_kernel / self.seconds_fp32,
-            "vs_native": self.seconds_kernel / self.seconds_native,
+            "vs_fp32": ratio(self.seconds_kernel, self.seconds_fp32),
+            "vs_native": ratio(self.seconds_kernel, self.seconds_native),
         }
 
 

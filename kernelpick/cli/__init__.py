@@ -1,13 +1,17 @@
 """The ``kernelpick`` command: explain, matrix, devices, kernels, bench, plan, inspect.
 
 Exit status: 0 when a kernel is selected (and for the listing commands), 2 when every
-kernel was turned down (``plan``: for any layer on any device), 1 on bad input, usage
-errors included, so that argparse's own status 2 is never read as a rejection. 141 (128
-+ SIGPIPE, what a shell reports for a C tool killed by the signal) when stdout was
-closed early, as in ``kernelpick matrix | head -1``: the command stops quietly, without
-a traceback, and ``set -o pipefail`` still sees that the output was cut short. A stream
-closed before the command starts (``2>&-``, ``>&-``) takes nothing, as /dev/null would:
-without a stderr, progress and errors are dropped, never sent to stdout.
+kernel was turned down (``plan``: for any layer on any device; ``inspect --device``: for
+any layer), 1 on bad input, usage errors included, so that argparse's own status 2 is
+never read as a rejection.
+
+A reader that goes away early (``kernelpick matrix | head -1``) changes nothing but where
+the rest of the output goes: from then on it is dropped, as /dev/null would take it, and
+the command ends with its own status, without a traceback. The status cannot depend on the
+reader: a reader that leaves after the last write (all of it fitted the pipe's buffer) is
+never seen, so "141, as for SIGPIPE" would be 0 or 141 by timing, and ``set -o pipefail``
+would fail at random. A stream closed before the command starts (``2>&-``, ``>&-``) takes
+nothing either: without a stderr, progress and errors are dropped, never sent to stdout.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import io
 import logging
 import os
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TextIO
 
 from kernelpick.cli._bench import bench
@@ -27,9 +31,8 @@ from kernelpick.cli._parser import UsageError, parser
 from kernelpick.cli._plan import plan
 from kernelpick.core import KernelpickError, Scheme, UnknownNameError
 
-__all__ = ["EXIT_BAD_INPUT", "EXIT_BROKEN_PIPE", "EXIT_REJECTED", "EXIT_SELECTED", "main"]
+__all__ = ["EXIT_BAD_INPUT", "EXIT_REJECTED", "EXIT_SELECTED", "main"]
 
-EXIT_BROKEN_PIPE = 141
 _COMMANDS = {**COMMANDS, "bench": bench, "plan": plan, "inspect": inspect}
 
 # One line of what to do next, by what was unknown.
@@ -57,14 +60,10 @@ def main(
 ) -> int:
     """Run the command line and return its exit status (the console script exits with it)."""
     env = os.environ if env is None else env
-    out = _open_or_discard(sys.stdout if out is None else out)
-    err = _open_or_discard(sys.stderr if err is None else err)
-    try:
-        status = _run(argv, env, out, err)
-        out.flush()  # here, not at exit, so that a closed pipe is caught below
-    except BrokenPipeError:
-        _discard(out)
-        return EXIT_BROKEN_PIPE
+    out = _UntilClosed(_open_or_discard(sys.stdout if out is None else out))
+    err = _UntilClosed(_open_or_discard(sys.stderr if err is None else err))
+    status = _run(argv, env, out, err)
+    out.flush()  # here, not at exit, so that a reader gone by now is handled as any other
     return status
 
 
@@ -128,11 +127,44 @@ def _open_or_discard(stream: TextIO | None) -> TextIO:
     return stream
 
 
-def _discard(out: TextIO) -> None:
+class _UntilClosed(io.StringIO):
+    """``stream`` until its reader goes away (a write or a flush meets a broken pipe), then
+    nothing, as /dev/null would take it: the command runs to its own end and status."""
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__()
+        self._stream: TextIO | None = stream
+
+    def write(self, text: str) -> int:
+        self._pass(lambda stream: stream.write(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self._pass(lambda stream: stream.flush())
+
+    def isatty(self) -> bool:
+        return self._stream is not None and self._stream.isatty()
+
+    def fileno(self) -> int:
+        if self._stream is None:
+            return super().fileno()  # io.UnsupportedOperation, as for any stream without one
+        return self._stream.fileno()
+
+    def _pass(self, call: Callable[[TextIO], object]) -> None:
+        if self._stream is None:
+            return
+        try:
+            call(self._stream)
+        except BrokenPipeError:
+            _discard(self._stream)
+            self._stream = None
+
+
+def _discard(stream: TextIO) -> None:
     # What is still buffered for the closed pipe would make the interpreter's last flush
     # print "Exception ignored ... BrokenPipeError": point the descriptor at /dev/null.
     try:
-        fd = out.fileno()
+        fd = stream.fileno()
     except (AttributeError, OSError, ValueError):  # not a file: nothing flushes it at exit
         return
     devnull = os.open(os.devnull, os.O_WRONLY)

@@ -72,45 +72,21 @@ class Style:
         return "\n".join(out for line in text.split("\n") for out in wrap(line, self.width, indent))
 
 
-def _parts(word: str) -> list[str]:
-    # Identifiers (kernel ids, dtypes, device names) may break after an underscore or a
-    # hyphen; nothing breaks anywhere else, so that no word is cut into fragments.
-    return re.findall(r"[^_-]*[_-]|[^_-]+", word) or [word]
-
-
-def _pieces(word: str, room: int) -> list[str]:
-    if len(word) <= room:
-        return [word]
-    # Parts between underscores and hyphens, joined again as far as ``room`` allows; a part
-    # longer than ``room`` stays whole, and its line runs past the width.
-    parts = _parts(word)
-    pieces = [parts[0]]
-    for part in parts[1:]:
-        if len(pieces[-1]) + len(part) <= room:
-            pieces[-1] += part
-        else:
-            pieces.append(part)
-    return pieces
-
-
 def wrap(text: str, width: int, indent: str = INDENT) -> list[str]:
-    """``text`` in lines of at most ``width`` characters: breaks between words, then after an
-    underscore or hyphen, never inside a part (one longer than the width has a line of its
-    own, and runs past it); continuation lines indented (when there is room)."""
+    """``text`` in lines of at most ``width`` characters, broken between words only: a word
+    (a kernel id, a dtype, a device name) is never cut, and one longer than the room has a
+    line of its own that runs past it. Continuation lines are indented (when there is room)."""
     if len(text) <= width:
         return [text]
     indent = indent if width > len(indent) else ""
-    room = max(1, width - len(indent))
     lines: list[str] = []
     line = ""
     for space, word in re.findall(r"(\s*)(\S+)", text):  # the spacing within a line is kept
-        for index, piece in enumerate(_pieces(word, room)):
-            separator = "" if index or not line.strip() else space
-            if not line.strip() or len(line) + len(separator) + len(piece) <= width:
-                line += separator + piece
-            else:
-                lines.append(line)
-                line = indent + piece
+        if not line.strip() or len(line) + len(space) + len(word) <= width:
+            line += (space if line.strip() else "") + word
+        else:
+            lines.append(line)
+            line = indent + word
     lines.append(line)
     return lines
 
@@ -118,14 +94,11 @@ def wrap(text: str, width: int, indent: str = INDENT) -> list[str]:
 Row = Sequence[str]
 
 
-def _floors(cells: list[str], natural: int) -> list[int]:
-    # The widths a column may shrink to, in turn: its longest word, then its longest part
-    # between underscores and hyphens (room for the continuation indent included); never
-    # wider than the column already is.
-    words = [word for cell in cells for word in cell.split()] or [""]
-    parts = [part for word in words for part in _parts(word)]
-    longest = (max(map(len, words)), max(map(len, parts)))
-    return [min(natural, len(INDENT) + floor) for floor in longest]
+def _floor(cells: list[str], natural: int) -> int:
+    # The width a column may shrink to: its longest word, with room for the continuation
+    # indent; never wider than the column already is.
+    longest = max((len(word) for cell in cells for word in cell.split()), default=0)
+    return min(natural, len(INDENT) + longest)
 
 
 def _fit(columns: list[list[str]], width: int | None) -> list[int] | None:
@@ -134,16 +107,15 @@ def _fit(columns: list[list[str]], width: int | None) -> list[int] | None:
     widths = [max(len(line) for cell in cells for line in cell.split("\n")) for cells in columns]
     if width is None:
         return widths
-    floors = [_floors(cells, natural) for cells, natural in zip(columns, widths, strict=True)]
+    floors = [_floor(cells, natural) for cells, natural in zip(columns, widths, strict=True)]
     budget = width - len(GAP) * (len(widths) - 1)
-    for stage in range(2):
-        # Shrink the widest column that can still give, one character at a time.
-        while sum(widths) > budget:
-            shrinkable = [i for i, w in enumerate(widths) if w > floors[i][stage]]
-            if not shrinkable:
-                break
-            widths[max(shrinkable, key=lambda i: widths[i])] -= 1
-    return widths if sum(widths) <= budget else None
+    # Shrink the widest column that can still give, one character at a time.
+    while sum(widths) > budget:
+        shrinkable = [i for i, w in enumerate(widths) if w > floors[i]]
+        if not shrinkable:
+            return None
+        widths[max(shrinkable, key=lambda i: widths[i])] -= 1
+    return widths
 
 
 def text_table(

@@ -4,15 +4,10 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 from kernelpick._version import __version__
 from kernelpick.core import InvalidValueError, KernelpickError, Scheme, device_profiles
-
-if TYPE_CHECKING:
-    from _typeshed import SupportsWrite
 
 __all__ = ["AUTO", "UsageError", "parser", "shape"]
 
@@ -30,29 +25,6 @@ class _Parser(argparse.ArgumentParser):
     # rejection; raising lets main() exit 1 instead.
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see '{self.prog} --help')")
-
-    # argparse's own printing swallows OSError, so that --help into a closed pipe would exit
-    # 0. Written here, BrokenPipeError reaches main(), which exits 141 as for any command.
-    def print_help(self, file: SupportsWrite[str] | None = None) -> None:
-        (sys.stdout if file is None else file).write(self.format_help())
-
-
-class _Version(argparse.Action):
-    """--version, printed as --help is (argparse's "version" action swallows OSError)."""
-
-    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
-        kwargs.setdefault("help", "show the version and exit")
-        super().__init__(option_strings, argparse.SUPPRESS, nargs=0, **kwargs)
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: str | Sequence[Any] | None,
-        option_string: str | None = None,
-    ) -> NoReturn:
-        sys.stdout.write(f"kernelpick {__version__}\n")
-        parser.exit()
 
 
 def shape(text: str) -> tuple[int, int]:
@@ -104,10 +76,13 @@ def parser() -> argparse.ArgumentParser:
         prog="kernelpick",
         description="Choose the GEMM kernel for a quantized (FP8) linear layer, and say why.",
         epilog=f"Schemes: {_schemes()}. Device profiles: {_profiles()}; or auto, this "
-        "machine. Exit status: 0 selected, 2 rejected, 1 bad input, 141 when the reader of "
-        "the output went away (a closed pipe).",
+        "machine. Exit status: 0 selected, 2 rejected, 1 bad input; a reader that goes away "
+        "early (| head) leaves the status as it would have been.",
     )
-    root.add_argument("--version", action=_Version)
+    root.add_argument(
+        "--version", action="version", version=f"kernelpick {__version__}",
+        help="show the version and exit",
+    )  # fmt: skip
     commands = root.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     explain = commands.add_parser(

@@ -34,10 +34,16 @@ from kernelpick.core._decision import (
     reason_lines,
 )
 from kernelpick.core._device import (
+    CPP_TOOLCHAIN_PARTS,
+    FEATURE_BUILD_ROOT,
     FEATURE_CPP_TOOLCHAIN,
+    FEATURE_CXX_COMPILER,
+    FEATURE_NINJA,
     FEATURE_SCALED_MM,
     FEATURE_SCALED_MM_ROWWISE,
     DeviceCaps,
+    missing_toolchain_parts,
+    toolchain_features,
 )
 from kernelpick.core._dtypes import HIGH_PRECISION, INTEGER_FORMATS, Dtype
 from kernelpick.core._errors import (
@@ -87,10 +93,14 @@ def default_catalog() -> Catalog:
 
 
 __all__ = [
+    "CPP_TOOLCHAIN_PARTS",
     "ENV_DISABLED",
     "ENV_FORCE",
     "ENV_STRICT",
+    "FEATURE_BUILD_ROOT",
     "FEATURE_CPP_TOOLCHAIN",
+    "FEATURE_CXX_COMPILER",
+    "FEATURE_NINJA",
     "FEATURE_SCALED_MM",
     "FEATURE_SCALED_MM_ROWWISE",
     "SCHEMA_VERSION",
@@ -169,6 +179,7 @@ __all__ += [
     "is_bool",
     "is_positive_int",
     "kind_reason",
+    "missing_toolchain_parts",
     "parse_cpuinfo",
     "parse_enum",
     "positive_int",
@@ -176,4 +187,5 @@ __all__ += [
     "rule_reasons",
     "split_ids",
     "stored_bytes",
+    "toolchain_features",
 ]

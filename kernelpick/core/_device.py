@@ -11,15 +11,48 @@ from kernelpick.core._cpuinfo import isa_class
 from kernelpick.core._dtypes import Dtype
 from kernelpick.core._errors import InvalidValueError
 
-__all__ = ["FEATURE_CPP_TOOLCHAIN", "FEATURE_SCALED_MM", "FEATURE_SCALED_MM_ROWWISE", "DeviceCaps"]
+__all__ = [
+    "CPP_TOOLCHAIN_PARTS",
+    "FEATURE_BUILD_ROOT",
+    "FEATURE_CPP_TOOLCHAIN",
+    "FEATURE_CXX_COMPILER",
+    "FEATURE_NINJA",
+    "FEATURE_SCALED_MM",
+    "FEATURE_SCALED_MM_ROWWISE",
+    "DeviceCaps",
+    "missing_toolchain_parts",
+    "toolchain_features",
+]
 
 # Facts about the software stack that no version string can tell; adapters find them by a
 # trial call or by probing. They are strings so that an engine can add its own.
 FEATURE_SCALED_MM = "scaled_mm"
 FEATURE_SCALED_MM_ROWWISE = "scaled_mm_rowwise"
-# A C++ compiler and ninja are on PATH, so torch.utils.cpp_extension can build a kernel at
-# first use (kernelpick.kernels._cpu_build.toolchain_found).
+# torch.utils.cpp_extension can build a kernel at first use: every part below was found.
 FEATURE_CPP_TOOLCHAIN = "cpp_toolchain"
+# The parts of that toolchain, each found on its own (kernelpick.kernels.toolchain_parts), so
+# that a machine without one is told which is missing: a C++ compiler ($CXX, else c++) on
+# PATH, ninja, and a build root under TORCH_EXTENSIONS_DIR this process can create and write.
+FEATURE_CXX_COMPILER = "cxx_compiler"
+FEATURE_NINJA = "ninja"
+FEATURE_BUILD_ROOT = "writable_build_root"
+CPP_TOOLCHAIN_PARTS = (FEATURE_CXX_COMPILER, FEATURE_NINJA, FEATURE_BUILD_ROOT)
+
+
+def toolchain_features(found: Iterable[str]) -> frozenset[str]:
+    """The features a probe records for the ``CPP_TOOLCHAIN_PARTS`` it ``found``: the one
+    ``FEATURE_CPP_TOOLCHAIN`` when it found them all, else the parts it found."""
+    parts = frozenset(found) & frozenset(CPP_TOOLCHAIN_PARTS)
+    return frozenset({FEATURE_CPP_TOOLCHAIN}) if not missing_toolchain_parts(parts) else parts
+
+
+def missing_toolchain_parts(features: Iterable[str]) -> tuple[str, ...]:
+    """The ``CPP_TOOLCHAIN_PARTS`` that ``features`` lacks, in that order: none where it has
+    ``FEATURE_CPP_TOOLCHAIN``, which stands for all of them."""
+    present = frozenset(features)
+    if FEATURE_CPP_TOOLCHAIN in present:
+        return ()
+    return tuple(part for part in CPP_TOOLCHAIN_PARTS if part not in present)
 
 
 def _names(value: Iterable[str] | str) -> frozenset[str]:

@@ -11,7 +11,13 @@ from collections.abc import Mapping
 import attrs
 
 from kernelpick.core._arch import CpuArch, CudaArch, RocmArch, Version, as_version
-from kernelpick.core._device import FEATURE_CPP_TOOLCHAIN, DeviceCaps
+from kernelpick.core._device import (
+    FEATURE_BUILD_ROOT,
+    FEATURE_CXX_COMPILER,
+    FEATURE_NINJA,
+    DeviceCaps,
+    missing_toolchain_parts,
+)
 from kernelpick.core._errors import InvalidValueError, positive_int
 from kernelpick.core._quant import QuantConfig
 from kernelpick.core._reasons import Reason, RejectCode
@@ -182,23 +188,30 @@ class NeedsLibrary:
         return f"{self.library} usable"
 
 
-# What the probe looked for (kernels/_cpu_build.toolchain_found).
-_NO_TOOLCHAIN = "none usable (a C++ compiler and ninja on PATH, a writable TORCH_EXTENSIONS_DIR)"
+# What the probe looked for and did not find, part by part (kernels/_cpu_toolchain.py).
+_MISSING = {
+    FEATURE_CXX_COMPILER: "no C++ compiler on PATH ($CXX, else c++)",
+    FEATURE_NINJA: "no ninja (on PATH, or from the ninja package)",
+    FEATURE_BUILD_ROOT: "no build root it can create and write (under TORCH_EXTENSIONS_DIR, "
+    "by default ~/.cache/torch_extensions)",
+}
 
 
 @attrs.frozen
 class NeedsToolchain:
-    """A C++ toolchain (a compiler and ninja) is on the device's PATH and the extensions
-    directory can be written, so a kernel compiled at first use by
-    ``torch.utils.cpp_extension`` can be built (``FEATURE_CPP_TOOLCHAIN``, found by the
-    CPU adapter's probe)."""
+    """A C++ toolchain: a compiler and ninja on the device's PATH and an extensions directory
+    it can write, so a kernel compiled at first use by ``torch.utils.cpp_extension`` can be
+    built (``FEATURE_CPP_TOOLCHAIN``, or each of ``CPP_TOOLCHAIN_PARTS``, found by the CPU
+    adapter's probe). A rejection names each part that was not found."""
 
     def check(self, caps: DeviceCaps, config: QuantConfig) -> Reason | None:
         # torch.utils.cpp_extension.load runs $CXX (else c++) through ninja: without both,
         # the kernel's first call would fail after the weights were made for it.
-        if FEATURE_CPP_TOOLCHAIN in caps.features:
+        missing = missing_toolchain_parts(caps.features)
+        if not missing:
             return None
-        return Reason(RejectCode.TOOLCHAIN, "a C++ toolchain", _NO_TOOLCHAIN)
+        found = "; ".join(_MISSING[part] for part in missing)
+        return Reason(RejectCode.TOOLCHAIN, "a C++ toolchain", found)
 
     def render(self) -> str:
         return "a C++ toolchain (compiler and ninja)"

@@ -20,7 +20,7 @@ __all__ = [
     "KernelInputError",
     "KernelpickError",
     "UnknownNameError",
-    "closest_match",
+    "close_matches",
     "is_bool",
     "is_positive_int",
     "parse_enum",
@@ -34,34 +34,53 @@ class KernelpickError(ValueError):
     """Root of every kernelpick error."""
 
 
-def closest_match(value: object, choices: Iterable[str]) -> str | None:
-    """The choice nearest to ``value`` by spelling, or None when nothing is close."""
+def close_matches(value: object, choices: Iterable[str]) -> tuple[str, ...]:
+    """The choices ``value`` may have meant: the one it spells in other case, else every one
+    it begins (``fp8`` begins five schemes, all equally meant), else the one nearest by
+    spelling, else none."""
     text = str(value).strip().lower()
-    matches = difflib.get_close_matches(text, [c.lower() for c in choices], n=1, cutoff=0.6)
-    if not matches:
-        return None
-    by_lower = {c.lower(): c for c in choices}
-    return by_lower[matches[0]]
+    names = list(choices)
+    for test in (str.__eq__, str.startswith):
+        found = tuple(c for c in names if text and test(c.lower(), text))
+        if found:
+            return found
+    matches = difflib.get_close_matches(text, [c.lower() for c in names], n=1, cutoff=0.6)
+    by_lower = {c.lower(): c for c in names}
+    return tuple(by_lower[m] for m in matches)
 
 
 class UnknownNameError(KernelpickError):
     """A name (device profile, scheme, kernel id, dtype, ...) that is not one of the known ones.
 
     ``kind`` says what was being named, ``value`` is what was given, ``choices`` the valid
-    names and ``closest`` the nearest valid name, if any is close.
+    names and ``candidates`` those it may have meant (see ``close_matches``); ``closest`` is
+    the one candidate, where there is exactly one.
     """
 
     def __init__(self, kind: str, value: object, choices: Iterable[str]) -> None:
         self.kind = kind
         self.value = value
         self.choices = tuple(choices)
-        self.closest = closest_match(value, self.choices)
-        hint = f"; did you mean {self.closest!r}?" if self.closest is not None else "."
-        listed = ", ".join(self.choices) if self.choices else "(none)"
-        super().__init__(f"unknown {kind} {value!r}{hint} Known {kind}s: {listed}")
+        self.candidates = close_matches(value, self.choices)
+        super().__init__(
+            f"unknown {kind} {value!r}{_did_you_mean(self.candidates)} Known {kind}s: "
+            f"{', '.join(self.choices) if self.choices else '(none)'}"
+        )
+
+    @property
+    def closest(self) -> str | None:
+        return self.candidates[0] if len(self.candidates) == 1 else None
 
     def __reduce__(self) -> tuple[type[UnknownNameError], tuple[str, object, tuple[str, ...]]]:
         return (type(self), (self.kind, self.value, self.choices))
+
+
+def _did_you_mean(candidates: tuple[str, ...]) -> str:
+    if not candidates:
+        return "."
+    if len(candidates) == 1:
+        return f"; did you mean {candidates[0]!r}?"
+    return f"; did you mean one of {', '.join(map(repr, candidates))}?"
 
 
 class InvalidValueError(KernelpickError):

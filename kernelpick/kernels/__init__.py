@@ -35,8 +35,9 @@ from kernelpick.kernels._canonical import (
     quantize_canonical,
     stored_scale,
 )
-from kernelpick.kernels._cpu_build import KernelBuildError, toolchain_found
+from kernelpick.kernels._cpu_build import KernelBuildError
 from kernelpick.kernels._cpu_gemm import CpuFp8Gemm, CpuFp8GemmW8A16, CpuInt8Gemm
+from kernelpick.kernels._cpu_toolchain import toolchain_parts
 from kernelpick.kernels._cupy_runtime import cupy_usable
 from kernelpick.kernels._int8 import Int8IntMM, Int8IntMMPadded
 from kernelpick.kernels._int_canonical import (
@@ -121,7 +122,7 @@ __all__ += [
     "positive_zero_",
     "reject",
     "stored_scale",
-    "toolchain_found",
+    "toolchain_parts",
     "torch_dtype",
 ]
 

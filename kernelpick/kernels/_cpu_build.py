@@ -1,8 +1,8 @@
 """Build and load the CPU FP8 GEMM extension: compiled once per ISA level, cached on disk.
 
 The kernels in ``_cpu_fp8_gemm.cpp`` are compiled at first use with
-``torch.utils.cpp_extension`` (a C++ compiler and ninja, both found by ``toolchain_found``,
-which the CPU adapter's probe reports as ``FEATURE_CPP_TOOLCHAIN``). The build is cached
+``torch.utils.cpp_extension`` (a C++ compiler and ninja, found by ``_cpu_toolchain``'s
+``toolchain_parts``, which the CPU adapter's probe reports). The build is cached
 under torch's extension directory (``TORCH_EXTENSIONS_DIR``, by default
 ``~/.cache/torch_extensions``), so later processes only load it. The ISA level is chosen
 from the device's probed ISA flags, never from the build machine's, and names the build:
@@ -28,8 +28,10 @@ from kernelpick.kernels._cpu_cache import (
     discard_unverified,
     record_verified,
 )
+from kernelpick.kernels._cpu_toolchain import build_root, compiler, ninja_on_path
 
 __all__ = [
+    "BUILD_TIME",
     "ISA_LEVELS",
     "LOCK",
     "VNNI_LEVELS",
@@ -39,7 +41,6 @@ __all__ = [
     "levels_within",
     "load_ops",
     "op_name",
-    "toolchain_found",
 ]
 
 _SOURCE = Path(__file__).with_name("_cpu_fp8_gemm.cpp")
@@ -108,6 +109,11 @@ _LINK_FLAGS = ("-fopenmp",)
 # this one, which removes torch locks it finds there as left by killed builds.
 _CACHE_LAYOUT = "flock+sha256"
 
+# How long a cold build takes, as the log says it before one (docs/kernels.md has the
+# figures): 33.5 s on a 2-core AVX2 machine; with an empty TORCH_EXTENSIONS_DIR on a 2-core
+# EPYC (Zen 4, gcc 12.2), 25.5 s for the avx512_bf16 level and 13.3 s for avx2.
+BUILD_TIME = "half a minute on 2 cores"
+
 # Held while a level is built, loaded and its op registered (re-entrant: the registration
 # holds it around load_ops).
 LOCK = threading.RLock()
@@ -136,32 +142,6 @@ class KernelBuildError(KernelpickError):
         return (type(self), (self.level, self.detail))
 
 
-def _compiler() -> str:
-    # torch.utils.cpp_extension builds with $CXX, else "c++".
-    return os.environ.get("CXX", "c++")
-
-
-def toolchain_found() -> bool:
-    """Whether this machine can build the CPU kernel: a C++ compiler and ninja on PATH, and
-    a build root (``TORCH_EXTENSIONS_DIR``) it can create and write.
-
-    Cheap (two PATH lookups, ``ninja --version`` and a look at the root's nearest existing
-    folder); nothing is compiled or created. The answer is a probed fact
-    (``FEATURE_CPP_TOOLCHAIN``), so a machine that cannot build gets the kernel rejected
-    with a reason rather than an error at first use.
-    """
-    if not _build_root_writable() or shutil.which(_compiler()) is None:
-        return False
-    ninja = shutil.which("ninja")
-    if ninja is None:
-        return False
-    try:
-        subprocess.run([ninja, "--version"], capture_output=True, check=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return True
-
-
 def levels_within(isa: Iterable[str]) -> list[str]:
     """Every ISA level whose flags ``isa`` has (see ``ISA_LEVELS``), best first."""
     flags = frozenset(isa)
@@ -184,7 +164,7 @@ def _cflags(level: str) -> list[str]:
 
 def _compiler_identity() -> str:
     # Its path and its version line: a compiler upgraded in place is a new build too.
-    path = shutil.which(_compiler()) or _compiler()
+    path = shutil.which(compiler()) or compiler()
     try:
         run = subprocess.run(
             [path, "--version"], capture_output=True, text=True, errors="replace", timeout=30
@@ -212,25 +192,8 @@ def _build_name(level: str) -> str:
     return f"kernelpick_cpu_fp8_{level}_{digest}"
 
 
-def _build_root() -> Path:
-    from torch.utils import cpp_extension
-
-    root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
-    return Path(root) / "kernelpick"
-
-
-def _build_root_writable() -> bool:
-    """Whether the build root can be made: its nearest existing folder is a directory this
-    process may write into (under a regular file, or a read-only tree, it cannot)."""
-    root = _build_root()
-    for path in (root, *root.parents):
-        if os.path.lexists(path):  # a dangling or looping link is there, and unusable
-            return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
-    return False
-
-
 def _build_directory(name: str) -> Path:
-    return _build_root() / name
+    return build_root() / name
 
 
 def _unusable(directory: Path, error: OSError) -> str:
@@ -300,6 +263,18 @@ def load_ops(level: str) -> None:
         _LOADED.add(level)
 
 
+def _announce(level: str, directory: Path) -> None:
+    # The one wait a user meets on a first use, said before it starts (only the selected
+    # level is built); a cached build says nothing.
+    sources = ", ".join(path.name for path in (_SOURCE, _INT4_SOURCE))
+    LOGGER.info(
+        "building the CPU kernel for ISA level %s (%s, compiled with %s): its first use with "
+        "this torch, compiler and source, so nothing is cached yet; into %s; this takes "
+        "about %s, once",
+        level, sources, ", ".join(sorted(ISA_LEVELS[level][0])), directory, BUILD_TIME,
+    )  # fmt: skip
+
+
 def _build_and_load(level: str) -> None:
     if _host_lacks(level):
         flags = ", ".join(sorted(ISA_LEVELS[level][0]))
@@ -319,22 +294,18 @@ def _build_and_load(level: str) -> None:
         except OSError as error:
             raise KernelBuildError(level, _unusable(directory, error)) from error
         if not (directory / f"{name}.so").exists():
-            # The one wait a user meets on a first use; only the selected level is built.
-            LOGGER.info(
-                "compiling the CPU kernel for ISA level %s (this CPU's %s) into %s: once per "
-                "machine and torch install, about 30 s on 2 cores",
-                level, ", ".join(sorted(ISA_LEVELS[level][0])), directory,
-            )  # fmt: skip
+            _announce(level, directory)
         try:
-            cpp_extension.load(
-                name=name,
-                sources=[str(_SOURCE), str(_INT4_SOURCE)],
-                extra_cflags=_cflags(level),
-                extra_ldflags=list(_LINK_FLAGS),
-                build_directory=str(directory),
-                is_python_module=False,
-                verbose=False,
-            )
+            with ninja_on_path():
+                cpp_extension.load(
+                    name=name,
+                    sources=[str(_SOURCE), str(_INT4_SOURCE)],
+                    extra_cflags=_cflags(level),
+                    extra_ldflags=list(_LINK_FLAGS),
+                    build_directory=str(directory),
+                    is_python_module=False,
+                    verbose=False,
+                )
         except (RuntimeError, OSError, subprocess.CalledProcessError) as error:
             # Remembered: the compiler's message is the cause a retry must report again. (A
             # held lock, an unusable directory or a CPU without the ISA is not: those can

@@ -24,6 +24,7 @@ from kernelpick.adapters.cpu import _device as cpu_device
 from kernelpick.adapters.cuda import _device as cuda_device
 from kernelpick.adapters.rocm import _device as rocm_device
 from kernelpick.core import (
+    CPP_TOOLCHAIN_PARTS,
     FEATURE_CPP_TOOLCHAIN,
     FEATURE_SCALED_MM,
     FEATURE_SCALED_MM_ROWWISE,
@@ -54,7 +55,7 @@ READ_KEYS = {
         "torch_version",
         "scaled_mm",
         "scaled_mm_rowwise",
-        "cpp_toolchain",
+        *CPP_TOOLCHAIN_PARTS,
     ),
     "cuda": ("name", "major", "minor", "torch_version", "cuda_version", "libraries"),
     "rocm": ("name", "gcnArchName", "torch_version", "hip_version"),
@@ -117,7 +118,7 @@ def _bad_props(platform: str, props: Mapping[str, object]) -> list[tuple[str, ob
             "isa": names("isa"),
             "scaled_mm": isinstance(get("scaled_mm"), bool),
             "scaled_mm_rowwise": isinstance(get("scaled_mm_rowwise"), bool),
-            "cpp_toolchain": isinstance(get("cpp_toolchain"), bool),
+            **{part: isinstance(get(part), bool) for part in CPP_TOOLCHAIN_PARTS},
         }
     elif platform == "cuda":
         major, minor = get("major"), get("minor")
@@ -147,10 +148,12 @@ def _expected_caps(platform: str, props: Mapping[str, object]) -> kp.DeviceCaps:
             for feature, key in (
                 (FEATURE_SCALED_MM, "scaled_mm"),
                 (FEATURE_SCALED_MM_ROWWISE, "scaled_mm_rowwise"),
-                (FEATURE_CPP_TOOLCHAIN, "cpp_toolchain"),
             )
             if get(key)
         ]
+        parts = {part for part in CPP_TOOLCHAIN_PARTS if get(part)}
+        # Every part found is the one shorthand; fewer, the parts themselves.
+        features += [FEATURE_CPP_TOOLCHAIN] if len(parts) == len(CPP_TOOLCHAIN_PARTS) else parts
         return kp.DeviceCaps(
             arch=CpuArch(get("machine"), frozenset(f.strip().lower() for f in get("isa"))),
             name=get("name"),

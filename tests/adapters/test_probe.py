@@ -22,7 +22,11 @@ from kernelpick.adapters.cpu import _device as cpu_device
 from kernelpick.adapters.cuda import _device as cuda_device
 from kernelpick.adapters.rocm import _device as rocm_device
 from kernelpick.core import (
+    CPP_TOOLCHAIN_PARTS,
+    FEATURE_BUILD_ROOT,
     FEATURE_CPP_TOOLCHAIN,
+    FEATURE_CXX_COMPILER,
+    FEATURE_NINJA,
     FEATURE_SCALED_MM,
     FEATURE_SCALED_MM_ROWWISE,
     Arch,
@@ -160,26 +164,31 @@ def test_translate_cpu_fixture() -> None:
     assert profile.arch.isa <= caps.arch.isa
 
 
+ALL_PARTS = dict.fromkeys(CPP_TOOLCHAIN_PARTS, True)
+NO_PARTS = dict.fromkeys(CPP_TOOLCHAIN_PARTS, False)
+
+
 @pytest.mark.parametrize(
-    ("scaled_mm", "rowwise", "toolchain", "features"),
+    ("scaled_mm", "rowwise", "parts", "features"),
     [
-        (True, True, True, ALL_CPU_FEATURES),
-        (True, True, False, BOTH_FEATURES),
-        (True, False, False, {FEATURE_SCALED_MM}),
-        (False, True, False, {FEATURE_SCALED_MM_ROWWISE}),
-        (False, False, True, {FEATURE_CPP_TOOLCHAIN}),
-        (False, False, False, set()),
+        (True, True, ALL_PARTS, ALL_CPU_FEATURES),
+        (True, True, NO_PARTS, BOTH_FEATURES),
+        (True, False, NO_PARTS, {FEATURE_SCALED_MM}),
+        (False, True, NO_PARTS, {FEATURE_SCALED_MM_ROWWISE}),
+        (False, False, ALL_PARTS, {FEATURE_CPP_TOOLCHAIN}),
+        (False, False, NO_PARTS, set()),
+        # A toolchain short of one part: the parts found, so the reason names the one missing.
+        (True, True, {**ALL_PARTS, FEATURE_CXX_COMPILER: False},
+         BOTH_FEATURES | {FEATURE_NINJA, FEATURE_BUILD_ROOT}),
+        (False, False, {**ALL_PARTS, FEATURE_NINJA: False},
+         {FEATURE_CXX_COMPILER, FEATURE_BUILD_ROOT}),
+        (False, False, {**NO_PARTS, FEATURE_NINJA: True}, {FEATURE_NINJA}),
     ],
-)
+)  # fmt: skip
 def test_cpu_features_follow_the_probed_booleans(
-    scaled_mm: bool, rowwise: bool, toolchain: bool, features: set[str]
+    scaled_mm: bool, rowwise: bool, parts: dict[str, bool], features: set[str]
 ) -> None:
-    props = {
-        **_props("cpu"),
-        "scaled_mm": scaled_mm,
-        "scaled_mm_rowwise": rowwise,
-        "cpp_toolchain": toolchain,
-    }
+    props = {**_props("cpu"), "scaled_mm": scaled_mm, "scaled_mm_rowwise": rowwise, **parts}
     assert cpu_device.translate(props).features == features
 
 
@@ -198,7 +207,7 @@ REQUIRED = {
         "torch_version",
         "scaled_mm",
         "scaled_mm_rowwise",
-        "cpp_toolchain",
+        *CPP_TOOLCHAIN_PARTS,
     ],
     "t4": ["name", "major", "minor", "torch_version", "cuda_version", "libraries"],
     "mi300x": ["name", "gcnArchName", "torch_version", "hip_version"],
@@ -225,9 +234,9 @@ def test_translate_rejects_a_missing_key_naming_it(stem: str, key: str) -> None:
         ("cpu", "isa", ["avx2", 3]),
         ("cpu", "scaled_mm", "yes"),
         ("cpu", "scaled_mm_rowwise", 1),
-        ("cpu", "cpp_toolchain", "true"),
-        ("cpu", "cpp_toolchain", None),
-        ("cpu", "cpp_toolchain", 0),
+        ("cpu", "cxx_compiler", "true"),
+        ("cpu", "ninja", None),
+        ("cpu", "writable_build_root", 0),
         ("cpu", "torch_version", 2.13),
         ("t4", "name", None),
         ("t4", "major", "7"),
@@ -414,7 +423,7 @@ def test_probe_device_cpu_features_come_from_the_trial(device: object) -> None:
     assert caps.platform is kp.Platform.CPU
     assert (FEATURE_SCALED_MM in caps.features) is props["scaled_mm"]
     assert (FEATURE_SCALED_MM_ROWWISE in caps.features) is props["scaled_mm_rowwise"]
-    assert (FEATURE_CPP_TOOLCHAIN in caps.features) is props["cpp_toolchain"]
+    assert (FEATURE_CPP_TOOLCHAIN in caps.features) is all(props[p] for p in CPP_TOOLCHAIN_PARTS)
     assert caps == cpu_device.translate(props)
     if caps.torch_version >= Version(2, 13):
         # torch 2.13's CPU build runs both (docs/design.md#the-catalog-and-its-hardware-facts)

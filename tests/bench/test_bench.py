@@ -51,6 +51,7 @@ def _selected(scheme: str, n: int, k: int) -> str:
     return decision.kernel
 
 
+@pytest.mark.slow  # 25-110 s: the whole suite, its kernels and its subprocesses
 def test_the_suite_reports_every_cpu_key_at_tiny_sizes() -> None:
     results = run_suite(SuiteConfig.tiny())
     assert set(results) >= CPU_KEYS
@@ -134,6 +135,7 @@ def test_the_scheme_figures_cover_every_m_and_name_the_kernels_that_ran() -> Non
     assert all(f"{name}/best" in text for name in timed)
 
 
+@pytest.mark.slow  # 14-23 s: builds or loads the AVX2 level, then times it
 def test_the_decode_figures_can_time_the_avx2_build_on_any_x86_cpu() -> None:
     # The ISA given replaces the probed one for selection and the build: what a CPU with
     # only AVX2 would run, timed here.
@@ -206,6 +208,7 @@ def test_llc_falls_back_where_sysfs_says_nothing(tmp_path: Path) -> None:
     assert llc_bytes(tmp_path) == (32 * 2**20, f"{tmp_path}/index*/size (level 3)")
 
 
+@pytest.mark.slow  # 5-125 s: benchmarks/run.py --tiny in a fresh process
 def test_benchmarks_run_writes_json_from_any_directory(tmp_path: Path) -> None:
     # Run as a script from elsewhere: run.py finds its package, and the memory figure's
     # subprocess finds benchmarks.suite, without the repository root as working directory.
@@ -284,6 +287,7 @@ def test_the_memory_sampler_sees_a_temporary_allocation() -> None:
     assert extra >= 32 * 2**20
 
 
+@pytest.mark.slow  # 2-4 s: eager, Inductor and the compiled kernel, timed
 def test_the_build_route_figures_run(capsys: pytest.CaptureFixture[str]) -> None:
     # The harness only: docs/kernels.md's route figures come from the full run.
     from benchmarks.build_route import main

@@ -62,6 +62,7 @@ def test_gpu_check_prints_its_plan_without_a_gpu(capsys: pytest.CaptureFixture[s
     assert names[-1] == "memcheck"  # the slowest, where the tool exists at all
 
 
+@pytest.mark.slow  # 1-8 s: gpu_check.py in fresh processes
 def test_a_case_that_raises_loses_none_of_the_others(tmp_path: Path) -> None:
     result, doc = _run(tmp_path, "--fail-case", "selection/h100")
     assert result.returncode == 1, result.stderr
@@ -94,6 +95,7 @@ def test_a_case_that_raises_loses_none_of_the_others(tmp_path: Path) -> None:
     assert {r["status"] for r in doc["cases"]} == {"ok", "error", "skipped"}
 
 
+@pytest.mark.slow  # 1-8 s: gpu_check.py in fresh processes
 def test_the_json_holds_every_finished_case_when_the_process_ends(tmp_path: Path) -> None:
     result, doc = _run(tmp_path, "--skip-pytest", "--fail-case", "selection/h200:exit")
     assert result.returncode == 3, result.stderr
@@ -106,6 +108,7 @@ def test_the_json_holds_every_finished_case_when_the_process_ends(tmp_path: Path
     assert records["kernel/cuda_w8a16_cupy/fp8_weight_only/m1"]["status"] == "pending"
 
 
+@pytest.mark.slow  # 1-8 s: gpu_check.py in fresh processes
 def test_a_lost_cuda_context_restarts_the_run_and_keeps_the_records(tmp_path: Path) -> None:
     only = "selection,block_fp8/m300"
     result, doc = _run(tmp_path, "--only", only, "--fail-case", "selection/h100:lost")
@@ -124,6 +127,7 @@ def test_a_lost_cuda_context_restarts_the_run_and_keeps_the_records(tmp_path: Pa
     assert records["block_fp8/m300"]["status"] == "skipped"
 
 
+@pytest.mark.slow  # 1-8 s: gpu_check.py in fresh processes
 def test_cases_past_the_budget_are_skipped_and_said_so(tmp_path: Path) -> None:
     _, doc = _run(tmp_path, "--only", "selection/probed", "--budget", "0")
     records = _records(doc)

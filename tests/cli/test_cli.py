@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,10 +13,10 @@ from pathlib import Path
 import pytest
 
 import kernelpick as kp
-from kernelpick.cli import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_REJECTED, EXIT_SELECTED, main
+from kernelpick.cli import EXIT_BAD_INPUT, EXIT_REJECTED, EXIT_SELECTED, main
 from kernelpick.cli._output import wrap
 from kernelpick.core import ENV_DISABLED, SCHEMA_VERSION
-from tests.support.cli_run import assert_fits, joined, run_cli
+from tests.support.cli_run import assert_fits, run_cli, words
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,7 +79,12 @@ def test_strict_and_force_flags() -> None:
 
 
 BAD_INPUT = [
-    (["explain", "--device", "a10"], ["did you mean 'a10g'", "a100", "kernelpick devices"]),
+    # A name that begins several: each is offered, and nothing it does not begin.
+    (["explain", "--device", "a10"],
+     ["did you mean one of 'a100', 'a10g'?", "kernelpick devices"]),
+    (["explain", "--device", "h100", "--scheme", "fp8"],
+     ["did you mean one of 'fp8_per_channel', 'fp8_per_tensor', 'fp8_per_tensor_static', "
+      "'fp8_weight_only', 'fp8_block'?"]),
     (["explain", "--device", "h100", "--scheme", "fp8_per_chanel"],
      ["fp8_per_channel", "fp8_weight_only"]),
     (["explain", "--device", "h100", "--shape", "4096;4096"], ["N,K"]),
@@ -241,15 +247,15 @@ def test_wrapped_text_keeps_every_word(width: int) -> None:
     assert isinstance(decision, kp.Rejected)
     # Each reason's continuation lines hold nothing else, so its words follow one another.
     for text in [r.render() for r in decision.reasons] + [f"hint: {h}" for h in decision.hints]:
-        assert joined(text) in joined(out), text
+        assert words(text) in words(out), text
     _, out, _ = run_cli("kernels", env=env)
     for spec in kp.default_catalog().kernels:
         for rule in spec.rules:
-            assert joined(rule.render()) in joined(out), rule.render()
+            assert words(rule.render()) in words(out), rule.render()
     _, out, _ = run_cli("matrix", env=env)
     for entry in json.loads(run_cli("matrix", "--format", "json")[1])["entries"]:
         if entry["reason"]:
-            assert joined(entry["reason"]["message"]) in joined(out), entry
+            assert words(entry["reason"]["message"]) in words(out), entry
 
 
 def test_output_into_a_pipe_is_not_wrapped() -> None:
@@ -260,14 +266,34 @@ def test_output_into_a_pipe_is_not_wrapped() -> None:
 
 
 @pytest.mark.parametrize("width", [1, 2, 3, 7, 12, 30])
-def test_wrap_breaks_words_only_where_it_may(width: int) -> None:
+def test_wrap_breaks_between_words_only(width: int) -> None:
     text = "requires  cuda_rowwise_scaled_mm on NVIDIA A100-SXM4-80GB; has 8.0"
     lines = wrap(text, width)
     assert_fits("\n".join(lines), width, text)
     assert "".join("".join(lines).split()) == "".join(text.split())
     assert all(line.strip() for line in lines)
-    if width >= 2 + len("cuda_rowwise_scaled_mm"):
-        assert any("cuda_rowwise_scaled_mm" in line for line in lines)
+    # Whole at every width (on a line of its own where it is wider than the line).
+    for word in ("cuda_rowwise_scaled_mm", "A100-SXM4-80GB;"):
+        assert any(word in line.split() for line in lines), (word, lines)
+
+
+EVERY_PROFILE_EXPLAINED = [
+    (profile, scheme)
+    for profile in kp.device_profiles()
+    for scheme in ("fp8_per_channel", "fp8_block", "int8_per_channel", "int4_weight_only")
+]
+
+
+@pytest.mark.parametrize("width", [60, 40])
+@pytest.mark.parametrize(("profile", "scheme"), EVERY_PROFILE_EXPLAINED)
+def test_explain_never_splits_a_kernel_id(profile: str, scheme: str, width: int) -> None:
+    argv = ("explain", "--device", profile, "--scheme", scheme)
+    _, out, _ = run_cli(*argv, env={"COLUMNS": str(width)})
+    assert_fits(out, width, run_cli(*argv)[1])
+    said = set(out.split())
+    config = kp.quant_config(scheme, weight_shape=(4096, 4096))
+    for verdict in kp.choose(kp.device_profile(profile), config).trace:
+        assert verdict.kernel in said, (verdict.kernel, out)
 
 
 def _subprocess(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -292,19 +318,24 @@ def test_explaining_a_profile_does_not_import_torch() -> None:
     assert result.stdout.strip().splitlines()[-1] == "False", result.stderr
 
 
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ["matrix"], EXPLAIN_A100, ["kernels"], ["devices", "--json"],
-        ["--help"], ["--version"], ["matrix", "--help"],
-    ],
-    ids=" ".join,
-)  # fmt: skip
+CUT_SHORT = [
+    ["matrix"], EXPLAIN_A100, ["kernels"], ["devices", "--json"],
+    ["--help"], ["--version"], ["matrix", "--help"],
+]  # fmt: skip
+
+
+def _own_status(argv: list[str]) -> int:
+    return run_cli(*argv)[0]
+
+
+@pytest.mark.parametrize("argv", CUT_SHORT, ids=" ".join)
 @pytest.mark.parametrize("unbuffered", [False, True], ids=["buffered", "unbuffered"])
-def test_a_closed_pipe_ends_the_command_quietly(argv: list[str], unbuffered: bool) -> None:
+def test_a_reader_gone_before_the_first_write_leaves_the_status_alone(
+    argv: list[str], unbuffered: bool
+) -> None:
     # `kernelpick matrix | head -1`, with the reader gone before the first write, so that
-    # the write fails every time (a reader that leaves after one line may be too late).
-    # Unbuffered, the first write fails at once, inside argparse for --help and --version.
+    # the write fails every time. Unbuffered, the first write fails at once, inside argparse
+    # for --help and --version.
     env = {"PATH": "", "PYTHONPATH": str(ROOT)} | ({"PYTHONUNBUFFERED": "1"} if unbuffered else {})
     read, write = os.pipe()
     os.close(read)
@@ -316,7 +347,50 @@ def test_a_closed_pipe_ends_the_command_quietly(argv: list[str], unbuffered: boo
     finally:
         os.close(write)
     assert result.stderr == ""
-    assert result.returncode == EXIT_BROKEN_PIPE
+    assert result.returncode == _own_status(argv)  # 2 for the rejection, 0 for the others
+
+
+class _GoneAt(io.StringIO):
+    """Standard output whose reader leaves at the first ``write`` or at the ``flush`` after
+    the whole output was written, as a pipe's buffer would show either."""
+
+    def __init__(self, at: str) -> None:
+        super().__init__()
+        self.at = at
+
+    def write(self, text: str) -> int:
+        if self.at == "write":
+            raise BrokenPipeError(32, "Broken pipe")
+        return super().write(text)
+
+    def flush(self) -> None:
+        if self.at == "flush":
+            raise BrokenPipeError(32, "Broken pipe")
+
+
+@pytest.mark.parametrize("argv", CUT_SHORT, ids=" ".join)
+def test_the_status_is_the_same_whenever_the_reader_goes(argv: list[str]) -> None:
+    statuses = {"never": _own_status(argv)}
+    for at in ("write", "flush"):
+        err = io.StringIO()
+        statuses[at] = main(argv, env={}, out=_GoneAt(at), err=err)
+        assert err.getvalue() == ""
+    assert set(statuses.values()) == {EXIT_REJECTED if argv == EXPLAIN_A100 else EXIT_SELECTED}
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash, for set -o pipefail")
+def test_a_pipeline_cut_short_by_head_succeeds_under_pipefail() -> None:
+    # All of matrix fits a pipe's buffer, so head may leave before or after the last write,
+    # by timing; neither may fail the pipeline, so it runs twice.
+    for _ in range(2):
+        done = subprocess.run(
+            ["bash", "-c", 'set -o pipefail; "$@" matrix | head -1', "bash",
+             sys.executable, "-m", "kernelpick"],
+            capture_output=True, text=True, check=False, cwd=ROOT,
+            env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT)},
+        )  # fmt: skip
+        assert (done.returncode, done.stderr) == (EXIT_SELECTED, "")
+        assert len(done.stdout.splitlines()) == 1
 
 
 def _shell(command: str, *argv: str) -> subprocess.CompletedProcess[str]:
@@ -332,6 +406,7 @@ def _shell(command: str, *argv: str) -> subprocess.CompletedProcess[str]:
 BENCH_TINY = ("bench", "--shape", "64,64", "--tokens", "8", "--repeats", "1")
 
 
+@pytest.mark.slow  # 5 s: three benchmarks, each in a fresh process
 def test_with_stderr_closed_json_on_stdout_is_only_json() -> None:
     result = _shell('exec "$@" 2>&-', *BENCH_TINY, "--json")
     assert result.returncode == EXIT_SELECTED

@@ -16,7 +16,7 @@ import torch
 import kernelpick as kp
 from kernelpick.bench import STAGES, median_seconds
 from kernelpick.cli import EXIT_BAD_INPUT, EXIT_SELECTED, main
-from tests.support.cli_run import Tty, assert_fits, joined, run_cli
+from tests.support.cli_run import Tty, assert_fits, run_cli, words
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH_TINY = ("bench", "--shape", "64,64", "--tokens", "8", "--repeats", "1")
@@ -60,7 +60,7 @@ def test_bench_reports_each_stage_on_stderr() -> None:
 def test_bench_output_fits_the_width(width: int) -> None:
     status, out, _ = run_cli(*BENCH_TINY, "--quiet", env={"COLUMNS": str(width)})
     assert status == EXIT_SELECTED
-    assert "layer: fp8_per_channel, M=8 N=64 K=64, bfloat16" in joined(out)
+    assert "layer: fp8_per_channel, M=8 N=64 K=64, bfloat16" in words(out)
     assert_fits(out, width, out.replace("\n", " "))  # words only: the times vary by run
 
 
@@ -214,6 +214,27 @@ def test_bench_json_to_a_path_replaces_the_file(
     monkeypatch.setattr("kernelpick.bench.bench_layer", fails)
     assert run_cli(*BENCH_TINY, "--json", str(new))[0] == EXIT_BAD_INPUT
     assert not new.exists()  # opened before the run, removed when it failed
+
+
+def test_the_text_and_the_json_give_each_ratio_the_same_way(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vs_fp32 is a run's time over fp32's in both: the kernel at a quarter of fp32's time
+    reads 0.25 in the table and in the record, never 4.00 in one of them."""
+    from kernelpick.bench import LayerBench
+
+    timed = LayerBench("cpu_fp8_gemm", False, "CPU", 8, (64, 64), "bfloat16", 1.0, 4.0, 2.0, 0.01)
+    monkeypatch.setattr("kernelpick.bench.bench_layer", lambda *args, **kwargs: timed)
+    record = json.loads(run_cli(*BENCH_TINY, "--quiet", "--json")[1])
+    assert (record["vs_fp32"], record["vs_native"]) == (0.25, 0.5)
+    _, out, _ = run_cli(*BENCH_TINY, "--quiet")
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("run "))
+    assert lines[header].split()[3] == "vs_fp32"  # after run, median ms: the JSON's name
+    # Each row: its label, median ms, vs_fp32, error.
+    rows = {" ".join(line.split()[:-3]): line.split()[-2] for line in lines[header + 1 : -1]}
+    assert rows == {"cpu_fp8_gemm": "0.25", "linear fp32": "1.00", "linear bfloat16": "0.50"}
+    assert "vs_fp32 = time / fp32 time (below 1: faster than fp32)" in lines
 
 
 def test_bench_draws_a_bar_on_a_terminal_and_wipes_it() -> None:

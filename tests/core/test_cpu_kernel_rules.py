@@ -19,7 +19,11 @@ from hypothesis import strategies as st
 
 import kernelpick as kp
 from kernelpick.core import (
+    CPP_TOOLCHAIN_PARTS,
+    FEATURE_BUILD_ROOT,
     FEATURE_CPP_TOOLCHAIN,
+    FEATURE_CXX_COMPILER,
+    FEATURE_NINJA,
     FEATURE_SCALED_MM,
     FEATURE_SCALED_MM_ROWWISE,
     CpuArch,
@@ -51,7 +55,13 @@ SQUARE = (4096, 4096)
 UNALIGNED = (4096, 4100)
 
 C = kp.RejectCode
-NO_TOOLCHAIN = "none usable (a C++ compiler and ninja on PATH, a writable TORCH_EXTENSIONS_DIR)"
+NO_COMPILER = "no C++ compiler on PATH ($CXX, else c++)"
+NO_NINJA = "no ninja (on PATH, or from the ninja package)"
+NO_ROOT = (
+    "no build root it can create and write (under TORCH_EXTENSIONS_DIR, by default "
+    "~/.cache/torch_extensions)"
+)
+NO_TOOLCHAIN = f"{NO_COMPILER}; {NO_NINJA}; {NO_ROOT}"  # a device that shows no part of it
 TOOLCHAIN_LINE = f"  - cpu_fp8_gemm: needs a C++ toolchain; {NO_TOOLCHAIN}"
 
 
@@ -223,6 +233,37 @@ def test_without_a_toolchain_the_reason_reads_so_and_the_choice_falls_back() -> 
     ]
 
 
+TOOLCHAIN_PARTS_FOUND = [
+    # id, the parts the probe found, what the reason says is missing (None: it passes)
+    ("all-present", CPP_TOOLCHAIN_PARTS, None),
+    ("the-shorthand", (FEATURE_CPP_TOOLCHAIN,), None),
+    ("compiler-missing", (FEATURE_NINJA, FEATURE_BUILD_ROOT), NO_COMPILER),
+    ("ninja-missing", (FEATURE_CXX_COMPILER, FEATURE_BUILD_ROOT), NO_NINJA),
+    ("root-unwritable", (FEATURE_CXX_COMPILER, FEATURE_NINJA), NO_ROOT),
+    ("ninja-and-root-missing", (FEATURE_CXX_COMPILER,), f"{NO_NINJA}; {NO_ROOT}"),
+    ("none-found", (), NO_TOOLCHAIN),
+]
+
+
+@pytest.mark.parametrize(
+    ("found", "missing"),
+    [row[1:] for row in TOOLCHAIN_PARTS_FOUND],
+    ids=[row[0] for row in TOOLCHAIN_PARTS_FOUND],
+)
+def test_the_toolchain_reason_names_each_part_that_is_missing(
+    found: tuple[str, ...], missing: str | None
+) -> None:
+    reason = kp.rules.NeedsToolchain().check(
+        _cpu(features=(*SCALED_MM, *found)), kp.quant_config(PTPC, weight_shape=SQUARE)
+    )
+    if missing is None:
+        assert reason is None
+        return
+    assert reason is not None
+    assert (reason.code, reason.needed, reason.found) == (C.TOOLCHAIN, "a C++ toolchain", missing)
+    assert reason.render() == f"needs a C++ toolchain; {missing}"
+
+
 def test_the_isa_reason_names_the_missing_instructions_or_the_machine() -> None:
     config = kp.quant_config(PTPC, weight_shape=SQUARE)
     x86 = kp.choose(_cpu(NO_F16C), config).render().splitlines()
@@ -300,7 +341,7 @@ def test_the_rules_render_what_they_need() -> None:
 # --- property: any CPU, any layer ------------------------------------------------------------
 
 FLAG_POOL = sorted({*AVX512, *ARM, "amx_int8"})
-FEATURE_POOL = sorted(EVERYTHING)
+FEATURE_POOL = sorted({*EVERYTHING, *CPP_TOOLCHAIN_PARTS})
 extents = st.one_of(
     st.integers(min_value=1, max_value=9000),
     st.integers(min_value=1, max_value=9000 // 16).map(lambda m: m * 16),
@@ -341,7 +382,8 @@ def test_compiled_kernels_run_exactly_where_their_device_facts_hold(
     caps: kp.DeviceCaps, config: kp.QuantConfig
 ) -> None:
     assert isinstance(caps.arch, CpuArch)
-    toolchain = FEATURE_CPP_TOOLCHAIN in caps.features
+    # The shorthand, or every part of it.
+    toolchain = FEATURE_CPP_TOOLCHAIN in caps.features or caps.features >= {*CPP_TOOLCHAIN_PARTS}
     isa = caps.arch.isa >= NEEDED_ISA
     decision = kp.choose(caps, config)
     assert isinstance(decision, kp.Selected), decision.render()
@@ -350,7 +392,8 @@ def test_compiled_kernels_run_exactly_where_their_device_facts_hold(
         assert (C.TOOLCHAIN in codes) is not toolchain
         assert (C.CPU_ISA in codes) is not isa
         lines = decision.render().splitlines()
-        assert (f"  - {kernel}: needs a C++ toolchain; {NO_TOOLCHAIN}" in lines) is not toolchain
+        said = any(line.startswith(f"  - {kernel}: needs a C++ toolchain; ") for line in lines)
+        assert said is not toolchain
     before = kp.choose(caps, config, catalog=BEFORE)
     assert isinstance(before, kp.Selected)
     scheme = scheme_of(config)

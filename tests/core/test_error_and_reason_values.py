@@ -10,7 +10,7 @@ import attrs
 import pytest
 
 import kernelpick as kp
-from kernelpick.core import CudaArch
+from kernelpick.core import ENV_FORCE, CudaArch
 from kernelpick.core._reasons import TEMPLATES
 from tests.support.values import DTYPE_NAMES, PROFILE_NAMES
 
@@ -134,3 +134,44 @@ def test_device_caps_turn_an_arch_subclass_into_the_core_type() -> None:
     assert type(caps.arch) is CudaArch
     decision = kp.choose(caps, kp.quant_config("fp8_per_channel", weight_shape=(64, 64)))
     assert isinstance(decision, kp.Selected)
+
+
+FP8_SCHEMES = ("fp8_per_channel", "fp8_per_tensor", "fp8_per_tensor_static", "fp8_weight_only",
+               "fp8_block")  # fmt: skip
+SHARED_STARTS: list[tuple[str, Callable[[], object], tuple[str, ...]]] = [
+    ("scheme", lambda: kp.quant_config("fp8", weight_shape=(16, 16)), FP8_SCHEMES),
+    ("scheme", lambda: kp.quant_config(" FP8_Per_Tens", weight_shape=(16, 16)),
+     ("fp8_per_tensor", "fp8_per_tensor_static")),
+    ("device profile", lambda: kp.device_profile("mi3"), ("mi300x", "mi325x", "mi355x")),
+    ("kernel id", lambda: kp.Policy.from_env({ENV_FORCE: "cpu_fp8"}),
+     ("cpu_fp8_gemm", "cpu_fp8_w8a16_gemm")),
+    ("kernel kind", lambda: kp.KernelSpec("x", "cuda", "w8a"), ("W8A8", "W8A16")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("kind", "call", "candidates"),
+    SHARED_STARTS,
+    ids=[f"{kind}-{candidates[0]}" for kind, _call, candidates in SHARED_STARTS],
+)
+def test_a_name_that_begins_several_offers_each_of_them(
+    kind: str, call: Callable[[], object], candidates: tuple[str, ...]
+) -> None:
+    """``fp8`` means one of the five FP8 schemes: none is nearer than the others, and
+    ``mxfp8``, nearest by edit distance, is not among them."""
+    with pytest.raises(kp.UnknownNameError) as info:
+        call()
+    error = info.value
+    assert (error.kind, error.candidates, error.closest) == (kind, candidates, None)
+    offered = ", ".join(map(repr, candidates))
+    assert f"; did you mean one of {offered}? Known {kind}s: " in str(error)
+
+
+@pytest.mark.parametrize(
+    ("value", "closest"), [("fp8_per_chanel", "fp8_per_channel"), ("mxfp", "mxfp8")]
+)
+def test_a_slip_or_the_start_of_one_name_offers_that_name(value: str, closest: str) -> None:
+    with pytest.raises(kp.UnknownNameError) as info:
+        kp.quant_config(value, weight_shape=(16, 16))
+    assert (info.value.candidates, info.value.closest) == ((closest,), closest)
+    assert f"; did you mean {closest!r}? Known schemes: " in str(info.value)

@@ -221,10 +221,11 @@ def test_an_extensions_dir_the_probe_cannot_write_turns_the_compiled_kernels_dow
     )  # fmt: skip
     result = json.loads(done.stdout.splitlines()[-1])
     assert "cpp_toolchain" not in result["features"]
+    assert {"cxx_compiler", "ninja"} <= set(result["features"])  # what was found
     assert result["kernel"] not in ("cpu_fp8_gemm", "cpu_fp8_w8a16_gemm", "cpu_int8_gemm")
     assert result["reasons"] == [
-        "needs a C++ toolchain; none usable (a C++ compiler and ninja on PATH, a writable "
-        "TORCH_EXTENSIONS_DIR)"
+        "needs a C++ toolchain; no build root it can create and write (under "
+        "TORCH_EXTENSIONS_DIR, by default ~/.cache/torch_extensions)"
     ]
     assert not root.parent.is_dir()  # the probe created nothing
 
@@ -244,9 +245,9 @@ def test_a_truncated_cached_library_is_rebuilt_not_loaded(tmp_path: Path) -> Non
     assert first.stdout == "loaded\n", first.stdout + first.stderr
     (library,) = tmp_path.glob("kernelpick/*/*.so")
     # A first use says what it compiles, for which level, and about how long it takes.
-    compiling = f"INFO:kernelpick.kernels:compiling the CPU kernel for ISA level {LEVEL}"
+    compiling = f"INFO:kernelpick.kernels:building the CPU kernel for ISA level {LEVEL}"
     assert compiling in first.stderr
-    assert f"into {library.parent}: once per machine" in first.stderr
+    assert f"into {library.parent}; this takes about" in first.stderr
     size = library.stat().st_size
     os.truncate(library, 4096)
     second = _load(env)

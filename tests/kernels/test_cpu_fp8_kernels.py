@@ -495,6 +495,7 @@ def test_a_failed_build_reports_its_cause_again_not_a_missing_library(tmp_path: 
     assert run.returncode == 0, run.stderr
 
 
+@pytest.mark.slow  # 2-23 s: a fresh process loading a level (longer when it waits on a build)
 def test_threads_binding_at_once_register_the_op_once() -> None:
     # In a fresh process: eight threads bind the same level together; a second registration
     # of the fake or the autograd refusal would warn "Overriding a previously registered".

@@ -12,7 +12,7 @@ import torch
 
 from kernelpick.adapters._props import Properties
 from kernelpick.core import (
-    FEATURE_CPP_TOOLCHAIN,
+    CPP_TOOLCHAIN_PARTS,
     FEATURE_SCALED_MM,
     FEATURE_SCALED_MM_ROWWISE,
     INT8_DOT_ISA,
@@ -20,8 +20,9 @@ from kernelpick.core import (
     DeviceCaps,
     InvalidValueError,
     parse_cpuinfo,
+    toolchain_features,
 )
-from kernelpick.kernels import toolchain_found
+from kernelpick.kernels import toolchain_parts
 
 __all__ = [
     "KERNEL_ISA_FLAGS",
@@ -137,8 +138,8 @@ def read_properties(device_index: int = 0) -> dict[str, object]:
     int8 dot products ``ONEDNN_MAX_CPU_ISA`` keeps oneDNN from, see ``usable_isa``, and
     less the AMX units where Linux does not grant this process their tile state),
     ``torch_version``, ``scaled_mm`` / ``scaled_mm_rowwise`` found by a tiny trial call, and
-    ``cpp_toolchain``: a C++ compiler and ninja on PATH (nothing is compiled). Only index 0
-    exists.
+    the parts of a C++ toolchain (``CPP_TOOLCHAIN_PARTS``: ``cxx_compiler``, ``ninja``,
+    ``writable_build_root``; nothing is compiled or created). Only index 0 exists.
     """
     _check_index(device_index)
     machine = platform.machine()
@@ -152,7 +153,7 @@ def read_properties(device_index: int = 0) -> dict[str, object]:
         "torch_version": str(torch.__version__),
         "scaled_mm": _trial_scaled_mm(rowwise=False),
         "scaled_mm_rowwise": _trial_scaled_mm(rowwise=True),
-        "cpp_toolchain": toolchain_found(),
+        **toolchain_parts(),
     }
 
 
@@ -160,21 +161,22 @@ def translate(props: Mapping[str, object]) -> DeviceCaps:
     """The ``DeviceCaps`` of a CPU from its properties (as ``read_properties`` returns them).
 
     Pure: reads ``machine``, ``name``, ``isa``, ``torch_version``, ``scaled_mm``,
-    ``scaled_mm_rowwise`` and ``cpp_toolchain``; a missing or wrongly typed one raises
-    ``InvalidValueError``.
+    ``scaled_mm_rowwise`` and each of ``CPP_TOOLCHAIN_PARTS``; a missing or wrongly typed one
+    raises ``InvalidValueError``. The toolchain is ``FEATURE_CPP_TOOLCHAIN`` where every part
+    was found, else the parts that were (``toolchain_features``).
     """
     read = Properties(props, "CPU")
     found = {
         FEATURE_SCALED_MM: read.flag("scaled_mm"),
         FEATURE_SCALED_MM_ROWWISE: read.flag("scaled_mm_rowwise"),
-        FEATURE_CPP_TOOLCHAIN: read.flag("cpp_toolchain"),
     }
+    parts = [part for part in CPP_TOOLCHAIN_PARTS if read.flag(part)]
     return DeviceCaps.cpu(
         machine=read.text("machine"),
         isa=read.names("isa"),
         name=read.text("name"),
         torch_version=read.text("torch_version"),
-        features=[feature for feature, present in found.items() if present],
+        features=[*(f for f, present in found.items() if present), *toolchain_features(parts)],
     )
 
 
