@@ -26,6 +26,7 @@ from kernelpick.core._catalog_facts import (
     INT8_PER_TOKEN,
     ROWWISE,
     TENSORWISE,
+    TORCH_CPU_INT_INPUT,
     WNA16_ANY,
 )
 from kernelpick.core._catalog_gpu import CUDA_ROWS, ROCM_ROWS
@@ -136,7 +137,7 @@ _CPU = (
         "cpu_int4pack_mm",
         CPU,
         W8A16,
-        (*INT4_PACK_MM, Alignment(16), ANY_OUT),
+        (*INT4_PACK_MM, Alignment(16), TORCH_CPU_INT_INPUT, ANY_OUT),
         "torch._weight_int4pack_mm_for_cpu: int4 groups of 32-256, zero points folded, "
         "packed at load for this CPU's ISA (N = K = 4096, bf16, 2-core AMX Xeon: 0.42 of "
         "bf16 F.linear's time at M=1, but 1.9 at M=16 and 8.9 at M=256, where F.linear "
@@ -147,7 +148,7 @@ _CPU = (
         "cpu_int8pack_mm",
         CPU,
         W8A16,
-        (*INT8_PACK_MM, ANY_OUT),
+        (*INT8_PACK_MM, TORCH_CPU_INT_INPUT, ANY_OUT),
         "torch._weight_int8pack_mm: per-channel symmetric int8 (N = K = 4096, bf16, 2-core "
         "AMX Xeon: 0.59 of bf16 F.linear's time at M=1, 2.3 at M=16, 8.9 at M=256)",
         fallback=frozenset(),

@@ -83,6 +83,7 @@ __all__ = [
     "TENSOR_OR_TOKEN",
     "TORCH_2_8",
     "TORCH_2_10",
+    "TORCH_CPU_INT_INPUT",
     "UNFUSED",
     "WEIGHT_ONLY",
     "WNA16_ANY",
@@ -267,6 +268,11 @@ CPU_INT4_GEMM: tuple[Requirement, ...] = (
     InputDtypes(frozenset({Dtype.BFLOAT16})),
     _INT_SCALES,
 )
+# torch's CPU int4 and int8 weight-only ops run their fast kernels for bf16 activations
+# only: with fp32 or fp16 ones, which the ops accept, they measured 1.7-72x fp32 F.linear's
+# time at N = K = 4096 and M = 1-256, and 6.5-85x at all-MiniLM-L6-v2's 384-1536 shapes
+# (bf16: 0.13-0.86 of fp32's; torch 2.13, 2-core Zen 4), so they serve bf16 layers only.
+TORCH_CPU_INT_INPUT = InputDtypes(frozenset({Dtype.BFLOAT16}))
 # torch's CPU _weight_int8pack_mm: int8 [N, K] with one scale per channel, symmetric
 # (aten LinearAlgebra.cpp, _weight_int8pack_mm_cpu: "expect scales to be 1d tensor").
 # Its bf16 kernel steps K by 16 with no tail (cpu/int8mm_kernel.cpp): measured on torch

@@ -173,14 +173,15 @@ def test_an_fp8_kernel_refuses_zero_points_and_g_idx() -> None:
 
 
 def test_a_bundle_from_another_integer_family_is_refused() -> None:
+    # bf16: torch's CPU int4 op serves bf16 layers only (TORCH_CPU_INT_INPUT).
     config = kp.quant_config(
-        "int4_weight_only", weight_shape=(32, 64), group_size=32, out_dtype="float32"
+        "int4_weight_only", weight_shape=(32, 64), group_size=32, out_dtype="bfloat16"
     )
     reference = bind("cpu_wna16_reference", config, CPU)
     tinygemm = bind("cpu_int4pack_mm", config, CPU)
     bundle = reference.quantize_weights(torch.randn(32, 64))
     with pytest.raises(kp.KernelInputError, match="bundle"):
-        tinygemm.apply(torch.randn(2, 64), bundle)
+        tinygemm.apply(torch.randn(2, 64, dtype=torch.bfloat16), bundle)
 
 
 def test_a_bundle_of_another_grouping_with_as_many_groups_is_refused() -> None:
@@ -198,12 +199,13 @@ def test_a_bundle_of_another_grouping_with_as_many_groups_is_refused() -> None:
 def test_a_tinygemm_bundle_of_another_shape_is_refused_before_torch_sees_it() -> None:
     def config(k: int, group: int) -> kp.QuantConfig:
         return kp.quant_config(
-            "int4_weight_only", weight_shape=(32, k), group_size=group, out_dtype="float32"
+            "int4_weight_only", weight_shape=(32, k), group_size=group, out_dtype="bfloat16"
         )
 
     bundle = bind("cpu_int4pack_mm", config(256, 128), CPU).quantize_weights(torch.randn(32, 256))
+    x = torch.randn(2, 128, dtype=torch.bfloat16)
     with pytest.raises(kp.KernelInputError, match=r"bundle\.weight"):
-        bind("cpu_int4pack_mm", config(128, 64), CPU).apply(torch.randn(2, 128), bundle)
+        bind("cpu_int4pack_mm", config(128, 64), CPU).apply(x, bundle)
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from tqdm import tqdm
 
@@ -36,6 +36,20 @@ def _open(stream: object) -> bool:
     return stream is not None and not getattr(stream, "closed", False)
 
 
+class _Bar(tqdm):  # type: ignore[type-arg]
+    """tqdm's bar, which registers itself before its first draw: one whose first draw fails
+    is closed (unregistered) before the error goes on, not left among tqdm's instances,
+    below which every later bar of the process would be drawn."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        try:
+            super().__init__(**kwargs)
+        except _DRAWING_ERRORS:
+            with contextlib.suppress(*_DRAWING_ERRORS):
+                self.close()
+            raise
+
+
 class ProgressBar:
     """A bar of ``total`` layers on stderr. ``progress``: None shows it where stderr is a
     terminal (so logs and CI output get no carriage-return noise), True wherever stderr is
@@ -47,7 +61,7 @@ class ProgressBar:
         self._bar: tqdm[NoReturn] | None = None  # iterates nothing
         if shown:
             try:  # tqdm draws the empty bar as it starts
-                self._bar = tqdm(total=total, desc="quantize_model", unit="layer", file=stream)
+                self._bar = _Bar(total=total, desc="quantize_model", unit="layer", file=stream)
             except _DRAWING_ERRORS:
                 self._bar = None
 

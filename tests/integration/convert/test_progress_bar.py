@@ -76,7 +76,7 @@ def test_an_interrupt_closes_the_bar_and_leaves_whole_layers(
 ) -> None:
     closed: list[float] = []
 
-    class Recording(tqdm):  # type: ignore[type-arg]
+    class Recording(progress_module._Bar):
         def close(self) -> None:
             if not self.disable:
                 closed.append(self.n)
@@ -90,7 +90,7 @@ def test_an_interrupt_closes_the_bar_and_leaves_whole_layers(
             raise KeyboardInterrupt
         real(self, path, new)
 
-    monkeypatch.setattr(progress_module, "tqdm", Recording)
+    monkeypatch.setattr(progress_module, "_Bar", Recording)
     monkeypatch.setattr(swap.Swaps, "replace", replace)
     model = linears(copies=2)
     with pytest.raises(ModelConversionError) as info:
@@ -160,7 +160,7 @@ ERRORS = [
 ]
 
 
-class _Eager(tqdm):  # type: ignore[type-arg]
+class _Eager(progress_module._Bar):
     """A bar that draws on every update, as one over slow layers does (tqdm waits 0.1 s)."""
 
     def __init__(self, **kwargs: Any) -> None:
@@ -174,12 +174,15 @@ def test_a_stderr_that_fails_to_draw_turns_the_bar_off_not_the_conversion(
     monkeypatch: pytest.MonkeyPatch, writes: int, error: Exception
 ) -> None:
     # writes: how far it draws before failing: as it starts, at an update, or as it closes.
-    monkeypatch.setattr(progress_module, "tqdm", _Eager)
+    monkeypatch.setattr(progress_module, "_Bar", _Eager)
     monkeypatch.setattr(sys, "stderr", _Gone(writes, error))
     model, reference = linears(copies=1), linears(copies=1)
+    bars = set(tqdm._instances)  # type: ignore[attr-defined]
     report = quantize_model(model, caps=CPU, policy=kp.Policy())  # None: "a terminal"
     assert report == quantize_model(reference, caps=CPU, policy=kp.Policy(), progress=False)
     assert all(_converted(model))
+    # No bar is left registered with tqdm, whose later bars would be drawn below it.
+    assert set(tqdm._instances) == bars  # type: ignore[attr-defined]
 
 
 def test_a_bar_failing_to_close_does_not_hide_why_the_conversion_stopped(
