@@ -100,9 +100,12 @@ def run_minilm(
     batches: Sequence[int] = (1, 32),
     repeats: int = 7,
     cpu_isa: Sequence[str] | None = None,
+    caps: kp.DeviceCaps | None = None,
 ) -> dict[str, Any]:
-    """MiniLM in fp32 and converted for each of ``schemes``, timed at each batch size."""
-    caps = kp.probe("cpu")
+    """MiniLM in fp32 and converted for each of ``schemes``, timed at each batch size, the
+    kernels selected for ``caps`` (this CPU's probe by default: another's facts, such as
+    one without the C++ toolchain, select as that machine would)."""
+    caps = kp.probe("cpu") if caps is None else caps
     if cpu_isa is not None:
         caps = attrs.evolve(caps, arch=CpuArch(platform.machine(), cpu_isa))
     fp32 = load_minilm()
