@@ -88,19 +88,18 @@ def _library_log(err: TextIO) -> Iterator[None]:
     """The library's warnings (a degraded or slow selection) on the command's ``err``, as
     its other diagnostics are, for the command's duration. Without a handler, logging's
     last resort would write them to sys.stderr, which may be closed (``2>&-``) or be the
-    stream a ``--json`` reader was promised only JSON on."""
+    stream a ``--json`` reader was promised only JSON on. Nothing else of the logger's is
+    changed: records still reach an application's own handlers, and overlapping commands
+    (threads) each remove only their own handler."""
     handler = logging.StreamHandler(err)
     handler.setLevel(logging.WARNING)
     handler.setFormatter(logging.Formatter("kernelpick: %(levelname)s: %(message)s"))
     logger = logging.getLogger("kernelpick")
-    propagate = logger.propagate
     logger.addHandler(handler)
-    logger.propagate = False  # the application's own handlers, if any, are not ours to use
     try:
         yield
     finally:
         logger.removeHandler(handler)
-        logger.propagate = propagate
 
 
 class _DevNull(io.StringIO):

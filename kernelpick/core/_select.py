@@ -37,7 +37,7 @@ from kernelpick.core._policy import Policy
 from kernelpick.core._quant import QuantConfig
 from kernelpick.core._reasons import Reason, RejectCode
 from kernelpick.core._specs import Catalog, KernelKind, KernelSpec
-from kernelpick.core._speed import speed_warnings
+from kernelpick.core._speed import speed_warnings, with_tools
 
 __all__ = ["CACHE_SIZE", "cache_info", "choose", "clear_cache", "evaluate", "rule_reasons"]
 
@@ -134,7 +134,11 @@ def _choose(caps: DeviceCaps, config: QuantConfig, policy: Policy, catalog: Cata
 
         return Rejected(decision.trace, hints(caps, config, decision.trace, decide))
     compute = catalog.kernel(decision.kernel).compute
-    warnings = speed_warnings(decision.kernel, compute, decision.trace)
+    better = _decide(with_tools(decision.trace))
+    winner = None
+    if isinstance(better, Selected) and better.kernel != decision.kernel:
+        winner = next(v for v in decision.trace if v.kernel == better.kernel)
+    warnings = speed_warnings(decision.kernel, compute, winner)
     return attrs.evolve(decision, warnings=warnings) if warnings else decision
 
 

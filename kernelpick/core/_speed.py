@@ -6,13 +6,14 @@ The laws:
 1. A catalog row says how its kernel computes (``KernelSpec.compute``): ``NATIVE``, on the
    stored format in one kernel (the device's FP8 or int8 units, or a kernel decoding the
    weight in registers); ``DECODE``, the weight decoded to high precision by separate ops,
-   then a high-precision GEMM; ``EMULATED``, a numerics reference or an op the framework
-   emulates in software on this device.
+   then a high-precision GEMM; ``EMULATED``, a slow path: a numerics reference, or a
+   framework op that emulates the format in software or, measured, runs as slowly.
 2. A selection of an ``EMULATED`` kernel warns (``SpeedCode.EMULATED``).
-3. A selection that passed over a kernel ahead of it in preference order whose only reasons
-   are missing tools (a C++ toolchain, an optional library such as cupy), and which would
-   have won with them (not a degraded kernel passed over for a non-degraded one), warns
-   once per such kernel (``SpeedCode.MISSING_TOOL``), naming what is missing.
+3. A selection that another kernel would win were every missing tool installed (the same
+   decision made again with each missing-tool reason removed: a C++ toolchain, an optional
+   library such as cupy) warns once (``SpeedCode.MISSING_TOOL``), naming that kernel and
+   what it lacks: installing those gets it. Only that kernel: another also turned down for
+   a tool would still lose to it.
 4. Warnings never change a decision, and nothing here is measured: the decision stays pure.
 """
 
@@ -29,7 +30,14 @@ from kernelpick.core._reasons import Reason, RejectCode
 if TYPE_CHECKING:
     from kernelpick.core._decision import Verdict
 
-__all__ = ["MISSING_TOOL_CODES", "Compute", "SpeedCode", "SpeedWarning", "speed_warnings"]
+__all__ = [
+    "MISSING_TOOL_CODES",
+    "Compute",
+    "SpeedCode",
+    "SpeedWarning",
+    "speed_warnings",
+    "with_tools",
+]
 
 
 class Compute(enum.Enum):
@@ -49,7 +57,10 @@ class Compute(enum.Enum):
 _DESCRIPTIONS = {
     Compute.NATIVE: "computes on the stored format in one kernel",
     Compute.DECODE: "decodes the weight to high precision, then runs a high-precision GEMM",
-    Compute.EMULATED: "an emulation (a numerics reference or a software path)",
+    Compute.EMULATED: (
+        "a slow path (a numerics reference, or a framework op that emulates the format in "
+        "software or measured as slowly)"
+    ),
 }
 
 # The reasons that say a tool is missing, not that the kernel cannot serve the layer: the
@@ -107,22 +118,27 @@ class SpeedWarning:
         }
 
 
+def with_tools(trace: tuple[Verdict, ...]) -> tuple[Verdict, ...]:
+    """``trace`` as it would read with every missing tool installed: each verdict without
+    its missing-tool reasons (law 3 decides on it again)."""
+    return tuple(
+        attrs.evolve(v, reasons=tuple(r for r in v.reasons if r.code not in MISSING_TOOL_CODES))
+        for v in trace
+    )
+
+
 def speed_warnings(
-    selected: str, compute: Compute, trace: tuple[Verdict, ...]
+    selected: str, compute: Compute, winner_with_tools: Verdict | None
 ) -> tuple[SpeedWarning, ...]:
-    """The warnings (laws 2 and 3) of selecting ``selected``, which computes as ``compute``,
-    from ``trace``, the verdicts in preference order."""
-    chosen = next(verdict for verdict in trace if verdict.kernel == selected)
+    """The warnings (laws 2 and 3) of selecting ``selected``, which computes as ``compute``;
+    ``winner_with_tools`` is the kernel the same decision picks with every missing tool
+    installed (None when it picks ``selected`` or nothing), as ``trace`` held it."""
     warnings = []
-    for verdict in trace:
-        if verdict is chosen:
-            break
-        codes = {reason.code for reason in verdict.reasons}
-        # A degraded kernel is passed over for a non-degraded one whatever it needs.
-        would_win = not verdict.degraded or chosen.degraded
-        if would_win and codes and codes <= MISSING_TOOL_CODES:
-            missing = tuple(verdict.reasons)
-            warnings.append(SpeedWarning(SpeedCode.MISSING_TOOL, selected, verdict.kernel, missing))
+    if winner_with_tools is not None and winner_with_tools.kernel != selected:
+        missing = tuple(r for r in winner_with_tools.reasons if r.code in MISSING_TOOL_CODES)
+        warnings.append(
+            SpeedWarning(SpeedCode.MISSING_TOOL, selected, winner_with_tools.kernel, missing)
+        )
     if compute is Compute.EMULATED:
         warnings.append(SpeedWarning(SpeedCode.EMULATED, selected))
     return tuple(warnings)

@@ -17,6 +17,7 @@ from kernelpick.integration._errors import (
     ModelConversionError,
     TensorParallelError,
 )
+from kernelpick.integration._log import SELECTIONS_LOGGER
 from kernelpick.integration.checkpoints import (
     CheckpointInfo,
     inspect_checkpoint,
@@ -49,6 +50,7 @@ from kernelpick.integration.layer import (
 
 __all__ = [
     "ONLINE_SCHEMES",
+    "SELECTIONS_LOGGER",
     "CheckpointError",
     "CheckpointFormat",
     "CheckpointInfo",

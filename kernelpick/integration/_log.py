@@ -16,9 +16,10 @@ from collections.abc import Hashable
 
 from kernelpick.core import DEGRADED_NOTE, DeviceCaps, QuantConfig, Selected
 
-__all__ = ["LOGGER", "forget_logged", "log_selection"]
+__all__ = ["LOGGER", "SELECTIONS_LOGGER", "forget_logged", "log_selection"]
 
-LOGGER = logging.getLogger("kernelpick.integration")
+SELECTIONS_LOGGER = "kernelpick.integration"  # the name the package documents
+LOGGER = logging.getLogger(SELECTIONS_LOGGER)
 
 # A model repeats a handful of layer shapes many times (224 layers of 7 shapes), so each
 # (device, config, kernel) is logged once per process to each destination logger.
@@ -70,9 +71,10 @@ def log_selection(
     emulation, a faster kernel turned down for a missing tool), INFO for any other, then
     the full trace at DEBUG."""
     warned = decision.degraded or bool(decision.warnings)
-    summary, trace = _still_to_log(
-        logger, (caps, config, decision.kernel), logging.WARNING if warned else logging.INFO
-    )
+    # The warnings are in the key: the same kernel selected under another policy or catalog
+    # may carry others (a faster kernel turned down for a missing tool), said once each.
+    key = (caps, config, decision.kernel, decision.degraded, decision.warnings)
+    summary, trace = _still_to_log(logger, key, logging.WARNING if warned else logging.INFO)
     where = f" (first at layer {layer!r})" if layer else ""
     if summary and warned:
         notes = ([DEGRADED_NOTE] if decision.degraded else []) + [

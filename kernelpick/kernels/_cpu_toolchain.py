@@ -87,7 +87,7 @@ def toolchain_parts() -> dict[str, bool]:
 @contextlib.contextmanager
 def ninja_on_path() -> Iterator[None]:
     """PATH with the ``ninja`` package's folder at its end while the block runs, where PATH
-    itself has no ninja; restored after.
+    itself has no ninja; the folder is taken off again after.
 
     Appended, so that nothing PATH already finds is shadowed; the process-wide change is
     held only for a build, which holds the build lock.
@@ -96,12 +96,18 @@ def ninja_on_path() -> Iterator[None]:
     if packaged is None:  # on PATH already, or nowhere: torch's own error says so
         yield
         return
-    before = os.environ.get("PATH")
-    os.environ["PATH"] = os.pathsep.join(filter(None, (before, str(Path(packaged).parent))))
+    folder = str(Path(packaged).parent)
+    had_path = "PATH" in os.environ  # unset is not "": lookups then use os.defpath
+    os.environ["PATH"] = os.pathsep.join(filter(None, (os.environ.get("PATH"), folder)))
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop("PATH", None)
-        else:
-            os.environ["PATH"] = before
+        # Only the folder appended goes, where it still is: PATH as another thread left it
+        # during the build (which takes half a minute) otherwise stays as it left it.
+        parts = os.environ.get("PATH", "").split(os.pathsep)
+        if parts and parts[-1] == folder:
+            rest = os.pathsep.join(parts[:-1])
+            if rest or had_path:
+                os.environ["PATH"] = rest
+            else:
+                os.environ.pop("PATH", None)

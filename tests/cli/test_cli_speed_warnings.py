@@ -37,7 +37,7 @@ def test_explain_shows_the_speed_warning(device: str, scheme: str) -> None:
     assert decision.warnings  # an emulation, in every variant
     warnings = [line for line in out.splitlines() if line.startswith("warning: ")]
     assert warnings == [f"warning: {w.render()}" for w in decision.warnings]
-    assert any("is an emulation" in line for line in warnings)
+    assert any("is a slow path" in line for line in warnings)
     if device == "no-toolchain":
         assert any("turned down only for a missing tool" in line for line in warnings)
     status, out, _ = run_cli("explain", "--device", device, "--scheme", scheme, "--json")
@@ -49,3 +49,24 @@ def test_a_full_toolchain_explains_without_warnings() -> None:
     status, out, _ = run_cli("explain", "--device", "cpu", "--scheme", "fp8_per_tensor")
     assert status == 0
     assert "warning:" not in out
+
+
+def test_overlapping_commands_leave_the_library_logger_as_they_found_it() -> None:
+    """Two commands in threads whose runs overlap (A starts, B starts, A ends, B ends):
+    each removes only its own handler, and nothing else of the logger changes, so an
+    application's own handlers still get kernelpick's records."""
+    import contextlib
+    import io
+    import logging
+
+    from kernelpick.cli import _library_log
+
+    logger = logging.getLogger("kernelpick")
+    handlers, propagate = list(logger.handlers), logger.propagate
+    first, second = contextlib.ExitStack(), contextlib.ExitStack()
+    first.enter_context(_library_log(io.StringIO()))
+    second.enter_context(_library_log(io.StringIO()))
+    first.close()
+    second.close()
+    assert logger.handlers == handlers
+    assert logger.propagate is propagate

@@ -126,15 +126,21 @@ def _check_laws(decision: kp.Decision, catalog: kp.Catalog) -> None:
     spec = catalog.kernel(decision.kernel)
     emulated = [w for w in decision.warnings if w.code is SpeedCode.EMULATED]
     assert bool(emulated) == (spec.compute is kp.Compute.EMULATED)
-    ahead = [v.kernel for v in decision.trace[: [v.kernel for v in decision.trace].index(
-        decision.kernel)]]  # fmt: skip
-    chosen = next(v for v in decision.trace if v.kernel == decision.kernel)
-    for warning in decision.warnings:
-        if warning.code is SpeedCode.MISSING_TOOL:
-            assert warning.passed_over in ahead
-            verdict = next(v for v in decision.trace if v.kernel == warning.passed_over)
-            assert {r.code for r in verdict.reasons} <= MISSING_TOOL_CODES
-            assert not verdict.degraded or chosen.degraded
+    # Law 3: the kernel the same decision picks with every missing tool installed, if
+    # another, is named, alone, with exactly its missing-tool reasons.
+    installed = [attrs.evolve(v, reasons=tuple(r for r in v.reasons
+                                               if r.code not in MISSING_TOOL_CODES))
+                 for v in decision.trace]  # fmt: skip
+    ok = [v for v in installed if not v.reasons]
+    winner = next((v for v in ok if not v.degraded), ok[0] if ok else None)
+    named = [w for w in decision.warnings if w.code is SpeedCode.MISSING_TOOL]
+    if winner is None or winner.kernel == decision.kernel:
+        assert not named
+    else:
+        assert [w.passed_over for w in named] == [winner.kernel]
+        before = next(v for v in decision.trace if v.kernel == winner.kernel)
+        assert named[0].reasons == tuple(r for r in before.reasons if r.code in MISSING_TOOL_CODES)
+        assert named[0].reasons
     # Warnings never change the choice: without them it is the plain decision.
     assert attrs.evolve(decision, warnings=()) == kp.Selected(
         decision.kernel, decision.trace, decision.degraded
@@ -149,17 +155,43 @@ def test_speed_warnings_follow_the_rows_and_the_trace(question: Question) -> Non
 
 @PROPERTY_SETTINGS
 @given(caps=caps_variants, scheme=st.sampled_from(list(kp.Scheme)))
-def test_missing_tool_warnings_name_every_tool_only_kernel_that_would_win(
+def test_missing_tool_warnings_name_the_kernel_the_tools_would_get(
     caps: kp.DeviceCaps, scheme: kp.Scheme
 ) -> None:
-    decision = kp.choose(caps, kp.quant_config(scheme, weight_shape=(4096, 4096)))
+    config = kp.quant_config(scheme, weight_shape=(4096, 4096))
+    decision = kp.choose(caps, config)
     _check_laws(decision, kp.default_catalog())
-    if isinstance(decision, kp.Selected):
-        chosen = next(v for v in decision.trace if v.kernel == decision.kernel)
-        named = {w.passed_over for w in decision.warnings}
-        for verdict in decision.trace:
-            if verdict is chosen:
-                break
-            codes = {r.code for r in verdict.reasons}
-            if codes and codes <= MISSING_TOOL_CODES and (not verdict.degraded or chosen.degraded):
-                assert verdict.kernel in named
+    named = [w.passed_over for w in getattr(decision, "warnings", ())
+             if w.code is SpeedCode.MISSING_TOOL]  # fmt: skip
+    if named:  # installing the tools indeed gets that kernel
+        full = attrs.evolve(caps, features=caps.features | {FEATURE_CPP_TOOLCHAIN},
+                            libraries=caps.libraries | {"cupy"})  # fmt: skip
+        with_tools = kp.choose(full, config)
+        assert isinstance(with_tools, kp.Selected)
+        assert with_tools.kernel == named[0]
+
+
+def test_a_second_kernel_missing_the_same_tool_is_not_named() -> None:
+    """Both compiled kernels lack the toolchain; with it, the W8A8 one wins, so only it is
+    named (installing the toolchain does not get the weight-only one)."""
+    policy = kp.Policy(disabled={"cpu_dequant_reference", "cpu_tensorwise_scaled_mm"})
+    decision = kp.choose(NO_TOOLCHAIN, kp.quant_config("fp8_per_tensor", weight_shape=(64, 64)),
+                         policy)  # fmt: skip
+    assert isinstance(decision, kp.Selected)
+    assert [w.passed_over for w in decision.warnings if w.code is SpeedCode.MISSING_TOOL] == [
+        "cpu_fp8_gemm"
+    ]
+
+
+def test_a_better_kernel_after_a_degraded_choice_is_named() -> None:
+    """A degraded choice is a fallback: a non-degraded kernel listed after it, turned down
+    only for the toolchain, would win with it."""
+    w8a16 = kp.KernelSpec("my_w8a16", "cpu", "W8A16")
+    compiled = kp.KernelSpec("my_w8a8", "cpu", "W8A8", (kp.rules.NeedsToolchain(),))
+    catalog = kp.Catalog((w8a16, compiled))
+    config = kp.quant_config("fp8_per_tensor", weight_shape=(64, 64))
+    decision = kp.choose(NO_TOOLCHAIN, config, catalog=catalog)
+    assert isinstance(decision, kp.Selected)
+    assert decision.kernel == "my_w8a16"
+    assert decision.degraded
+    assert [w.passed_over for w in decision.warnings] == ["my_w8a8"]

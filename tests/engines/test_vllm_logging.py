@@ -219,3 +219,18 @@ def test_vllm_serves_logging_prints_the_selection_once() -> None:
                 if 'quantization="fp8_per_tensor"' in line]  # fmt: skip
     assert len(degraded) == 1, degraded
     assert " WARNING " in degraded[0]
+
+
+def test_only_the_selections_logger_is_quieted() -> None:
+    """vLLM's logger carries the selections, so kernelpick.integration's last resort is
+    quieted; kernelpick's other warnings (a build lock waited for, an ISA level that did
+    not compile) still reach stderr where nothing else is configured."""
+    from kernelpick.engines.vllm import _method  # noqa: F401  # the plugin's method, loaded
+    from kernelpick.integration import SELECTIONS_LOGGER
+
+    def quiet(name: str) -> bool:
+        return any(isinstance(h, logging.NullHandler) for h in logging.getLogger(name).handlers)
+
+    assert quiet(SELECTIONS_LOGGER)
+    assert not quiet("kernelpick")
+    assert not quiet("kernelpick.kernels")

@@ -115,6 +115,16 @@ def test_ninja_is_on_path_for_the_build_only(bare_path: Path) -> None:
     assert os.environ["PATH"] == before
 
 
+@needs_both
+def test_a_path_changed_during_the_build_keeps_the_change(bare_path: Path) -> None:
+    """Another thread may change PATH while a build (half a minute) runs: only the folder
+    appended goes after."""
+    before = os.environ["PATH"]
+    with _cpu_toolchain.ninja_on_path():
+        os.environ["PATH"] = os.pathsep.join(["/opt/app/bin", os.environ["PATH"]])
+    assert os.environ["PATH"] == os.pathsep.join(["/opt/app/bin", before])
+
+
 def test_ninja_on_path_leaves_a_path_that_has_one_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -44,6 +44,7 @@ from vllm.model_executor.parameter import (
 
 from kernelpick.core import INTEGER_WEIGHT_ONLY, InvalidValueError, Scheme
 from kernelpick.integration import (
+    SELECTIONS_LOGGER,
     ParallelStyle,
     QuantizedLinearMethod,
     TensorParallel,
@@ -75,13 +76,14 @@ LOGGER = init_logger("vllm.plugins.kernelpick")
 
 
 def _quiet_last_resort() -> None:
-    """Give kernelpick's logger a ``NullHandler``: vLLM's logger carries every selection,
-    and without a handler of its own kernelpick's would hand its WARNING records to
-    logging's last resort, so ``vllm serve`` printed them twice. Records still propagate to
-    any handler the application configures."""
-    root = logging.getLogger("kernelpick")
-    if not any(isinstance(handler, logging.NullHandler) for handler in root.handlers):
-        root.addHandler(logging.NullHandler())
+    """Give the integration's logger, whose selections vLLM's logger carries (below), a
+    ``NullHandler``: without one, its WARNING records went to logging's last resort too, so
+    ``vllm serve`` printed them twice. Only that logger: kernelpick's other warnings (a
+    build lock waited for, an ISA level that did not compile) still reach stderr. Records
+    still propagate to any handler the application configures."""
+    selections = logging.getLogger(SELECTIONS_LOGGER)
+    if not any(isinstance(handler, logging.NullHandler) for handler in selections.handlers):
+        selections.addHandler(logging.NullHandler())
 
 
 _quiet_last_resort()

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import kernelpick as kp
-from kernelpick.core import FEATURE_CPP_TOOLCHAIN
+from kernelpick.core import FEATURE_CPP_TOOLCHAIN, CpuArch
 from kernelpick.integration import (
     ModelConversionError,
     QuantizedLinearMethod,
@@ -131,7 +131,27 @@ def test_a_slow_choice_warns_once_per_device_and_config_with_its_reasons(
     assert message.startswith(f'quantization="{scheme}": {emulation} selected on')
     assert f"{passed_over}, ahead in preference order, was turned down only" in message
     assert "toolchain" in message
-    assert f"{emulation} is an emulation" in message
+    assert f"{emulation} is a slow path" in message
+
+
+def test_the_same_kernel_with_other_warnings_is_logged_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One (device, config, kernel) first selected with no warning (its faster peer
+    disabled by policy), then with one (the peer turned down for a missing tool): the
+    WARNING is not taken as said by the INFO before it."""
+    caplog.set_level(logging.INFO, logger="kernelpick")
+    zen4 = CpuArch("x86_64", {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
+                              "avx512vbmi", "avx512_bf16", "avx512_vnni"})  # fmt: skip
+    caps = attrs.evolve(CPU, arch=zen4, features=CPU.features - {FEATURE_CPP_TOOLCHAIN})
+    for policy in (kp.Policy(disabled={"cpu_int4_gemm"}), kp.Policy()):
+        method = QuantizedLinearMethod("int4_weight_only", caps, policy)
+        method.create_weights(torch.nn.Module(), 256, [64], 256, 64, torch.bfloat16)
+    infos, warnings = _records(caplog, logging.INFO), _records(caplog, logging.WARNING)
+    assert [r.getMessage().split(" selected")[0] for r in infos + warnings] == [
+        'quantization="int4_weight_only": cpu_int4pack_mm'
+    ] * 2
+    assert "cpu_int4_gemm, ahead in preference order" in warnings[0].getMessage()
 
 
 def test_debug_holds_the_full_trace(caplog: pytest.LogCaptureFixture) -> None:
