@@ -3,7 +3,6 @@ its ``model_type`` and ``architectures`` named, and the dtype its weights are st
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,7 @@ import attrs
 
 from kernelpick.core import HIGH_PRECISION, Dtype, UnknownNameError
 from kernelpick.integration import CheckpointError
-from kernelpick.integration.formats import QUANTIZATION_CONFIG
+from kernelpick.integration.formats import QUANTIZATION_CONFIG, read_json_object
 
 __all__ = ["CONFIG_NAME", "ModelConfig", "read_config"]
 
@@ -42,15 +41,6 @@ class ModelConfig:
         return f"{what} ({self.model_type}) from {self.path}"
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    found: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in found:  # json.loads would keep the last silently: read two ways
-            raise ValueError(f"the key {key!r} is given twice")
-        found[key] = value
-    return found
-
-
 def _path(where: str | Path) -> Path:
     path = Path(where)
     return path / CONFIG_NAME if path.is_dir() else path
@@ -61,20 +51,7 @@ def read_config(where: str | Path) -> ModelConfig:
     ``CheckpointError`` names what cannot be read."""
     path = _path(where)
     shown = str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        expected = "a model's config.json (UTF-8 JSON), or a directory holding one"
-        raise CheckpointError(
-            shown, "", f"a file that cannot be read ({error})", expected
-        ) from error
-    try:
-        data = json.loads(text, object_pairs_hook=_unique_keys)
-    except (ValueError, RecursionError) as error:
-        expected = "a model's config.json: one JSON object, each key once"
-        raise CheckpointError(shown, "", f"text that is not JSON ({error})", expected) from error
-    if not isinstance(data, dict):
-        raise CheckpointError(shown, "", type(data).__name__, "one JSON object")
+    data = read_json_object(path, "a model's config.json (one JSON object, each key once)")
     model_type = data.get("model_type")
     if not isinstance(model_type, str) or not model_type:
         expected = "the model's type, as transformers names it (e.g. 'llama')"

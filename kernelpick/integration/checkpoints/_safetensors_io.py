@@ -21,6 +21,7 @@ from safetensors import SafetensorError, safe_open
 
 from kernelpick.integration._errors import CheckpointError
 from kernelpick.integration.checkpoints._atomic_files import Sink
+from kernelpick.integration.formats import read_json_object
 
 __all__ = [
     "ALIASES",
@@ -64,15 +65,8 @@ _NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(str(path), "", "no such file", "a JSON file") from None
-    except (OSError, ValueError) as error:
-        raise CheckpointError(str(path), "", str(error), "a readable JSON file") from error
-    if not isinstance(data, dict):
-        raise CheckpointError(str(path), "", type(data).__name__, "a JSON object")
-    return data
+    """A checkpoint's JSON file (its config, its index), read as untrusted input."""
+    return read_json_object(path, "a checkpoint's JSON file (config.json, an index)")
 
 
 def checkpoint_files(directory: Path) -> dict[Path, set[str] | None]:

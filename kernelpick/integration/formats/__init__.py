@@ -14,6 +14,7 @@ that read a model's own settings.
 """
 
 from kernelpick.integration.formats._head import HEAD_PATTERNS, OUTPUT_HEAD_KEPT, output_heads
+from kernelpick.integration.formats._json_file import MAX_JSON_BYTES, read_json_object
 from kernelpick.integration.formats._layout import (
     QUANTIZATION_CONFIG,
     Layout,
@@ -32,6 +33,7 @@ from kernelpick.integration.formats._read import read_layout
 
 __all__ = [
     "HEAD_PATTERNS",
+    "MAX_JSON_BYTES",
     "OUTPUT_HEAD_KEPT",
     "QUANTIZATION_CONFIG",
     "Layout",
@@ -44,6 +46,7 @@ __all__ = [
     "output_heads",
     "quantization_config",
     "quantized_layers",
+    "read_json_object",
     "read_layout",
     "record",
 ]

@@ -250,7 +250,7 @@ FOUND = {
     "metadata that is not strings": "{'format': 1}",
     "an alias of nothing": "lm_head.weight -> embed.weight, which no file stores",
     "a config that is no object": "list",
-    "a config that is not JSON": "Expecting property name",
+    "a config that is not JSON": "text that is not one JSON object",
     "a quantization_config that is no object": "'fp8'",
     "another quant_method": "'awq'",
     "a dtype no layer computes in": "'int8'",
