@@ -56,7 +56,7 @@ def test_a_file_that_could_be_read_two_ways_or_not_at_all_is_refused_by_name(
 ) -> None:
     path = tmp_path / "config.json"
     make(path)
-    with pytest.raises(CheckpointError, match="config.json") as info:
+    with pytest.raises(CheckpointError, match=r"config\.json") as info:
         read_json_object(path, "a model's config")
     assert found in str(info.value)
 
