@@ -77,6 +77,11 @@ def model_summary(model: torch.nn.Module) -> ModelSummary:
     if len(caps) > 1:
         found = f"layers selected for {sorted(c.name for c in caps)}"
         raise InvalidValueError("model", found, "layers selected for one device")
-    kept = model.__dict__.get(_KEPT, ())
+    # A layer kept by one conversion and quantized by a later one is no longer kept.
+    converted = {
+        name for name, module in model.named_modules(remove_duplicate=False)
+        if find_state(module) is not None
+    }  # fmt: skip
+    kept = [layer for layer in model.__dict__.get(_KEPT, ()) if layer.name not in converted]
     mixed = " + ".join(sorted(schemes))  # a model converted twice may mix them
     return ModelSummary.of(mixed, caps.pop(), layers, kept, tensor_parallel=world)

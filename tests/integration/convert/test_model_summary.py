@@ -72,3 +72,16 @@ def test_the_summary_of_a_loaded_model_is_the_converted_ones(tmp_path: Path) -> 
 def test_a_model_without_kernelpick_layers_is_refused_by_name() -> None:
     with pytest.raises(kp.InvalidValueError, match="a model holding kernelpick layers"):
         model_summary(_model())
+
+
+def test_a_layer_kept_by_one_conversion_and_quantized_by_the_next_is_not_listed_kept() -> None:
+    model = _model()
+    quantize_model(model, "fp8_per_channel", CPU, kp.Policy(), progress=False,
+                   skip=lambda name, _: name.endswith(".1"))  # fmt: skip
+    assert [layer.name for layer in model_summary(model).kept] == ["0.1", "1.1", "2.1"]
+    quantize_model(model, "fp8_per_channel", CPU, kp.Policy(), progress=False)
+    summary = model_summary(model)
+    assert summary.kept == ()
+    assert summary.layers == 6
+    # Each weight counted once: the six layers' high-precision bytes, no kept ones again.
+    assert summary.bytes_before == 3 * (96 * 128 + 128 * 96) * 4
