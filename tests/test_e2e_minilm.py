@@ -87,6 +87,10 @@ def test_minilm_round_trips_through_a_checkpoint_in_a_fresh_process(tmp_path: Pa
     finished = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert finished.returncode == 0, finished.stderr
     assert "37 quantized layer(s)" in finished.stdout
+    # No long silence: each stage is said on stderr as it starts, in order.
+    stages = [line for line in finished.stderr.splitlines() if line.startswith("... ")]
+    assert [line.split()[1] for line in stages][:3] == ["loading", "encoding", "loading"], stages
+    assert any(line.startswith("... comparing") for line in stages), stages
     loaded = load_file(str(out))
     assert torch.equal(loaded["fp8"], saved.embeddings)  # bit-identical, another process
     cosine = torch.nn.functional.cosine_similarity(loaded["fp8"], loaded["fp32"], dim=-1)
