@@ -165,7 +165,7 @@ def read_header(path: Path) -> FileHeader:
         parsed = json.loads(text.decode("utf-8"), object_pairs_hook=_unique)
     except _Duplicate as duplicate:
         raise _refuse(path, duplicate.key, "two entries", "one entry per name") from None
-    except ValueError as error:  # not UTF-8, not JSON
+    except (ValueError, RecursionError) as error:  # not UTF-8, not JSON, nested past the limit
         raise _refuse(path, "header", str(error), "a JSON object in UTF-8") from None
     if not isinstance(parsed, dict):
         raise _refuse(path, "header", type(parsed).__name__, "a JSON object")

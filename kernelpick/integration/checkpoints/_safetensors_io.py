@@ -101,7 +101,7 @@ def read_aliases(path: Path, metadata: Mapping[str, str]) -> dict[str, str]:
     expected = "a JSON object mapping tensor names to tensor names, as save_quantized writes"
     try:
         aliases = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the recursion limit
         aliases = None
     if not isinstance(aliases, dict) or not all(isinstance(v, str) for v in aliases.values()):
         shown = text if len(text) <= 80 else f"{text[:77]}..."

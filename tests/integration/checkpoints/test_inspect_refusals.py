@@ -161,6 +161,7 @@ CASES: list[tuple[str, Callable[[Path], object], str, str]] = [
     ("a header longer than the file", _replaced(_header(_fp8()), length=10**6), W, "header"),
     ("a header that is not JSON", _replaced(b"{"), W, "header"),
     ("a header that is no object", _replaced(b"[1]"), W, "header"),
+    ("a header nested past the recursion limit", _replaced(b"[" * 100_000), W, "header"),
     ("a name twice", _replaced(b'{"t": {"dtype": "I8", "shape": [0], "data_offsets": [0, 0]}, '
                                b'"t": {"dtype": "I8", "shape": [0], "data_offsets": [0, 0]}}'),
      W, "t"),
@@ -181,6 +182,8 @@ CASES: list[tuple[str, Callable[[Path], object], str, str]] = [
      lambda d: _file(d / W, h := _checkpoint(d), _data(h) + b"\0" * 5), W, "data"),
     ("metadata that is not strings",
      _edited(lambda h: h.update(__metadata__={"format": 1})), W, "__metadata__"),
+    ("aliases nested past the recursion limit", _edited(lambda h: h.update(__metadata__={
+        "kernelpick.aliases": "[" * 100_000 + "]" * 100_000})), W, "kernelpick.aliases"),
     ("an alias of nothing", _edited(lambda h: h.update(__metadata__={
         "kernelpick.aliases": json.dumps({"lm_head.weight": "embed.weight"})})), "",
      "kernelpick.aliases"),
@@ -238,6 +241,8 @@ FOUND = {
     "a header longer than the file": "a header of 1000000 bytes in a file of",
     "a header that is not JSON": "Expecting property name",
     "a header that is no object": "list",
+    "a header nested past the recursion limit": "maximum recursion depth exceeded",
+    "aliases nested past the recursion limit": "'[[[",
     "a name twice": "two entries",
     "a dtype it does not know": "dtype 'F4'",
     "a shape of a negative extent": "shape [-2, 8]",
