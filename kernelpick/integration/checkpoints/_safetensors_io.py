@@ -71,19 +71,30 @@ def read_json(path: Path) -> dict[str, Any]:
 
 def checkpoint_files(directory: Path) -> dict[Path, set[str] | None]:
     """Each safetensors file of a checkpoint, with the keys to take from it: one
-    ``model.safetensors`` (all of its keys), or the shards its index maps each key to."""
+    ``model.safetensors`` (all of its keys), or the shards its index maps each key to.
+
+    A directory holding both is refused unless the index maps every key to
+    ``model.safetensors``: vLLM reads the shards an index names, other readers the single
+    file, so the two would be read as two checkpoints."""
     single, index = directory / WEIGHTS_NAME, directory / INDEX_NAME
-    if single.is_file():
-        return {single: None}
     if not index.is_file():
+        if single.is_file():
+            return {single: None}
         raise CheckpointError(str(directory), WEIGHTS_NAME, "no such file", "safetensors")
     weight_map = read_json(index).get("weight_map")
     if not isinstance(weight_map, dict):
         raise CheckpointError(str(index), "weight_map", repr(weight_map), "a mapping")
     files: dict[str, set[str]] = {}
+    beside = single.is_file()
     for key, name in weight_map.items():
         if not isinstance(name, str) or Path(name).name != name:
             raise CheckpointError(str(index), key, repr(name), "a file name in this directory")
+        if name != WEIGHTS_NAME and beside:
+            raise CheckpointError(
+                str(index), key, f"{name}, beside a {WEIGHTS_NAME} it does not name",
+                f"one checkpoint: {WEIGHTS_NAME} alone, or the index and the shards it names "
+                f"(vLLM reads the shards, other readers {WEIGHTS_NAME}); remove the stale one",
+            )  # fmt: skip
         keys = files.get(name)
         if keys is None:  # a new shard: one look for it, however many keys it holds
             if not (directory / name).is_file():

@@ -492,6 +492,23 @@ def test_an_index_is_followed_and_a_key_it_lists_must_be_in_its_file(tmp_path: P
         load_quantized(_model(seed=1), tmp_path, CPU, kp.Policy())
 
 
+def test_a_single_file_beside_an_index_naming_other_shards_is_refused(tmp_path: Path) -> None:
+    """vLLM reads the shards the index names, other readers model.safetensors: two
+    checkpoints in one directory, unless the index names the single file alone."""
+    model = _saved(tmp_path)
+    tensors = safetensors.torch.load_file(str(tmp_path / "model.safetensors"))
+    safetensors.torch.save_file(tensors, str(tmp_path / "a.safetensors"))
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": dict.fromkeys(tensors, "a.safetensors")}))
+    with pytest.raises(CheckpointError, match=r"index\.json: .*beside a model\.safetensors"):
+        load_quantized(_model(seed=1), tmp_path, CPU, kp.Policy())
+    index.write_text(json.dumps({"weight_map": dict.fromkeys(tensors, "model.safetensors")}))
+    skeleton = _model(seed=1)
+    load_quantized(skeleton, tmp_path, CPU, kp.Policy())
+    x = torch.randn(3, 64)
+    assert torch.equal(_run_layers(skeleton, x), _run_layers(model, x))
+
+
 @pytest.mark.parametrize(("value", "skeleton", "named"), [
     (1e6, torch.float16, "values out of range of float16"),
     (float("nan"), torch.float32, "NaN or Inf"),

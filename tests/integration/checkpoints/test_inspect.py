@@ -180,6 +180,16 @@ def test_a_sharded_checkpoint_reads_each_shard_and_totals_them(tmp_path: Path) -
     assert record["kept"] == whole["kept"]
 
 
+def test_an_index_naming_model_safetensors_alone_agrees_with_it(tmp_path: Path) -> None:
+    _saved(tmp_path, "fp8_per_channel", {})
+    whole = inspect_checkpoint(tmp_path).to_dict()
+    with safetensors.safe_open(str(tmp_path / "model.safetensors"), framework="pt") as file:
+        keys = list(file.keys())  # noqa: SIM118 (safe_open is no mapping)
+    index = {"weight_map": dict.fromkeys(keys, "model.safetensors")}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert inspect_checkpoint(tmp_path).to_dict() == whole
+
+
 def _expected(info: CheckpointInfo, caps: kp.DeviceCaps, name: str) -> kp.Decision:
     """kp.choose for the layer, with its config built here from the reported settings."""
     q = info.to_dict()["quantization"]

@@ -141,6 +141,14 @@ def _sharded(weight_map: object, shards: dict[str, Tensors]) -> Callable[[Path],
     return build
 
 
+def _beside_an_index(directory: Path) -> None:
+    """model.safetensors, and an index naming a shard that holds other tensors."""
+    _checkpoint(directory)
+    _file(directory / A, _header({**_fp8(), "layer.weight_scale": ("F32", [4, 2])}))
+    weight_map = dict.fromkeys(_fp8(), A)
+    (directory / INDEX).write_text(json.dumps({"weight_map": weight_map}))
+
+
 def _qconfig(**changes: object) -> Callable[[Path], None]:
     def build(directory: Path) -> None:
         _checkpoint(directory)
@@ -207,6 +215,8 @@ CASES: list[tuple[str, Callable[[Path], object], str, str]] = [
                                                  {A: {"layer.weight": ("F8_E4M3", [4, 8])}}),
      INDEX, "head.weight"),
     ("an index that maps nothing", _sharded([], {}), INDEX, "weight_map"),
+    ("a model.safetensors beside an index naming another shard", _beside_an_index, INDEX,
+     "layer.weight"),
     ("an index listing a tensor its shard lacks",
      _sharded({"layer.weight": A, "layer.weight_scale": A, "head.weight": A},
               {A: HALF}), A, "tensors"),
@@ -263,6 +273,8 @@ FOUND = {
     "a format_version it does not know": "2",
     "an index naming a missing shard": "b.safetensors, no such file",
     "an index that maps nothing": "[]",
+    "a model.safetensors beside an index naming another shard":
+        "a.safetensors, beside a model.safetensors it does not name",
     "an index listing a tensor its shard lacks": "none for head.weight",
     "a shard holding a tensor the index maps to another": "a tensor the index maps to another",
     "a scale without its weight": "nothing",
