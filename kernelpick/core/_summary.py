@@ -9,7 +9,7 @@ names in; counts, bytes, ``render()`` and ``to_dict()`` out.
 Bytes are the checkpoint's: a quantized layer's weight and its scales (and zero points,
 ``g_idx``, a static input scale), against the same weight in its high-precision
 ``input_dtype``; a layer kept in high precision counts the same on both sides. Weights no
-kernel is chosen for (MoE experts stored as 3-D parameters: ``UncoveredWeights``) are
+kernel is chosen for (MoE experts, which vLLM runs in FusedMoE: ``UncoveredWeights``) are
 listed apart, with their bytes, and counted in neither total: the totals are what the
 decisions cover.
 """
@@ -124,7 +124,7 @@ class KeptLayer:
 @attrs.frozen
 class UncoveredWeights:
     """Weights of a model that are no linear layer kernelpick chooses for (MoE experts
-    stored as 3-D parameters): the modules holding them (``names``), how many elements
+    vLLM runs in FusedMoE): the modules holding them (``names``), how many elements
     they hold in all, bytes per element, and why they are not covered."""
 
     names: tuple[str, ...] = attrs.field(converter=_names)

@@ -5,8 +5,9 @@
   built on the meta device (shapes, no weights; never a checkpoint's own code): q/k/v,
   gate/up and DeepSeek's q_a/kv_a fused by one table, each split over the
   tensor-parallel ranks as vLLM splits it, the layers vLLM keeps in high precision (the
-  output head, MoE routers, BERT's pooler) and the weights that are no linear layer (MoE
-  experts stored as 3-D parameters) apart.
+  output head, MoE routers, BERT's pooler) and the weights no linear method runs (MoE
+  experts, as 3-D parameters or one ``nn.Linear`` per expert: vLLM runs them in FusedMoE)
+  apart.
 - ``plan_model``: each layer's ``QuantConfig`` under a scheme or the checkpoint's own
   ``quantization_config``, refused where loading would refuse it, and a
   ``kernelpick.core.ModelSummary`` of the decisions per device.

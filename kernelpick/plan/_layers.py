@@ -1,6 +1,6 @@
 """A model's linear layers as vLLM builds them, from transformers' modules on the meta
 device: fused by ``FUSED``, split by their ``Split`` over the tensor-parallel ranks, the
-ones vLLM keeps in high precision apart, and the weights that are no linear layer."""
+ones vLLM keeps in high precision apart, and the MoE experts vLLM runs in FusedMoE."""
 
 from __future__ import annotations
 
@@ -11,17 +11,20 @@ import attrs
 import torch
 
 from kernelpick.core import InvalidValueError, KeptLayer, UncoveredWeights, positive_int
-from kernelpick.integration.formats import OUTPUT_HEAD_KEPT, output_heads
+from kernelpick.integration.formats import (
+    EXPERT_LINEARS,
+    FUSED_MOE,
+    OUTPUT_HEAD_KEPT,
+    experts_module,
+    output_heads,
+)
 from kernelpick.plan._config import ModelConfig, read_config
 from kernelpick.plan._meta import meta_model
 from kernelpick.plan._table import FUSED, KEPT, ROUTER_KEPT, Heads, Part, Split, part, split_of
 
 __all__ = ["EXPERTS", "Linear", "ModelLayers", "linear_layers"]
 
-EXPERTS = (
-    "MoE experts stored as 3-D parameters, not nn.Linear layers: vLLM runs them in "
-    "FusedMoE, which takes no linear method, so kernelpick chooses no kernel for them"
-)
+EXPERTS = f"MoE experts stored as 3-D parameters, not nn.Linear layers: {FUSED_MOE}"
 
 
 @attrs.frozen
@@ -45,7 +48,7 @@ class Linear:
 class ModelLayers:
     """A model's linear layers on one of ``tensor_parallel`` ranks: those a quantization
     applies to (``layers``), those vLLM keeps in high precision whatever it is (``kept``),
-    the weights that are no linear layer (``uncovered``), and each member's module (what a
+    the MoE experts it runs in FusedMoE (``uncovered``), and each member's module (what a
     checkpoint's layout matches its patterns against)."""
 
     config: ModelConfig
@@ -122,6 +125,7 @@ def linear_layers(where: str | Path | ModelConfig, tensor_parallel: int = 1) -> 
     linears: dict[str, torch.nn.Linear] = {}
     kept: list[KeptLayer] = []
     experts: list[tuple[str, int]] = []
+    expert_linears: dict[str, int] = {}  # each experts module's weights
     for name, module in model.named_modules():
         # A model's own module with 3-D weights holds experts; torch's (convolutions) do not.
         own = not type(module).__module__.startswith("torch.")
@@ -136,7 +140,11 @@ def linear_layers(where: str | Path | ModelConfig, tensor_parallel: int = 1) -> 
             shape = _part(name, style, [n], k, ranks, head_count)
             kept.append(KeptLayer(name, (sum(shape.sizes), shape.k), itemsize, reason))
         elif isinstance(module, torch.nn.Linear):
-            linears[name] = module
+            held = experts_module(name)
+            if held is None:
+                linears[name] = module
+            else:  # one expert's: vLLM runs it in FusedMoE
+                expert_linears[held] = expert_linears.get(held, 0) + module.weight.numel()
     layers = []
     for name, members, split in _groups(linears):
         shards = [linears[m].out_features for m in members]
@@ -148,8 +156,8 @@ def linear_layers(where: str | Path | ModelConfig, tensor_parallel: int = 1) -> 
         bias = any(linears[m].bias is not None for m in members)
         layers.append(Linear(name, members, split,
                              _part(name, split, shards, k, ranks, head_count), bias))  # fmt: skip
-    uncovered: tuple[UncoveredWeights, ...] = ()
-    if experts:
-        names = tuple(name for name, _ in experts)
-        uncovered = (UncoveredWeights(names, sum(n for _, n in experts), itemsize, EXPERTS),)
-    return ModelLayers(config, ranks, tuple(layers), tuple(kept), uncovered, dict(linears))
+    uncovered = []
+    for held, reason in ((dict(experts), EXPERTS), (expert_linears, EXPERT_LINEARS)):
+        if held:
+            uncovered.append(UncoveredWeights(tuple(held), sum(held.values()), itemsize, reason))
+    return ModelLayers(config, ranks, tuple(layers), tuple(kept), tuple(uncovered), dict(linears))

@@ -8,18 +8,20 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("transformers")
 
 from kernelpick.core import InvalidValueError
 from kernelpick.integration import CheckpointError
-from kernelpick.integration.formats import OUTPUT_HEAD_KEPT
+from kernelpick.integration.formats import EXPERT_LINEARS, OUTPUT_HEAD_KEPT
 from kernelpick.plan import (
     EXPERTS,
     KEPT,
     ROUTER_KEPT,
     Split,
     TransformersUnavailableError,
+    _layers,
     linear_layers,
 )
 from tests.support.model_configs import CONFIGS, fixture_data, small_llama, write_config
@@ -115,6 +117,34 @@ def test_bert_fuses_query_key_value_and_keeps_its_pooler() -> None:
                       "attention.output.dense": Split.ROW,
                       "intermediate.dense": Split.COLUMN, "output.dense": Split.ROW}  # fmt: skip
     assert [(k.name, k.reason) for k in layers.kept] == [("pooler.dense", KEPT["pooler.dense"])]
+
+
+def _mlp(k: int, n: int) -> torch.nn.ModuleDict:
+    linear = torch.nn.Linear
+    return torch.nn.ModuleDict(
+        {"gate_proj": linear(k, n), "up_proj": linear(k, n), "down_proj": linear(n, k)}
+    )
+
+
+def test_experts_built_one_linear_each_are_not_covered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model whose experts are an nn.Linear each (as transformers built them before 5,
+    and as checkpoints store them): vLLM runs them in FusedMoE all the same."""
+    with torch.device("meta"):
+        moe = torch.nn.ModuleDict({"experts": torch.nn.ModuleList([_mlp(64, 32) for _ in range(4)]),
+                                   "shared_expert": _mlp(64, 96)})  # fmt: skip
+        model = torch.nn.ModuleDict({"model": torch.nn.ModuleDict(
+            {"layers": torch.nn.ModuleList([torch.nn.ModuleDict({"mlp": moe})])})})  # fmt: skip
+    monkeypatch.setattr(_layers, "meta_model", lambda config: model)
+    layers = linear_layers(write_config(tmp_path, small_llama()))
+    mlp = "model.layers.0.mlp"
+    assert [layer.name for layer in layers.layers] == [
+        f"{mlp}.shared_expert.gate_up_proj", f"{mlp}.shared_expert.down_proj",
+    ]  # fmt: skip
+    (experts,) = layers.uncovered
+    assert (experts.names, experts.reason) == ((f"{mlp}.experts",), EXPERT_LINEARS)
+    assert experts.elements == 4 * 3 * 64 * 32
 
 
 def test_without_transformers_the_refusal_names_the_extra(

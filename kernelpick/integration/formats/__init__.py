@@ -7,6 +7,9 @@ that read a model's own settings.
   ``save_quantized`` writes) or ``fine_grained_fp8`` (transformers' FineGrainedFP8).
 - ``check_e8m0_dtype``: a file header's refusal of a tensor that cannot be an E8M0 scale
   (mxfp8's ``weight_scale``, stored as its uint8 bytes: ``kernelpick.kernels.E8M0_STORED``).
+- What a module is from its name alone (a checkpoint's headers): ``experts_module``, the
+  MoE experts vLLM runs in FusedMoE (``FUSED_MOE``), which ``kernelpick plan`` reads too;
+  ``stand_in``, the module a stored weight is read as (an embedding, a router, a linear).
 - ``modules_to_not_convert``: transformers' pattern rule (``check_patterns``, ``kept``),
   the one rule every engine applies; the output head's one default (``output_heads``).
 - A model's quantization config: ``quantization_config``, ``record`` (what
@@ -28,19 +31,32 @@ from kernelpick.integration.formats._model_config import (
     quantized_layers,
     record,
 )
+from kernelpick.integration.formats._module_names import (
+    EMBEDDINGS,
+    EXPERT_LINEARS,
+    FUSED_MOE,
+    ROUTERS,
+    experts_module,
+    stand_in,
+)
 from kernelpick.integration.formats._patterns import check_patterns, kept
 from kernelpick.integration.formats._read import read_layout
 
 __all__ = [
+    "EMBEDDINGS",
+    "EXPERT_LINEARS",
+    "FUSED_MOE",
     "HEAD_PATTERNS",
     "MAX_JSON_BYTES",
     "OUTPUT_HEAD_KEPT",
     "QUANTIZATION_CONFIG",
+    "ROUTERS",
     "Layout",
     "Stored",
     "check_e8m0_dtype",
     "check_one_config",
     "check_patterns",
+    "experts_module",
     "fp32_modules",
     "kept",
     "output_heads",
@@ -49,4 +65,5 @@ __all__ = [
     "read_json_object",
     "read_layout",
     "record",
+    "stand_in",
 ]

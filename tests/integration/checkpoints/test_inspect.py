@@ -184,7 +184,7 @@ def test_an_index_naming_model_safetensors_alone_agrees_with_it(tmp_path: Path) 
     _saved(tmp_path, "fp8_per_channel", {})
     whole = inspect_checkpoint(tmp_path).to_dict()
     with safetensors.safe_open(str(tmp_path / "model.safetensors"), framework="pt") as file:
-        keys = list(file.keys())  # noqa: SIM118 (safe_open is no mapping)
+        keys = list(file.keys())
     index = {"weight_map": dict.fromkeys(keys, "model.safetensors")}
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
     assert inspect_checkpoint(tmp_path).to_dict() == whole

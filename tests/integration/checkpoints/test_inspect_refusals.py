@@ -273,8 +273,7 @@ FOUND = {
     "a format_version it does not know": "2",
     "an index naming a missing shard": "b.safetensors, no such file",
     "an index that maps nothing": "[]",
-    "a model.safetensors beside an index naming another shard":
-        "a.safetensors, beside a model.safetensors it does not name",
+    "a model.safetensors beside an index naming another shard": "a.safetensors, beside a",
     "an index listing a tensor its shard lacks": "none for head.weight",
     "a shard holding a tensor the index maps to another": "a tensor the index maps to another",
     "a scale without its weight": "nothing",
