@@ -23,13 +23,11 @@ import attrs
 import torch
 
 from kernelpick.core import (
-    HIGH_PRECISION,
     INTEGER_WEIGHT_ONLY,
     Dtype,
     KeptLayer,
     KernelpickError,
     QuantConfig,
-    UnknownNameError,
 )
 from kernelpick.integration._errors import CheckpointError
 from kernelpick.integration.checkpoints._headers import (
@@ -45,7 +43,7 @@ from kernelpick.integration.checkpoints._safetensors_io import (
     checkpoint_files,
     read_aliases,
 )
-from kernelpick.integration.formats import Layout
+from kernelpick.integration.formats import Layout, config_dtype
 from kernelpick.integration.layer import SHAPE_NAME, LayerPlan, Recipe
 
 __all__ = [
@@ -209,24 +207,13 @@ def kept_layers(
 
 
 def activation_dtype(where: Path, config: dict[str, Any]) -> tuple[Dtype, str]:
-    """The layers' activation dtype, as config.json states it (transformers writes ``dtype``,
-    before 4.56 ``torch_dtype``), and where it came from."""
-    stated = {key: config[key] for key in ("dtype", "torch_dtype") if config.get(key) is not None}
-    if not stated:
+    """The layers' activation dtype, as config.json states it (``formats.config_dtype``),
+    and where it came from."""
+    stated = config_dtype(str(where), config)
+    if stated is None:
         return Dtype.BFLOAT16, "assumed: config.json states no dtype"
-    if len({str(value) for value in stated.values()}) > 1:
-        raise CheckpointError(str(where), "dtype/torch_dtype", repr(stated), "one dtype")
-    key, value = next(iter(stated.items()))
-    try:
-        parsed: Dtype | None = Dtype.parse(value)
-    except UnknownNameError:
-        parsed = None
-    if parsed is None or parsed not in HIGH_PRECISION:
-        valid = ", ".join(sorted(d.value for d in HIGH_PRECISION))
-        raise CheckpointError(
-            str(where), key, repr(value), f"one of {valid}: the dtype the layers compute in"
-        )
-    return parsed, f"config.json's {key}"
+    key, dtype = stated
+    return dtype, f"config.json's {key}"
 
 
 def read_stored(root: Path) -> tuple[Stored, tuple[FileHeader, ...]]:
