@@ -25,7 +25,8 @@ from tests.support.written_checkpoints import written_by_compressed_tensors
 
 
 def _saved(directory: Path, scheme: str, **settings: Any) -> Path:
-    model = llama(seed=0)
+    """The tiny Llama in bfloat16, as deployed, quantized and saved (with its dtype)."""
+    model = llama(seed=0, dtype=torch.bfloat16)
     quantize_model(model, scheme, kp.device_profile("cpu"), kp.Policy(), **settings)
     save_quantized(model, directory)
     return directory

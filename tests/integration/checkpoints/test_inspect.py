@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import safetensors
 import safetensors.torch
@@ -65,9 +66,12 @@ def _read_tallies(directory: Path) -> dict[str, dict[str, dict[str, int]]]:
     return found
 
 
-def _saved(directory: Path, scheme: str, settings: dict[str, Any]) -> dict[str, tuple[int, int]]:
-    """The tiny Llama saved by save_quantized; its linears' (N, K) before quantization."""
-    model = llama(seed=0)
+def _saved(
+    directory: Path, scheme: str, settings: dict[str, Any], dtype: torch.dtype = torch.float32
+) -> dict[str, tuple[int, int]]:
+    """The tiny Llama in ``dtype`` saved by save_quantized; its linears' (N, K) before
+    quantization."""
+    model = llama(seed=0, dtype=dtype)
     shapes = _linears(model)
     quantize_model(model, scheme, CPU, kp.Policy(), **settings)
     save_quantized(model, directory)
@@ -89,7 +93,8 @@ def test_a_checkpoint_save_quantized_wrote_is_reported_as_its_files_hold_it(
     assert quantization["scheme"] == scheme
     assert {key: quantization[key] for key in reported} == reported
     assert quantization["ignore"] == ["lm_head"]
-    assert quantization["activation_dtype"] == "bfloat16"  # config.json states none
+    assert quantization["activation_dtype"] == "float32"  # the dtype save_quantized wrote
+    assert quantization["activation_dtype_source"] == "config.json's dtype"
     tallies = _read_tallies(tmp_path)
     assert {f["name"]: f["by_dtype"] for f in record["files"]} == tallies
     assert record["total"]["bytes"] == sum(
@@ -208,12 +213,12 @@ def test_on_a_device_each_layer_gets_what_choose_decides_for_it(
     tmp_path: Path, scheme: str, settings: dict[str, Any], reported: dict[str, Any],
     caps: kp.DeviceCaps,
 ) -> None:  # fmt: skip
-    shapes = _saved(tmp_path, scheme, settings)
+    shapes = _saved(tmp_path, scheme, settings, torch.bfloat16)  # as deployed
     info = inspect_checkpoint(tmp_path, caps)
     summary = info.summary
     assert summary is not None
     assert summary.layers == len(info.layers) == 14
-    assert summary.kept == (HEAD,)
+    assert summary.kept == (attrs.evolve(HEAD, itemsize=2),)
     for group in summary.groups:
         for name in group.names:
             assert group.decision == _expected(info, caps, name), name
