@@ -38,11 +38,12 @@ from kernelpick.integration.checkpoints._found_layers import (
     QuantizedLayer,
     activation_dtype,
     kept_layers,
+    located_layers,
     quantized_layers,
-    read_stored,
 )
 from kernelpick.integration.checkpoints._safetensors_io import read_json
 from kernelpick.integration.checkpoints._save_load import CONFIG_NAME
+from kernelpick.integration.checkpoints._stored import read_stored
 from kernelpick.integration.formats import QUANTIZATION_CONFIG, Layout, read_layout
 from kernelpick.integration.formats import compressed_tensors as ct
 from kernelpick.integration.formats import kernelpick_v1 as v1
@@ -176,8 +177,9 @@ class CheckpointInfo:
         if layout is None:
             return cls(str(root), None, None, "", files, (), (), aliases)
         dtype, source = activation_dtype(config_path, config)
-        layers = quantized_layers(layout, stored, dtype)
-        kept = kept_layers(layout, stored, layers)
+        located = located_layers(layout, stored)
+        kept = kept_layers(layout, stored, located)
+        layers = quantized_layers(layout, located, dtype)
         return cls(str(root), layout, dtype, source, files, layers, kept, aliases)
 
     def on(self, caps: DeviceCaps, policy: Policy | None = None) -> CheckpointInfo:

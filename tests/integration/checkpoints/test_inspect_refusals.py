@@ -203,10 +203,11 @@ CASES: list[tuple[str, Callable[[Path], object], str, str]] = [
      _written(lambda d: _config(d, "fp8")), "config.json", "quantization_config"),
     ("another quant_method", _qconfig(quant_method="awq"), "config.json", "quant_method"),
     ("a dtype no layer computes in",
-     _written(lambda d: _config(d, compressed_tensors.to_config(Scheme.FP8_PER_CHANNEL, []),
-                                dtype="int8")), "config.json", "dtype"),
+     _written(lambda d: _config(d, compressed_tensors.to_config(Scheme.FP8_PER_CHANNEL,
+                                                                ["head"]), dtype="int8")),
+     "config.json", "dtype"),
     ("two dtypes", _written(lambda d: _config(
-        d, compressed_tensors.to_config(Scheme.FP8_PER_CHANNEL, []), dtype="bfloat16",
+        d, compressed_tensors.to_config(Scheme.FP8_PER_CHANNEL, ["head"]), dtype="bfloat16",
         torch_dtype="float16")), "config.json", "dtype/torch_dtype"),
     ("a format_version it does not know",
      _written(lambda d: _config(d, {**LEGACY, "format_version": 2})), "config.json",
@@ -231,6 +232,13 @@ CASES: list[tuple[str, Callable[[Path], object], str, str]] = [
         {**_fp8(), "layer.weight": ("F8_E4M3", [32])}))), W, "layer.weight"),
     ("a scale for a module the config ignores",
      lambda d: _checkpoint(d, ignore=["layer"]), W, "layer.weight_scale"),
+    ("a scale for a module the config does not quantize", lambda d: _checkpoint(d, {
+        **_fp8(), "embed_tokens.weight": ("F32", [2, 8]),
+        "embed_tokens.weight_scale": ("F32", [2, 1])}), W, "embed_tokens.weight_scale"),
+    ("a module the config quantizes stored without its scale", lambda d: _checkpoint(
+        d, {**_fp8(), "other.weight": ("F32", [2, 8])}), W, "other.weight"),
+    ("a kept module whose weight is FP8", lambda d: _checkpoint(
+        d, {**_fp8(), "head.weight": ("F8_E4M3", [2, 8])}), W, "head.weight"),
     ("a pack-quantized layer without weight_shape", lambda d: _int4_checkpoint(
         d, {k: v for k, v in _int4().items() if k != "layer.weight_shape"}), "",
      "layer.weight_shape"),
@@ -280,6 +288,11 @@ FOUND = {
     "a quantized weight of another dtype": "I8 [4, 8]",
     "a weight that is not 2-D": "shape [32]",
     "a scale for a module the config ignores": "a scale for a module the config keeps",
+    "a scale for a module the config does not quantize": (
+        "a scale for a module the config does not quantize, read by its name as an nn.Embedding"
+    ),
+    "a module the config quantizes stored without its scale": "F32 [2, 8], and no weight_scale",
+    "a kept module whose weight is FP8": "F8_E4M3 [2, 8], and no weight_scale",
     "a pack-quantized layer without weight_shape": "nothing",
     "a weight_shape of another dtype": "F32 [2]",
     "a weight_shape of zeros": "[0, 0]",
