@@ -1,5 +1,5 @@
 """What a checkpoint's stored tensors (``_stored``) show, for ``inspect``: its quantized
-layers, the layers it keeps in high precision, and the activations' dtype.
+layers and the layers it keeps in high precision.
 
 Each module is decided by its layout's own rule, ``Layout.role``, as ``load_quantized``
 decides it, the module read as its name says (``formats.stand_in``: an embedding, an MoE
@@ -19,9 +19,6 @@ reason, its weight a high-precision float, as loading requires.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
 import attrs
 import torch
 
@@ -36,13 +33,12 @@ from kernelpick.integration._errors import CheckpointError
 from kernelpick.integration.checkpoints._headers import FileHeader, TensorEntry, read_ints
 from kernelpick.integration.checkpoints._safetensors_io import DTYPES
 from kernelpick.integration.checkpoints._stored import Stored
-from kernelpick.integration.formats import Layout, config_dtype, experts_module, stand_in
+from kernelpick.integration.formats import Layout, experts_module, stand_in
 from kernelpick.integration.layer import SHAPE_NAME, LayerPlan, Recipe
 
 __all__ = [
     "Located",
     "QuantizedLayer",
-    "activation_dtype",
     "kept_layers",
     "located_layers",
     "quantized_layers",
@@ -249,13 +245,3 @@ def kept_layers(
         n, k = entry.shape
         kept.append(KeptLayer(prefix, (n, k), dtype.itemsize, role))
     return tuple(kept)
-
-
-def activation_dtype(where: Path, config: dict[str, Any]) -> tuple[Dtype, str]:
-    """The layers' activation dtype, as config.json states it (``formats.config_dtype``),
-    and where it came from."""
-    stated = config_dtype(str(where), config)
-    if stated is None:
-        return Dtype.BFLOAT16, "assumed: config.json states no dtype"
-    key, dtype = stated
-    return dtype, f"config.json's {key}"

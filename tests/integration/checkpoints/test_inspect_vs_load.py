@@ -1,6 +1,7 @@
 """inspect says, from the headers alone, what load_quantized does with the same checkpoint:
 each module decided by its layout's rule (the kept layers, with load's reasons; a module the
-config quantizes stored without its scale refused by both)."""
+config quantizes stored without its scale refused by both), and the layers' configs made in
+the dtype load computes in (the config's, else the stored high-precision tensors' one)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import safetensors.torch
 import torch
 
 import kernelpick as kp
-from kernelpick.core import ModelSummary
+from kernelpick.core import Dtype, ModelSummary
 from kernelpick.integration import (
     CheckpointError,
     inspect_checkpoint,
@@ -22,7 +23,7 @@ from kernelpick.integration import (
     quantize_model,
     save_quantized,
 )
-from tests.support.tiny_llama import llama
+from tests.support.tiny_llama import edit_config, llama
 from tests.support.written_checkpoints import finegrained_fp8_checkpoint
 
 CPU = kp.device_profile("cpu")
@@ -62,7 +63,28 @@ def test_a_finegrained_fp8_checkpoint_keeps_the_linears_stored_without_a_scale(
     assert info.summary.layers + len(kept) == 14  # every linear but the tied head
     loaded = _loaded(tmp_path, torch.float32, 192)
     del loaded["kept"]["lm_head"]  # tied to the embedding and stored once: no header shows it
-    assert _by_name(info.summary)["kept"] == loaded["kept"]
+    inspected = _by_name(info.summary)
+    assert (inspected["layers"], inspected["kept"]) == (loaded["layers"], loaded["kept"])
+
+
+@pytest.mark.parametrize("scheme", ["fp8_per_channel", "int4_weight_only"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("stated", [True, False], ids=["stated", "inferred"])
+def test_a_saved_checkpoint_inspects_as_it_loads_in_its_dtype(
+    tmp_path: Path, scheme: str, dtype: torch.dtype, stated: bool
+) -> None:
+    model = llama(seed=0, intermediate=256, dtype=dtype)
+    quantize_model(model, scheme, CPU, kp.Policy())
+    save_quantized(model, tmp_path)
+    if not stated:  # as a checkpoint another tool wrote
+        edit_config(tmp_path, lambda config: config.pop("dtype"))
+    info = inspect_checkpoint(tmp_path, CPU)
+    assert info.dtype == Dtype.parse(dtype)
+    assert info.dtype_source.startswith(
+        "config.json's dtype" if stated else "config.json states none"
+    )
+    assert info.summary is not None
+    assert _by_name(info.summary) == _loaded(tmp_path, dtype, 256)
 
 
 def test_a_module_the_config_quantizes_stored_without_its_scale_is_refused_as_load_does(
