@@ -39,6 +39,7 @@ from kernelpick.integration.layer import SHAPE_NAME, LayerPlan, Recipe
 __all__ = [
     "Located",
     "QuantizedLayer",
+    "Roles",
     "kept_layers",
     "located_layers",
     "quantized_layers",
@@ -130,17 +131,23 @@ def scaled_modules(layout: Layout, stored: Stored) -> dict[str, str]:
     return {name.removesuffix(suffix): name for name in stored.entries if name.endswith(suffix)}
 
 
-class _Roles:
-    """Each module's role by the layout's rule, as loading decides it (see the module)."""
+@attrs.frozen
+class Roles:
+    """Each module's role in a checkpoint by its ``layout``'s rule, as loading decides it
+    (see the module): read once for the checkpoint, for its quantized and kept layers."""
 
-    def __init__(self, layout: Layout, stored: Stored) -> None:
-        self.layout = layout
-        self.stored = stored
-        # The modules holding stored experts, beside which a gate is a router.
+    layout: Layout
+    stored: Stored
+    moe_blocks: frozenset[str]  # the modules holding stored experts: a gate there routes
+
+    @classmethod
+    def read(cls, layout: Layout, stored: Stored) -> Roles:
         held = (experts_module(name) for name in stored.names())
-        self.moe_blocks = {experts.rpartition(".")[0] for experts in held if experts}
+        return cls(layout, stored, frozenset(e.rpartition(".")[0] for e in held if e))
 
-    def of(self, prefix: str) -> bool | str | None:
+    def role(self, prefix: str) -> bool | str | None:
+        """``Layout.role`` of the module ``prefix``, read as its name says."""
+
         def held(tensor: str) -> bool:
             return self.stored.get(f"{prefix}.{tensor}") is not None
 
@@ -166,14 +173,14 @@ class Located:
     bias: bool
 
 
-def located_layers(layout: Layout, stored: Stored) -> tuple[Located, ...]:
-    """Each layer whose weight scale ``stored`` holds, in file order; a ``CheckpointError``
-    for a scale of a module the layout does not quantize or one without its weight."""
+def located_layers(roles: Roles) -> tuple[Located, ...]:
+    """Each layer whose weight scale is stored, in file order; a ``CheckpointError`` for a
+    scale of a module the layout does not quantize or one without its weight."""
+    layout, stored = roles.layout, roles.stored
     weight = "weight_packed" if layout.scheme in INTEGER_WEIGHT_ONLY else "weight"
-    roles = _Roles(layout, stored)
     layers = []
     for prefix, scale in scaled_modules(layout, stored).items():
-        role = roles.of(prefix)  # FineGrainedFP8's rule refuses a kept module's scale itself
+        role = roles.role(prefix)  # FineGrainedFP8's rule refuses a kept module's scale itself
         if role is not True:
             found = ("a scale for a module the config keeps in high precision" if role else
                      f"a scale for a module the config does not quantize, read by its name "
@@ -205,15 +212,13 @@ def quantized_layers(
     return tuple(layers)
 
 
-def kept_layers(
-    layout: Layout, stored: Stored, quantized: tuple[Located, ...]
-) -> tuple[KeptLayer, ...]:
+def kept_layers(roles: Roles, quantized: tuple[Located, ...]) -> tuple[KeptLayer, ...]:
     """Every other module storing a 2-D ``weight`` or ``weight_packed`` (an alias of
     another tensor counts: a head tied to the embedding) that the layout keeps in high
     precision, with its reason; a ``CheckpointError`` for one the layout quantizes (its
     scale is not stored) or keeps with a weight that is no high-precision float."""
+    layout, stored = roles.layout, roles.stored
     taken = {layer.name for layer in quantized}
-    roles = _Roles(layout, stored)
     kept = []
     for name in stored.names():
         prefix, _, tensor = name.rpartition(".")
@@ -224,7 +229,7 @@ def kept_layers(
         if found is None:
             continue
         header, entry = found
-        role = None if len(entry.shape) != 2 else roles.of(prefix)
+        role = None if len(entry.shape) != 2 else roles.role(prefix)
         if role is None:
             continue
         stored_as = f"{entry.dtype} {list(entry.shape)}, and no {layout.scale_name}"

@@ -37,6 +37,7 @@ from kernelpick.integration._errors import CheckpointError
 from kernelpick.integration.checkpoints._activation_dtype import activation_dtype
 from kernelpick.integration.checkpoints._found_layers import (
     QuantizedLayer,
+    Roles,
     kept_layers,
     located_layers,
     quantized_layers,
@@ -177,8 +178,9 @@ class CheckpointInfo:
         if layout is None:
             return cls(str(root), None, None, "", files, (), (), aliases)
         stated = config_dtype(str(config_path), config)
-        located = located_layers(layout, stored)
-        kept = kept_layers(layout, stored, located)
+        roles = Roles.read(layout, stored)
+        located = located_layers(roles)
+        kept = kept_layers(roles, located)
         # After the layers: one refused is a surer answer than the dtype its tensors imply.
         dtype, source = activation_dtype(config_path, stated, layout, stored)
         layers = quantized_layers(layout, located, dtype)
