@@ -403,6 +403,13 @@ def test_with_no_dtype_stated_the_stored_high_precision_tensors_say_it(
     )
 
 
+def test_the_root_modules_own_weight_is_no_layer(tmp_path: Path) -> None:
+    # Loading decides every module but the root, the model itself, which it never replaces.
+    _checkpoint(tmp_path, {**_fp8(), "weight": ("F32", [2, 8])})
+    info = inspect_checkpoint(tmp_path)
+    assert [(kept.name, kept.weight_shape) for kept in info.kept] == [("head", (2, 8))]
+
+
 def test_a_stored_bias_makes_the_layer_a_biased_one(tmp_path: Path) -> None:
     _checkpoint(tmp_path, {**_fp8(), "layer.bias": ("F32", [4])})
     assert [layer.config.bias for layer in inspect_checkpoint(tmp_path).layers] == [True]
