@@ -9,9 +9,9 @@ from typing import Any
 
 import attrs
 
-from kernelpick.core import HIGH_PRECISION, Dtype, UnknownNameError
+from kernelpick.core import Dtype
 from kernelpick.integration import CheckpointError
-from kernelpick.integration.formats import QUANTIZATION_CONFIG, read_json_object
+from kernelpick.integration.formats import QUANTIZATION_CONFIG, config_dtype, read_json_object
 
 __all__ = ["CONFIG_NAME", "ModelConfig", "read_config"]
 
@@ -64,19 +64,5 @@ def read_config(where: str | Path) -> ModelConfig:
 
 
 def _dtype(where: str, data: Mapping[str, Any]) -> Dtype:
-    # transformers 5 writes "dtype", earlier versions "torch_dtype".
-    found = [data[key] for key in ("dtype", "torch_dtype") if data.get(key) is not None]
-    if not found:
-        return _DEFAULT_DTYPE
-    if len(set(map(str, found))) > 1:
-        raise CheckpointError(
-            where, "dtype/torch_dtype", repr(found), "one dtype, or the same twice"
-        )
-    valid = ", ".join(sorted(d.value for d in HIGH_PRECISION))
-    try:
-        dtype = Dtype.parse(found[0])
-    except UnknownNameError:
-        dtype = None
-    if dtype not in HIGH_PRECISION:
-        raise CheckpointError(where, "dtype", repr(found[0]), f"one of {valid}")
-    return dtype
+    stated = config_dtype(where, data)
+    return _DEFAULT_DTYPE if stated is None else stated[1]

@@ -140,11 +140,12 @@ def linear_layers(where: str | Path | ModelConfig, tensor_parallel: int = 1) -> 
             shape = _part(name, style, [n], k, ranks, head_count)
             kept.append(KeptLayer(name, (sum(shape.sizes), shape.k), itemsize, reason))
         elif isinstance(module, torch.nn.Linear):
-            held = experts_module(name)
-            if held is None:
+            experts_of = experts_module(name)
+            if experts_of is None:
                 linears[name] = module
             else:  # one expert's: vLLM runs it in FusedMoE
-                expert_linears[held] = expert_linears.get(held, 0) + module.weight.numel()
+                count = expert_linears.get(experts_of, 0)
+                expert_linears[experts_of] = count + module.weight.numel()
     layers = []
     for name, members, split in _groups(linears):
         shards = [linears[m].out_features for m in members]

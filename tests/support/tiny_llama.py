@@ -55,10 +55,13 @@ def config(intermediate: int = 192) -> LlamaConfig:
     )  # fmt: skip
 
 
-def llama(seed: int, intermediate: int = 192) -> LlamaForCausalLM:
+def llama(
+    seed: int, intermediate: int = 192, dtype: torch.dtype = torch.float32
+) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config(intermediate))
     model.train(False)
+    torch.nn.Module.to(model, dtype)  # transformers' own to() is typed for no dtype
     return model
 
 

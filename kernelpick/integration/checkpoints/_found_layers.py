@@ -1,83 +1,50 @@
-"""What a checkpoint's headers show, for ``inspect``: every stored tensor (``read_stored``:
-each file's header, each key in the file its index names, the tied aliases), the quantized
-layers, the layers its config keeps in high precision, and the activations' dtype.
+"""What a checkpoint's stored tensors (``_stored``) show, for ``inspect``: its quantized
+layers and the layers it keeps in high precision.
 
-A quantized layer is a module whose weight scale is stored (``Layout.scale_name``): every
-format read here stores one for each quantized layer and for nothing else. Its N x K is its
-``weight``'s shape, or, for a pack-quantized layer, the two ints of its stored
-``weight_shape``: the packed width ``ceil(K * bits / 32)`` words fits several K, so it is
-only checked against them, never read as K. Either way the layer's stored weight must be
-the dtype and shape its ``QuantConfig`` implies (``LayerPlan.params_of``), so the scheme
-reported is the one the tensors hold. A layer kept in high precision is one the config's
-``ignore`` or ``modules_to_not_convert`` names (``Layout.ignores``) that stores a 2-D float
-``weight``.
+Each module is decided by its layout's own rule, ``Layout.role``, as ``load_quantized``
+decides it, the module read as its name says (``formats.stand_in``: an embedding, an MoE
+router, or a linear) since headers hold names, not modules. A quantized layer is a module
+whose weight scale is stored (``Layout.scale_name``, ``scaled_modules``) and whose role is
+quantized. Its N x K is its ``weight``'s shape, or, for a pack-quantized layer, the two
+ints of its stored ``weight_shape``: the packed width ``ceil(K * bits / 32)`` words fits
+several K, so it is only checked against them, never read as K. Either way the layer's
+stored weight must be the dtype and shape its ``QuantConfig`` implies
+(``LayerPlan.params_of``), so the scheme reported is the one the tensors hold. Every other
+module storing a 2-D weight is decided by the same rule: one it quantizes, whose scale is
+not stored, is refused (compressed-tensors: its config targets it, and loading refuses it
+too); one it keeps in high precision (an ``ignore`` or ``modules_to_not_convert`` entry;
+in FineGrainedFP8, any linear stored without a scale) is a ``KeptLayer`` with the rule's
+reason, its weight a high-precision float, as loading requires.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterator, Mapping
-from pathlib import Path
-from typing import Any
 
 import attrs
 import torch
 
 from kernelpick.core import (
-    HIGH_PRECISION,
     INTEGER_WEIGHT_ONLY,
     Dtype,
     KeptLayer,
     KernelpickError,
     QuantConfig,
-    UnknownNameError,
 )
 from kernelpick.integration._errors import CheckpointError
-from kernelpick.integration.checkpoints._headers import (
-    FileHeader,
-    TensorEntry,
-    read_header,
-    read_ints,
-)
-from kernelpick.integration.checkpoints._safetensors_io import (
-    ALIASES,
-    DTYPES,
-    INDEX_NAME,
-    checkpoint_files,
-    read_aliases,
-)
-from kernelpick.integration.formats import Layout
+from kernelpick.integration.checkpoints._headers import FileHeader, TensorEntry, read_ints
+from kernelpick.integration.checkpoints._safetensors_io import DTYPES
+from kernelpick.integration.checkpoints._stored import Stored
+from kernelpick.integration.formats import Layout, experts_module, stand_in
 from kernelpick.integration.layer import SHAPE_NAME, LayerPlan, Recipe
 
 __all__ = [
-    "KEPT_REASON",
+    "Located",
     "QuantizedLayer",
-    "Stored",
-    "activation_dtype",
+    "Roles",
     "kept_layers",
+    "located_layers",
     "quantized_layers",
-    "read_stored",
+    "scaled_modules",
 ]
-
-KEPT_REASON = "ignored by the checkpoint's config"
-
-
-@attrs.frozen
-class Stored:
-    """Every tensor a checkpoint stores, by name (the header and entry holding it), and
-    the names saved as aliases of one (tied weights)."""
-
-    directory: Path
-    entries: Mapping[str, tuple[FileHeader, TensorEntry]]
-    aliases: Mapping[str, str]
-
-    def get(self, name: str) -> tuple[FileHeader, TensorEntry] | None:
-        found = self.entries.get(name)
-        return found if found is not None else self.entries.get(self.aliases.get(name, ""))
-
-    def names(self) -> Iterator[str]:
-        """Stored names in file order, then the aliases."""
-        yield from self.entries
-        yield from (name for name in self.aliases if name not in self.entries)
 
 
 @attrs.frozen
@@ -158,102 +125,128 @@ def _config(
     return config
 
 
-def quantized_layers(layout: Layout, stored: Stored, dtype: Dtype) -> tuple[QuantizedLayer, ...]:
-    """Each layer whose weight scale ``stored`` holds, in file order, its config made in
-    ``dtype``; a ``CheckpointError`` for one the config keeps in high precision, one
-    without its weight, or one whose weight is not what its config implies."""
+def scaled_modules(layout: Layout, stored: Stored) -> dict[str, str]:
+    """Each module whose weight scale ``stored`` holds, in file order: the scale's name."""
     suffix = f".{layout.scale_name}"
+    return {name.removesuffix(suffix): name for name in stored.entries if name.endswith(suffix)}
+
+
+@attrs.frozen
+class Roles:
+    """Each module's role in a checkpoint by its ``layout``'s rule, as loading decides it
+    (see the module): read once for the checkpoint, for its quantized and kept layers."""
+
+    layout: Layout
+    stored: Stored
+    moe_blocks: frozenset[str]  # the modules holding stored experts: a gate there routes
+
+    @classmethod
+    def read(cls, layout: Layout, stored: Stored) -> Roles:
+        held = (experts_module(name) for name in stored.names())
+        return cls(layout, stored, frozenset(e.rpartition(".")[0] for e in held if e))
+
+    def role(self, prefix: str) -> bool | str | None:
+        """``Layout.role`` of the module ``prefix``, read as its name says."""
+
+        def held(tensor: str) -> bool:
+            return self.stored.get(f"{prefix}.{tensor}") is not None
+
+        return self.layout.role(prefix, stand_in(prefix, self.moe_blocks), held)
+
+    def read_as(self, prefix: str) -> str:
+        """What ``stand_in`` reads the module as, in words."""
+        module = stand_in(prefix, self.moe_blocks)
+        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+            return f"an nn.{type(module).__name__}"
+        return "an MoE router, which is no nn.Linear"
+
+
+@attrs.frozen
+class Located:
+    """A quantized layer as its headers show it, before its config is made (that takes
+    the activations' dtype): its stored weight, its N x K, and whether a bias is stored."""
+
+    name: str
+    header: FileHeader
+    entry: TensorEntry
+    shape: tuple[int, int]
+    bias: bool
+
+
+def located_layers(roles: Roles) -> tuple[Located, ...]:
+    """Each layer whose weight scale is stored, in file order; a ``CheckpointError`` for a
+    scale of a module the layout does not quantize or one without its weight."""
+    layout, stored = roles.layout, roles.stored
     weight = "weight_packed" if layout.scheme in INTEGER_WEIGHT_ONLY else "weight"
+    layers = []
+    for prefix, scale in scaled_modules(layout, stored).items():
+        role = roles.role(prefix)  # FineGrainedFP8's rule refuses a kept module's scale itself
+        if role is not True:
+            found = ("a scale for a module the config keeps in high precision" if role else
+                     f"a scale for a module the config does not quantize, read by its name "
+                     f"as {roles.read_as(prefix)}")  # fmt: skip
+            raise CheckpointError(
+                _where(stored.entries[scale]), scale, found,
+                f"no {layout.scale_name} for {prefix}, or a config that quantizes it",
+            )  # fmt: skip
+        header, entry, n, k = _located(layout, stored, prefix, weight)
+        bias = stored.get(f"{prefix}.bias") is not None
+        layers.append(Located(prefix, header, entry, (n, k), bias))
+    return tuple(layers)
+
+
+def quantized_layers(
+    layout: Layout, located: tuple[Located, ...], dtype: Dtype
+) -> tuple[QuantizedLayer, ...]:
+    """Each located layer with its config made in ``dtype``; a ``CheckpointError`` for one
+    whose weight is not what its config implies."""
     recipe = layout.recipe
     # Made once a distinct layer: a checkpoint of thousands of experts has a few shapes.
     made: dict[tuple[object, ...], QuantConfig] = {}
     layers = []
-    for name in stored.entries:
-        if not name.endswith(suffix):
-            continue
-        prefix = name.removesuffix(suffix)
-        if layout.ignores(prefix):
-            raise CheckpointError(
-                _where(stored.entries[name]), name, "a scale for a module the config keeps "
-                "in high precision", f"no {layout.scale_name} for {prefix}, or a config that "
-                f"does not keep it ({', '.join(layout.ignored)})",
-            )  # fmt: skip
-        header, entry, n, k = _located(layout, stored, prefix, weight)
-        bias = stored.get(f"{prefix}.bias") is not None
-        key = (n, k, bias, entry.dtype, entry.shape)
+    for layer in located:
+        key = (layer.shape, layer.bias, layer.entry.dtype, layer.entry.shape)
         if key not in made:
-            made[key] = _config(recipe, header, entry, (n, k), bias, dtype)
-        layers.append(QuantizedLayer(prefix, made[key]))
+            made[key] = _config(recipe, layer.header, layer.entry, layer.shape, layer.bias, dtype)
+        layers.append(QuantizedLayer(layer.name, made[key]))
     return tuple(layers)
 
 
-def kept_layers(
-    layout: Layout, stored: Stored, quantized: tuple[QuantizedLayer, ...]
-) -> tuple[KeptLayer, ...]:
-    """The modules the config keeps in high precision whose 2-D float ``weight`` is stored
-    (an alias of another tensor counts: a head tied to the embedding)."""
+def kept_layers(roles: Roles, quantized: tuple[Located, ...]) -> tuple[KeptLayer, ...]:
+    """Every other module storing a 2-D ``weight`` or ``weight_packed`` (an alias of
+    another tensor counts: a head tied to the embedding) that the layout keeps in high
+    precision, with its reason; a ``CheckpointError`` for one the layout quantizes (its
+    scale is not stored) or keeps with a weight that is no high-precision float."""
+    layout, stored = roles.layout, roles.stored
     taken = {layer.name for layer in quantized}
     kept = []
     for name in stored.names():
-        prefix = name.removesuffix(".weight")
-        if prefix == name or prefix in taken or not layout.ignores(prefix):
-            continue
+        prefix, _, tensor = name.rpartition(".")
         found = stored.get(name)
-        if found is None or len(found[1].shape) != 2:
+        # The root module is the model, which loading never replaces.
+        if tensor not in ("weight", "weight_packed") or not prefix or prefix in taken:
             continue
-        dtype = DTYPES[found[1].dtype]
-        if dtype.is_floating_point and dtype.itemsize > 1:  # not FP8: a quantized weight
-            n, k = found[1].shape
-            kept.append(KeptLayer(prefix, (n, k), dtype.itemsize, KEPT_REASON))
+        if found is None:
+            continue
+        header, entry = found
+        role = None if len(entry.shape) != 2 else roles.role(prefix)
+        if role is None:
+            continue
+        stored_as = f"{entry.dtype} {list(entry.shape)}, and no {layout.scale_name}"
+        if not isinstance(role, str):  # compressed-tensors: its targets match it, no ignore
+            raise CheckpointError(
+                str(header.path), name, stored_as,
+                f"{prefix}.{layout.scale_name} beside it, as the config quantizes {prefix} "
+                f"(read by its name as {roles.read_as(prefix)}); or an ignore entry naming "
+                "it, to keep it in high precision",
+            )  # fmt: skip
+        dtype = DTYPES[entry.dtype]
+        if tensor != "weight" or not (dtype.is_floating_point and dtype.itemsize > 1):
+            raise CheckpointError(
+                str(header.path), name, stored_as,
+                f"a float weight of 16 bits or more, which loading casts to the model's "
+                f"dtype: the module is kept in high precision ({role})",
+            )  # fmt: skip
+        n, k = entry.shape
+        kept.append(KeptLayer(prefix, (n, k), dtype.itemsize, role))
     return tuple(kept)
-
-
-def activation_dtype(where: Path, config: dict[str, Any]) -> tuple[Dtype, str]:
-    """The layers' activation dtype, as config.json states it (transformers writes ``dtype``,
-    before 4.56 ``torch_dtype``), and where it came from."""
-    stated = {key: config[key] for key in ("dtype", "torch_dtype") if config.get(key) is not None}
-    if not stated:
-        return Dtype.BFLOAT16, "assumed: config.json states no dtype"
-    if len({str(value) for value in stated.values()}) > 1:
-        raise CheckpointError(str(where), "dtype/torch_dtype", repr(stated), "one dtype")
-    key, value = next(iter(stated.items()))
-    try:
-        parsed: Dtype | None = Dtype.parse(value)
-    except UnknownNameError:
-        parsed = None
-    if parsed is None or parsed not in HIGH_PRECISION:
-        valid = ", ".join(sorted(d.value for d in HIGH_PRECISION))
-        raise CheckpointError(
-            str(where), key, repr(value), f"one of {valid}: the dtype the layers compute in"
-        )
-    return parsed, f"config.json's {key}"
-
-
-def read_stored(root: Path) -> tuple[Stored, tuple[FileHeader, ...]]:
-    """Every file's header, each key where the index (if any) says it is, and the aliases."""
-    entries: dict[str, tuple[FileHeader, TensorEntry]] = {}
-    aliases: dict[str, str] = {}
-    headers = []
-    for path, keys in checkpoint_files(root).items():
-        header = read_header(path)
-        names = {entry.name for entry in header.tensors}
-        missing = sorted((keys or set()) - names)
-        if missing:
-            raise CheckpointError(str(path), "tensors", f"none for {', '.join(missing[:5])}",
-                                  f"the tensors {INDEX_NAME} lists for it")  # fmt: skip
-        for entry in header.tensors:
-            if keys is not None and entry.name not in keys:
-                raise CheckpointError(
-                    str(path), entry.name, "a tensor the index maps to another file, or none",
-                    f"only the tensors {INDEX_NAME} maps to {path.name}",
-                )  # fmt: skip
-            entries[entry.name] = (header, entry)
-        aliases.update(read_aliases(path, dict(header.metadata)))
-        headers.append(header)
-    for alias, target in aliases.items():
-        if alias in entries or target not in entries:
-            found = f"{alias} -> {target}" + (", both stored" if alias in entries else
-                                              ", which no file stores")  # fmt: skip
-            raise CheckpointError(str(root), ALIASES, found,
-                                  "an unstored name for a stored tensor")  # fmt: skip
-    return Stored(root, entries, aliases), tuple(headers)

@@ -34,16 +34,18 @@ from kernelpick.core import (
     collapse_names,
 )
 from kernelpick.integration._errors import CheckpointError
+from kernelpick.integration.checkpoints._activation_dtype import activation_dtype
 from kernelpick.integration.checkpoints._found_layers import (
     QuantizedLayer,
-    activation_dtype,
+    Roles,
     kept_layers,
+    located_layers,
     quantized_layers,
-    read_stored,
 )
 from kernelpick.integration.checkpoints._safetensors_io import read_json
 from kernelpick.integration.checkpoints._save_load import CONFIG_NAME
-from kernelpick.integration.formats import QUANTIZATION_CONFIG, Layout, read_layout
+from kernelpick.integration.checkpoints._stored import read_stored
+from kernelpick.integration.formats import QUANTIZATION_CONFIG, Layout, config_dtype, read_layout
 from kernelpick.integration.formats import compressed_tensors as ct
 from kernelpick.integration.formats import kernelpick_v1 as v1
 
@@ -175,9 +177,13 @@ class CheckpointInfo:
         aliases = tuple(sorted(stored.aliases.items()))
         if layout is None:
             return cls(str(root), None, None, "", files, (), (), aliases)
-        dtype, source = activation_dtype(config_path, config)
-        layers = quantized_layers(layout, stored, dtype)
-        kept = kept_layers(layout, stored, layers)
+        stated = config_dtype(str(config_path), config)
+        roles = Roles.read(layout, stored)
+        located = located_layers(roles)
+        kept = kept_layers(roles, located)
+        # After the layers: one refused is a surer answer than the dtype its tensors imply.
+        dtype, source = activation_dtype(config_path, stated, layout, stored)
+        layers = quantized_layers(layout, located, dtype)
         return cls(str(root), layout, dtype, source, files, layers, kept, aliases)
 
     def on(self, caps: DeviceCaps, policy: Policy | None = None) -> CheckpointInfo:

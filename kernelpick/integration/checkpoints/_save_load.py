@@ -5,8 +5,9 @@ and SGLang load) both ways, and transformers' FineGrainedFP8 block checkpoints i
 ``save_quantized`` writes ``model.safetensors``, holding every quantized layer's canonical
 tensors (mxfp8's E8M0 weight scales as their uint8 bytes, as compressed-tensors stores
 them) and every other tensor as it is, and the ``quantization_config``: merged into the
-``config.json`` of a transformers model, or alone in a ``config.json`` beside the weights;
-the two replace the old ones together (``_atomic_files``), or the directory stays as it was.
+``config.json`` of a transformers model (with the ``architectures`` and ``dtype`` its
+``save_pretrained`` writes), or alone in a ``config.json`` beside the weights; the two
+replace the old ones together (``_atomic_files``), or the directory stays as it was.
 ``load_quantized`` turns a high-precision skeleton, built on the meta device or normally,
 into the quantized model a checkpoint holds, never materialising a high-precision weight
 for a quantized layer. Either the whole checkpoint loads, or the model is left as it was.
@@ -44,6 +45,8 @@ from kernelpick.integration.convert import (
     record_kept,
 )
 from kernelpick.integration.formats import (
+    DTYPE_KEY,
+    DTYPE_KEYS,
     QUANTIZATION_CONFIG,
     check_one_config,
     quantization_config,
@@ -59,6 +62,25 @@ __all__ = ["CONFIG_NAME", "load_quantized", "save_quantized"]
 CONFIG_NAME = "config.json"
 
 
+def _model_config(model: torch.nn.Module) -> dict[str, Any]:
+    """A transformers model's config as its ``save_pretrained`` writes it: with the model's
+    class (``architectures``, which readers build it by) and the dtype its layers compute
+    in (``dtype``: the quantized layers' activations'). Where they compute in several, none
+    is written: the config's own could be stale, and would be read as theirs. Nothing for
+    another model: it has no config to merge into."""
+    to_json = getattr(getattr(model, "config", None), "to_json_string", None)
+    if not callable(to_json):
+        return {}
+    config: dict[str, Any] = json.loads(to_json())
+    config["architectures"] = [type(model).__name__]
+    for key in DTYPE_KEYS:  # transformers before 4.56 wrote torch_dtype
+        config.pop(key, None)
+    dtypes = {state.config.input_dtype for state in quantized_layers(model).values()}
+    if len(dtypes) == 1:
+        config[DTYPE_KEY] = dtypes.pop().value
+    return config
+
+
 def save_quantized(model: torch.nn.Module, directory: str | os.PathLike[str]) -> Path:
     """Write ``model``'s quantized checkpoint to ``directory`` (created if needed), in
     compressed-tensors' format: ``model.safetensors`` and ``config.json``, which replace
@@ -72,9 +94,7 @@ def save_quantized(model: torch.nn.Module, directory: str | os.PathLike[str]) ->
     """
     quantization = quantization_config(model)
     root = Path(directory)
-    config = getattr(model, "config", None)
-    to_json = getattr(config, "to_json_string", None)
-    merged: dict[str, Any] = json.loads(to_json()) if callable(to_json) else {}
+    merged = _model_config(model)
     merged[QUANTIZATION_CONFIG] = quantization
     text = (json.dumps(merged, indent=2, sort_keys=True) + "\n").encode()
     state = model.state_dict()  # an E8M0 scale as its uint8 bytes (QuantizedLinear)

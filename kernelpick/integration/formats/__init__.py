@@ -14,8 +14,15 @@ that read a model's own settings.
   the one rule every engine applies; the output head's one default (``output_heads``).
 - A model's quantization config: ``quantization_config``, ``record`` (what
   ``save_pretrained`` writes), ``check_one_config``, ``fp32_modules``, ``quantized_layers``.
+- ``config_dtype``: the dtype a ``config.json`` states (``dtype``, ``torch_dtype``).
 """
 
+from kernelpick.integration.formats._config_dtype import (
+    DTYPE_KEY,
+    DTYPE_KEYS,
+    VALID_DTYPES,
+    config_dtype,
+)
 from kernelpick.integration.formats._head import HEAD_PATTERNS, OUTPUT_HEAD_KEPT, output_heads
 from kernelpick.integration.formats._json_file import MAX_JSON_BYTES, read_json_object
 from kernelpick.integration.formats._layout import (
@@ -43,6 +50,8 @@ from kernelpick.integration.formats._patterns import check_patterns, kept
 from kernelpick.integration.formats._read import read_layout
 
 __all__ = [
+    "DTYPE_KEY",
+    "DTYPE_KEYS",
     "EMBEDDINGS",
     "EXPERT_LINEARS",
     "FUSED_MOE",
@@ -51,11 +60,13 @@ __all__ = [
     "OUTPUT_HEAD_KEPT",
     "QUANTIZATION_CONFIG",
     "ROUTERS",
+    "VALID_DTYPES",
     "Layout",
     "Stored",
     "check_e8m0_dtype",
     "check_one_config",
     "check_patterns",
+    "config_dtype",
     "experts_module",
     "fp32_modules",
     "kept",

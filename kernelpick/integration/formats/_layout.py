@@ -74,11 +74,6 @@ class Layout:
         tensors' ``ignore``, ``modules_to_not_convert``)."""
         raise NotImplementedError(f"{type(self).__name__} must define ignored")
 
-    def ignores(self, name: str) -> bool:
-        """Whether ``ignored`` names the module ``name``, by the format's rule, from the
-        name alone (a class name in compressed-tensors' list names no module here)."""
-        raise NotImplementedError(f"{type(self).__name__} must define ignores")
-
 
 # An E8M0 scale is stored as its uint8 bytes (kernelpick.kernels.E8M0_STORED, as
 # compressed-tensors' MXFP8 compressor stores it); a checkpoint storing float8_e8m0fnu

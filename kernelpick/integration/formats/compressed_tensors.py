@@ -118,9 +118,6 @@ class CompressedTensorsLayout(Layout):
     def ignored(self) -> tuple[str, ...]:
         return self.ignore
 
-    def ignores(self, name: str) -> bool:
-        return matches(name, None, self.ignore)
-
     @property
     def format(self) -> str:
         """The config's ``format``, which its scheme fixes."""

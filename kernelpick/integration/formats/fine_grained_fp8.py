@@ -68,9 +68,6 @@ class FineGrainedFp8Layout(Layout):
     def ignored(self) -> tuple[str, ...]:
         return self.not_convert
 
-    def ignores(self, name: str) -> bool:
-        return kept(name, self.not_convert)
-
 
 def _refuse(where: str, key: str, value: object, expected: str) -> CheckpointError:
     return CheckpointError(where, key, repr(value), expected)

@@ -27,6 +27,7 @@ from kernelpick.integration.layer import LayerState, LayerSteps, Recipe, accept_
 from kernelpick.kernels import LAUNCHES, Launch, ReferenceW8A16
 from tests.support.emulation import BOUND, emulated, on_cpu, relative_error
 from tests.support.snapshots import snapshot
+from tests.support.tiny_llama import llama
 
 CPU = kp.device_profile("cpu")
 # (in, out) of each linear: square and non-square, multiples of 16 for _scaled_mm.
@@ -212,6 +213,39 @@ def test_save_merges_into_a_transformers_config(tmp_path: Path) -> None:
     ids = torch.randint(0, 64, (2, 8))
     with torch.no_grad():
         assert torch.equal(skeleton(ids).last_hidden_state, model(ids).last_hidden_state)
+
+
+def _written_config(directory: Path, model: torch.nn.Module) -> dict[str, object]:
+    quantize_model(model, "fp8_per_channel", CPU, kp.Policy())
+    save_quantized(model, directory)
+    written: dict[str, object] = json.loads((directory / "config.json").read_text())
+    return written
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_save_writes_the_architectures_and_the_dtype_save_pretrained_writes(
+    tmp_path: Path, dtype: torch.dtype
+) -> None:
+    model = llama(seed=0, dtype=dtype)
+    model.config.dtype = torch.float64  # stale: the weights' dtype is what is written
+    written = _written_config(tmp_path, model)
+    assert written["architectures"] == ["LlamaForCausalLM"]
+    assert written["dtype"] == Dtype.parse(dtype).value
+    assert "torch_dtype" not in written
+
+
+def test_save_writes_no_dtype_for_layers_of_several(tmp_path: Path) -> None:
+    model = llama(seed=0)
+    model.model.layers[0].mlp.down_proj.to(torch.bfloat16)
+    model.config.dtype = torch.float32  # what from_pretrained would have set
+    written = _written_config(tmp_path, model)
+    assert ("dtype" in written, written["architectures"]) == (False, ["LlamaForCausalLM"])
+
+
+def test_save_of_a_model_without_a_config_writes_its_quantization_config_alone(
+    tmp_path: Path,
+) -> None:
+    assert list(_written_config(tmp_path, _model())) == ["quantization_config"]
 
 
 def test_a_meta_skeleton_loads_without_a_high_precision_weight(tmp_path: Path) -> None:

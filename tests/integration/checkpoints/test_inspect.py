@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import safetensors
 import safetensors.torch
@@ -24,7 +25,6 @@ from kernelpick.integration import (
     quantize_model,
     save_quantized,
 )
-from kernelpick.integration.checkpoints._found_layers import KEPT_REASON
 from tests.support.tiny_llama import edit_config, llama
 from tests.support.written_checkpoints import (
     finegrained_fp8_checkpoint,
@@ -34,7 +34,9 @@ from tests.support.written_checkpoints import (
 
 CPU = kp.device_profile("cpu")
 H100 = kp.device_profile("h100")
-HEAD = KeptLayer("lm_head", (128, 128), 4, KEPT_REASON)  # tied to the fp32 embedding
+# Tied to the fp32 embedding; the reason is compressed-tensors' rule's, as loading gives it.
+HEAD = KeptLayer("lm_head", (128, 128), 4, "the checkpoint keeps it in high precision")
+V1_KEPT = "modules_to_not_convert keeps it in high precision"
 # scheme, quantize_model's settings, and what inspect reports of them.
 SAVED: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     ("fp8_per_channel", {}, {"format": "float-quantized", "block_size": None}),
@@ -65,9 +67,12 @@ def _read_tallies(directory: Path) -> dict[str, dict[str, dict[str, int]]]:
     return found
 
 
-def _saved(directory: Path, scheme: str, settings: dict[str, Any]) -> dict[str, tuple[int, int]]:
-    """The tiny Llama saved by save_quantized; its linears' (N, K) before quantization."""
-    model = llama(seed=0)
+def _saved(
+    directory: Path, scheme: str, settings: dict[str, Any], dtype: torch.dtype = torch.float32
+) -> dict[str, tuple[int, int]]:
+    """The tiny Llama in ``dtype`` saved by save_quantized; its linears' (N, K) before
+    quantization."""
+    model = llama(seed=0, dtype=dtype)
     shapes = _linears(model)
     quantize_model(model, scheme, CPU, kp.Policy(), **settings)
     save_quantized(model, directory)
@@ -89,7 +94,8 @@ def test_a_checkpoint_save_quantized_wrote_is_reported_as_its_files_hold_it(
     assert quantization["scheme"] == scheme
     assert {key: quantization[key] for key in reported} == reported
     assert quantization["ignore"] == ["lm_head"]
-    assert quantization["activation_dtype"] == "bfloat16"  # config.json states none
+    assert quantization["activation_dtype"] == "float32"  # the dtype save_quantized wrote
+    assert quantization["activation_dtype_source"] == "config.json's dtype"
     tallies = _read_tallies(tmp_path)
     assert {f["name"]: f["by_dtype"] for f in record["files"]} == tallies
     assert record["total"]["bytes"] == sum(
@@ -146,7 +152,8 @@ def test_a_format_version_1_config_is_read_as_kernelpick_wrote_it(tmp_path: Path
     assert (quantization["quant_method"], quantization["format_version"]) == ("kernelpick", 1)
     assert quantization["scheme"] == "fp8_per_channel"
     assert _layers(info) == _linears(llama(seed=0))
-    assert info.kept == (HEAD,)
+    # FineGrainedFP8's rule, which format_version 1 shares, says why in its words.
+    assert info.kept == (attrs.evolve(HEAD, reason=V1_KEPT),)
 
 
 def _shard(directory: Path) -> dict[str, str]:
@@ -208,12 +215,12 @@ def test_on_a_device_each_layer_gets_what_choose_decides_for_it(
     tmp_path: Path, scheme: str, settings: dict[str, Any], reported: dict[str, Any],
     caps: kp.DeviceCaps,
 ) -> None:  # fmt: skip
-    shapes = _saved(tmp_path, scheme, settings)
+    shapes = _saved(tmp_path, scheme, settings, torch.bfloat16)  # as deployed
     info = inspect_checkpoint(tmp_path, caps)
     summary = info.summary
     assert summary is not None
     assert summary.layers == len(info.layers) == 14
-    assert summary.kept == (HEAD,)
+    assert summary.kept == (attrs.evolve(HEAD, itemsize=2),)
     for group in summary.groups:
         for name in group.names:
             assert group.decision == _expected(info, caps, name), name

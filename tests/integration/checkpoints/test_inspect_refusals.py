@@ -24,7 +24,7 @@ from kernelpick.integration.formats import compressed_tensors
 
 W = "model.safetensors"
 INDEX = "model.safetensors.index.json"
-SIZES = {"F8_E4M3": 1, "F32": 4, "I32": 4, "I64": 8, "I8": 1}
+SIZES = {"F8_E4M3": 1, "BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I32": 4, "I64": 8, "I8": 1}
 Tensors = dict[str, tuple[str, list[int]]]
 
 
@@ -203,10 +203,11 @@ CASES: list[tuple[str, Callable[[Path], object], str, str]] = [
      _written(lambda d: _config(d, "fp8")), "config.json", "quantization_config"),
     ("another quant_method", _qconfig(quant_method="awq"), "config.json", "quant_method"),
     ("a dtype no layer computes in",
-     _written(lambda d: _config(d, compressed_tensors.to_config(Scheme.FP8_PER_CHANNEL, []),
-                                dtype="int8")), "config.json", "dtype"),
+     _written(lambda d: _config(d, compressed_tensors.to_config(Scheme.FP8_PER_CHANNEL,
+                                                                ["head"]), dtype="int8")),
+     "config.json", "dtype"),
     ("two dtypes", _written(lambda d: _config(
-        d, compressed_tensors.to_config(Scheme.FP8_PER_CHANNEL, []), dtype="bfloat16",
+        d, compressed_tensors.to_config(Scheme.FP8_PER_CHANNEL, ["head"]), dtype="bfloat16",
         torch_dtype="float16")), "config.json", "dtype/torch_dtype"),
     ("a format_version it does not know",
      _written(lambda d: _config(d, {**LEGACY, "format_version": 2})), "config.json",
@@ -231,6 +232,19 @@ CASES: list[tuple[str, Callable[[Path], object], str, str]] = [
         {**_fp8(), "layer.weight": ("F8_E4M3", [32])}))), W, "layer.weight"),
     ("a scale for a module the config ignores",
      lambda d: _checkpoint(d, ignore=["layer"]), W, "layer.weight_scale"),
+    ("a scale for a module the config does not quantize", lambda d: _checkpoint(d, {
+        **_fp8(), "embed_tokens.weight": ("F32", [2, 8]),
+        "embed_tokens.weight_scale": ("F32", [2, 1])}), W, "embed_tokens.weight_scale"),
+    ("a module the config quantizes stored without its scale", lambda d: _checkpoint(
+        d, {**_fp8(), "other.weight": ("F32", [2, 8])}), W, "other.weight"),
+    ("a kept module whose weight is FP8", lambda d: _checkpoint(
+        d, {**_fp8(), "head.weight": ("F8_E4M3", [2, 8])}), W, "head.weight"),
+    ("no dtype, and high-precision tensors of two", lambda d: _checkpoint(
+        d, {**_fp8(), "norm.weight": ("BF16", [8])}), "config.json", "dtype"),
+    ("no dtype, and high-precision tensors of one no layer computes in", lambda d: _checkpoint(
+        d, {**_fp8(), "head.weight": ("F64", [2, 8])}), "config.json", "dtype"),
+    ("no dtype, and no high-precision tensor", lambda d: _checkpoint(
+        d, {k: v for k, v in _fp8().items() if k != "head.weight"}), "config.json", "dtype"),
     ("a pack-quantized layer without weight_shape", lambda d: _int4_checkpoint(
         d, {k: v for k, v in _int4().items() if k != "layer.weight_shape"}), "",
      "layer.weight_shape"),
@@ -280,6 +294,18 @@ FOUND = {
     "a quantized weight of another dtype": "I8 [4, 8]",
     "a weight that is not 2-D": "shape [32]",
     "a scale for a module the config ignores": "a scale for a module the config keeps",
+    "a scale for a module the config does not quantize": (
+        "a scale for a module the config does not quantize, read by its name as an nn.Embedding"
+    ),
+    "a module the config quantizes stored without its scale": "F32 [2, 8], and no weight_scale",
+    "a kept module whose weight is FP8": "F8_E4M3 [2, 8], and no weight_scale",
+    "no dtype, and high-precision tensors of two": (
+        "none, and high-precision tensors stored in F32: head.weight; BF16: norm.weight"
+    ),
+    "no dtype, and high-precision tensors of one no layer computes in": (
+        "none, and high-precision tensors stored in F64: head.weight"
+    ),
+    "no dtype, and no high-precision tensor": "none, and no high-precision tensor stored",
     "a pack-quantized layer without weight_shape": "nothing",
     "a weight_shape of another dtype": "F32 [2]",
     "a weight_shape of zeros": "[0, 0]",
@@ -357,6 +383,31 @@ def test_only_the_header_and_the_weight_shape_are_read(
     assert reads
     for first, last in reads:
         assert any(low <= first and last <= high for low, high in allowed), (first, last)
+
+
+@pytest.mark.parametrize(
+    ("stored", "dtype"), [("BF16", "bfloat16"), ("F16", "float16"), ("F32", "float32")]
+)
+def test_with_no_dtype_stated_the_stored_high_precision_tensors_say_it(
+    tmp_path: Path, stored: str, dtype: str
+) -> None:
+    # The layer's fp32 scale is no weight of the model: it is fp32 whatever the model's dtype.
+    _checkpoint(tmp_path, {**_fp8(), "layer.bias": (stored, [4]), "head.weight": (stored, [2, 8]),
+                           "norm.weight": (stored, [8])})  # fmt: skip
+    info = inspect_checkpoint(tmp_path)
+    assert info.dtype is not None
+    assert info.dtype.value == dtype
+    assert info.dtype_source == (
+        "config.json states none; the one dtype of the 3 high-precision tensors stored "
+        "(head.weight, layer.bias, norm.weight)"
+    )
+
+
+def test_the_root_modules_own_weight_is_no_layer(tmp_path: Path) -> None:
+    # Loading decides every module but the root, the model itself, which it never replaces.
+    _checkpoint(tmp_path, {**_fp8(), "weight": ("F32", [2, 8])})
+    info = inspect_checkpoint(tmp_path)
+    assert [(kept.name, kept.weight_shape) for kept in info.kept] == [("head", (2, 8))]
 
 
 def test_a_stored_bias_makes_the_layer_a_biased_one(tmp_path: Path) -> None:
