@@ -66,8 +66,6 @@ def _remote(config: ModelConfig, what: str) -> CheckpointError:
 
 
 def _model_class(transformers: ModuleType, config: ModelConfig) -> Any:
-    if not config.architectures:
-        return transformers.AutoModel
     found = getattr(transformers, config.architectures[0], None)
     if not (isinstance(found, type) and issubclass(found, transformers.PreTrainedModel)):
         raise _remote(config, "architectures")
@@ -76,7 +74,7 @@ def _model_class(transformers: ModuleType, config: ModelConfig) -> Any:
 
 def meta_model(config: ModelConfig) -> torch.nn.Module:
     """``config``'s model built on the meta device by transformers' class for
-    ``architectures[0]`` (``AutoModel`` when none is named). Refused: a model type or
+    ``architectures[0]``. Refused: a model type or
     class transformers does not implement (remote code), or a config it cannot read."""
     transformers = _transformers()
     mapping = transformers.CONFIG_MAPPING
@@ -91,10 +89,9 @@ def meta_model(config: ModelConfig) -> torch.nn.Module:
             expected = f"a {config.model_type} config transformers reads"
             raise CheckpointError(config.path, "", found, expected) from error
         cls = _model_class(transformers, config)
-        build = cls.from_config if cls is transformers.AutoModel else cls._from_config
         try:
             with torch.device("meta"):
-                model: torch.nn.Module = build(hf_config)
+                model: torch.nn.Module = cls._from_config(hf_config)
         except (ValueError, TypeError, KeyError, AttributeError, RuntimeError) as error:
             found = (
                 f"a config {cls.__name__} cannot be built from ({type(error).__name__}: {error})"

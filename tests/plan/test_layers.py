@@ -184,7 +184,11 @@ def test_a_model_transformers_does_not_implement_is_refused_never_run(
         ('{"model_type": "llama", "model_type": "mistral"}', "given twice"),
         ("[1, 2]", "list"),
         ('{"architectures": ["LlamaForCausalLM"]}', "None"),
-        ('{"model_type": "llama", "torch_dtype": "float8_e4m3fn"}', "float8_e4m3fn"),
+        (
+            '{"model_type": "llama", "architectures": ["LlamaForCausalLM"], '
+            '"torch_dtype": "float8_e4m3fn"}',
+            "float8_e4m3fn",
+        ),
     ],
 )
 def test_a_config_that_could_be_read_two_ways_or_not_at_all_is_refused(
@@ -193,3 +197,16 @@ def test_a_config_that_could_be_read_two_ways_or_not_at_all_is_refused(
     (tmp_path / "config.json").write_text(text)
     with pytest.raises(CheckpointError, match=found):
         linear_layers(tmp_path)
+
+
+@pytest.mark.parametrize("architectures", [None, [], [""]])
+def test_a_config_naming_no_architecture_is_refused_not_built_as_a_bare_backbone(
+    tmp_path: Path, architectures: list[str] | None
+) -> None:
+    data = small_llama(architectures=architectures)
+    if architectures is None:
+        data.pop("architectures")
+    where = write_config(tmp_path, data)
+    with pytest.raises(CheckpointError, match="LlamaForCausalLM") as caught:
+        linear_layers(where)
+    assert (caught.value.key, str(where) in str(caught.value)) == ("architectures", True)
