@@ -157,7 +157,9 @@ def linear_layers(where: str | Path | ModelConfig, tensor_parallel: int = 1) -> 
         layers.append(Linear(name, members, split,
                              _part(name, split, shards, k, ranks, head_count), bias))  # fmt: skip
     uncovered = []
-    for held, reason in ((dict(experts), EXPERTS), (expert_linears, EXPERT_LINEARS)):
-        if held:
-            uncovered.append(UncoveredWeights(tuple(held), sum(held.values()), itemsize, reason))
+    for modules, reason in ((dict(experts), EXPERTS), (expert_linears, EXPERT_LINEARS)):
+        if modules:
+            uncovered.append(
+                UncoveredWeights(tuple(modules), sum(modules.values()), itemsize, reason)
+            )
     return ModelLayers(config, ranks, tuple(layers), tuple(kept), tuple(uncovered), dict(linears))
