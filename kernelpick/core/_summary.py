@@ -7,11 +7,12 @@ so a model of 224 layers reads as its handful of shapes. Pure: decisions, config
 names in; counts, bytes, ``render()`` and ``to_dict()`` out.
 
 Bytes are the checkpoint's: a quantized layer's weight and its scales (and zero points,
-``g_idx``, a static input scale), against the same weight in its high-precision
-``input_dtype``; a layer kept in high precision counts the same on both sides. Weights no
-kernel is chosen for (MoE experts, which vLLM runs in FusedMoE: ``UncoveredWeights``) are
-listed apart, with their bytes, and counted in neither total: the totals are what the
-decisions cover.
+``g_idx``, a static input scale), against the same weight as the high-precision checkpoint
+stores it (``weight_itemsize`` bytes a weight: the dtype the weights are stored in, which
+may differ from the activations' ``input_dtype``; the ``input_dtype``'s when not given); a
+layer kept in high precision counts the same on both sides. Weights no kernel is chosen
+for (MoE experts, which vLLM runs in FusedMoE: ``UncoveredWeights``) are listed apart,
+with their bytes, and counted in neither total: the totals are what the decisions cover.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import attrs
 
 from kernelpick.core._decision import SCHEMA_VERSION, Decision, Rejected, Selected, reason_lines
 from kernelpick.core._device import DeviceCaps
-from kernelpick.core._errors import InvalidValueError
+from kernelpick.core._errors import InvalidValueError, positive_int
 from kernelpick.core._quant import QuantConfig
 from kernelpick.core._summary_text import collapse_names, columns, size
 from kernelpick.core._typing import assert_never
@@ -60,6 +61,12 @@ def stored_bytes(config: QuantConfig) -> int:
     return total
 
 
+def _itemsize(value: object) -> int | None:
+    if value is None:
+        return None
+    return positive_int("weight_itemsize", value, "None or a positive int (bytes a weight)")
+
+
 def _names(value: object) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, (tuple, list)):
         raise InvalidValueError("layer names", value, "a tuple of layer names")
@@ -70,11 +77,14 @@ def _names(value: object) -> tuple[str, ...]:
 
 @attrs.frozen
 class LayerGroup:
-    """The layers (``names``, in model order) that share one ``config`` and ``decision``."""
+    """The layers (``names``, in model order) that share one ``config`` and ``decision``;
+    ``weight_itemsize``: bytes a weight in the high-precision checkpoint (None: the
+    ``input_dtype``'s)."""
 
     config: QuantConfig
     decision: Decision
     names: tuple[str, ...] = attrs.field(converter=_names)
+    weight_itemsize: int | None = attrs.field(default=None, converter=_itemsize)
 
     @property
     def count(self) -> int:
@@ -83,7 +93,8 @@ class LayerGroup:
     @property
     def bytes_before(self) -> int:
         n, k = self.config.weight_shape
-        return self.count * n * k * self.config.input_dtype.itemsize
+        itemsize = self.weight_itemsize or self.config.input_dtype.itemsize
+        return self.count * n * k * itemsize
 
     @property
     def bytes_after(self) -> int:
@@ -170,12 +181,16 @@ class ModelSummary:
         *,
         tensor_parallel: int = 1,
         uncovered: Iterable[UncoveredWeights] = (),
+        weight_itemsize: int | None = None,
     ) -> ModelSummary:
-        """Group ``layers`` (name, config, decision), in the order each group first appears."""
+        """Group ``layers`` (name, config, decision), in the order each group first appears;
+        ``weight_itemsize``: bytes a weight in the high-precision checkpoint, the same for
+        every layer (None: each config's ``input_dtype``'s)."""
         grouped: dict[tuple[QuantConfig, Decision], list[str]] = {}
         for name, config, decision in layers:
             grouped.setdefault((config, decision), []).append(name)
-        groups = tuple(LayerGroup(c, d, tuple(names)) for (c, d), names in grouped.items())
+        groups = tuple(LayerGroup(c, d, tuple(names), weight_itemsize)
+                       for (c, d), names in grouped.items())  # fmt: skip
         return cls(scheme, caps, groups, tuple(kept), tensor_parallel, tuple(uncovered))
 
     @property

@@ -159,17 +159,19 @@ def plan_model(
     policy = Policy() if policy is None else policy
     quantized: list[tuple[Linear, QuantConfig]] = []
     kept = list(layers.kept)
+    stored = config.dtype.itemsize  # bytes are the checkpoint's, whatever --dtype computes in
     for layer in layers.layers:
         role = _role(layout, layer, layers.modules)
         if role is True:
             quantized.append((layer, _config(recipe, layer, computes, layers.tensor_parallel)))
         else:
-            kept.append(KeptLayer(layer.name, layer.weight_shape, computes.itemsize, str(role)))
+            kept.append(KeptLayer(layer.name, layer.weight_shape, stored, str(role)))
     summaries = tuple(
         ModelSummary.of(
             recipe.scheme.value, caps,
             [(layer.name, c, choose(caps, c, policy)) for layer, c in quantized],
             kept, tensor_parallel=layers.tensor_parallel, uncovered=layers.uncovered,
+            weight_itemsize=stored,
         )
         for caps in devices
     )  # fmt: skip

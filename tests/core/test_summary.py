@@ -121,6 +121,20 @@ def test_weights_no_decision_covers_are_listed_with_their_bytes_and_in_no_total(
         UncoveredWeights((), 1, 2, "none")
 
 
+def test_before_is_the_stored_weights_bytes_whatever_dtype_the_activations_compute_in() -> None:
+    # A bfloat16 checkpoint planned with float32 activations: 2 bytes a weight before.
+    config = kp.quant_config("fp8_per_channel", weight_shape=(64, 128), input_dtype="float32")
+    layers = [("model.layers.0.mlp.up_proj", config, kp.choose(H100, config))]
+    summary = ModelSummary.of("fp8_per_channel", H100, layers, weight_itemsize=2)
+    assert summary.groups[0].weight_itemsize == 2
+    assert summary.bytes_before == 64 * 128 * 2
+    assert summary.to_dict()["groups"][0]["bytes_before"] == 64 * 128 * 2
+    # Given nothing, the activations' dtype, as before.
+    assert ModelSummary.of("fp8_per_channel", H100, layers).bytes_before == 64 * 128 * 4
+    with pytest.raises(kp.InvalidValueError, match="weight_itemsize"):
+        ModelSummary.of("fp8_per_channel", H100, layers, weight_itemsize=0)
+
+
 @pytest.mark.parametrize(
     ("names", "collapsed"),
     [(["a.0.q", "a.1.q", "a.2.q"], "a.{0..2}.q"),

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("transformers")
 
 import kernelpick as kp
-from kernelpick.core import InvalidValueError, RejectCode, Scheme, Selected
+from kernelpick.core import Dtype, InvalidValueError, RejectCode, Scheme, Selected
 from kernelpick.integration import CheckpointError
 from kernelpick.integration.formats.compressed_tensors import to_config
 from kernelpick.plan import plan_model
@@ -143,3 +143,24 @@ def test_every_device_gets_its_own_summary_in_order(tmp_path: Path) -> None:
     assert [s.caps for s in result.summaries] == devices
     assert [s.rejected for s in result.summaries] == [8, 0, 0]
     assert result.rejected == 8
+
+
+@pytest.mark.parametrize("ignore", [None, ["lm_head", "re:.*mlp\\.down_proj$"]])
+def test_the_activations_dtype_changes_no_byte_the_checkpoint_holds(
+    tmp_path: Path, ignore: list[str] | None
+) -> None:
+    """A bfloat16 checkpoint computed in float32: 2 bytes a weight before, in every layer,
+    quantized, kept by default or kept by the checkpoint's ignore list alike."""
+    if ignore is None:
+        where, scheme = write_config(tmp_path, small_llama()), "fp8_per_channel"
+    else:
+        qconfig = to_config(Scheme.FP8_PER_CHANNEL, ignore)
+        where, scheme = write_config(tmp_path, small_llama(quantization_config=qconfig)), None
+    plans = {dtype: plan_model(where, [H100], scheme, dtype=dtype).summaries[0]
+             for dtype in ("bfloat16", "float32")}  # fmt: skip
+    wide, narrow = plans["float32"], plans["bfloat16"]
+    assert wide.groups[0].config.input_dtype is Dtype.FLOAT32
+    assert (wide.bytes_before, wide.bytes_after) == (narrow.bytes_before, narrow.bytes_after)
+    assert {layer.itemsize for layer in wide.kept} == {2}
+    n, k = wide.groups[0].config.weight_shape
+    assert wide.groups[0].bytes_before == wide.groups[0].count * n * k * 2
