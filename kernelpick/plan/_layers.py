@@ -159,7 +159,6 @@ def linear_layers(where: str | Path | ModelConfig, tensor_parallel: int = 1) -> 
     uncovered = []
     for modules, reason in ((dict(experts), EXPERTS), (expert_linears, EXPERT_LINEARS)):
         if modules:
-            uncovered.append(
-                UncoveredWeights(tuple(modules), sum(modules.values()), itemsize, reason)
-            )
+            elements = sum(modules.values())
+            uncovered.append(UncoveredWeights(tuple(modules), elements, config.dtype, reason))
     return ModelLayers(config, ranks, tuple(layers), tuple(kept), tuple(uncovered), dict(linears))

@@ -16,7 +16,7 @@ from kernelpick.integration import CheckpointError
 from kernelpick.integration.formats.compressed_tensors import to_config
 from kernelpick.plan import plan_model
 from tests.plan.test_layers import _mla
-from tests.support.model_configs import CONFIGS, small_llama, write_config
+from tests.support.model_configs import CONFIGS, small_llama, small_qwen3_moe, write_config
 
 H100 = kp.device_profile("h100")
 FP8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
@@ -164,3 +164,28 @@ def test_the_activations_dtype_changes_no_byte_the_checkpoint_holds(
     assert {layer.itemsize for layer in wide.kept} == {2}
     n, k = wide.groups[0].config.weight_shape
     assert wide.groups[0].bytes_before == wide.groups[0].count * n * k * 2
+
+
+def test_experts_are_whole_model_figures_in_the_checkpoints_dtype_or_not_counted(
+    tmp_path: Path,
+) -> None:
+    """Quantized as it loads, the experts stay as the bfloat16 checkpoint stores them, all
+    ranks together; a pre-quantized checkpoint stores them as its quantization_config
+    says (FP8 and scales here), so no bytes are claimed for them."""
+    online = write_config(tmp_path / "online", small_qwen3_moe())
+    elements = 2 * 4 * 3 * 128 * 256  # layers x experts x (gate, up, down) x I x H
+    for ranks in (1, 2):
+        result = plan_model(online, [H100], "fp8_per_channel", tensor_parallel=ranks)
+        (experts,) = result.uncovered
+        assert (experts.elements, experts.dtype, experts.weight_bytes) == (
+            elements,
+            Dtype.BFLOAT16,
+            elements * 2,
+        )
+        assert result.summaries[0].uncovered == result.uncovered
+    pre = write_config(tmp_path / "pre", small_qwen3_moe(quantization_config=FP8))
+    result = plan_model(pre, [H100], tensor_parallel=2)
+    (experts,) = result.uncovered
+    assert (experts.elements, experts.dtype, experts.weight_bytes) == (elements, None, None)
+    assert result.summaries[0].uncovered == result.uncovered
+    assert "bytes not counted" in result.summaries[0].render()

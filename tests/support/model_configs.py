@@ -26,6 +26,17 @@ def small_llama(**changes: Any) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def small_qwen3_moe(**changes: Any) -> dict[str, Any]:
+    """A two-layer Qwen3-MoE config of four experts, every layer an MoE block."""
+    return {
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 256,
+        "intermediate_size": 512, "moe_intermediate_size": 128, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 128, "num_hidden_layers": 2, "num_experts": 4,
+        "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        "vocab_size": 1000, "torch_dtype": "bfloat16", **changes,
+    }  # fmt: skip
+
+
 def write_config(folder: Path, data: dict[str, Any]) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "config.json"
