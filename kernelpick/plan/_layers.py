@@ -59,10 +59,10 @@ class ModelLayers:
     modules: Mapping[str, torch.nn.Module]
 
 
-def _heads(model: torch.nn.Module) -> Heads | None:
-    config = getattr(model, "config", None)
-    text = getattr(config, "get_text_config", None)
-    config = text() if callable(text) else config
+def _own_heads(module: torch.nn.Module) -> Heads | None:
+    """The heads of the config ``module`` holds, if it holds one that has them: a LLaVA's
+    vision tower and language model each hold their own sub-config."""
+    config = getattr(module, "config", None)
     heads = getattr(config, "num_attention_heads", None)
     kv = getattr(config, "num_key_value_heads", None) or heads
     return Heads(heads, kv) if isinstance(heads, int) and isinstance(kv, int) else None
@@ -121,12 +121,13 @@ def linear_layers(where: str | Path | ModelConfig, tensor_parallel: int = 1) -> 
     model = meta_model(config)
     heads = output_heads(model)
     itemsize = config.dtype.itemsize
-    head_count = _heads(model)
+    scope: dict[str, Heads | None] = {}  # each module's heads: its own config's, or its parent's
     linears: dict[str, torch.nn.Linear] = {}
     kept: list[KeptLayer] = []
     experts: list[tuple[str, int]] = []
     expert_linears: dict[str, int] = {}  # each experts module's weights
     for name, module in model.named_modules():
+        scope[name] = _own_heads(module) or scope.get(name.rpartition(".")[0])
         # A model's own module with 3-D weights holds experts; torch's (convolutions) do not.
         own = not type(module).__module__.startswith("torch.")
         big = [p for p in module.parameters(recurse=False) if p.dim() >= 3] if own else []
@@ -137,7 +138,7 @@ def linear_layers(where: str | Path | ModelConfig, tensor_parallel: int = 1) -> 
         if reason is not None and isinstance(weight, torch.Tensor) and weight.dim() == 2:
             n, k = weight.shape
             style = Split.VOCAB if name in heads else split_of(name) or Split.REPLICATED
-            shape = _part(name, style, [n], k, ranks, head_count)
+            shape = _part(name, style, [n], k, ranks, scope[name])
             kept.append(KeptLayer(name, (sum(shape.sizes), shape.k), itemsize, reason))
         elif isinstance(module, torch.nn.Linear):
             held = experts_module(name)
@@ -155,7 +156,8 @@ def linear_layers(where: str | Path | ModelConfig, tensor_parallel: int = 1) -> 
                                     "one K: vLLM fuses them into one layer")  # fmt: skip
         bias = any(linears[m].bias is not None for m in members)
         layers.append(Linear(name, members, split,
-                             _part(name, split, shards, k, ranks, head_count), bias))  # fmt: skip
+                             _part(name, split, shards, k, ranks, scope[members[0]]),
+                             bias))  # fmt: skip
     uncovered = []
     for modules, reason in ((dict(experts), EXPERTS), (expert_linears, EXPERT_LINEARS)):
         if modules:

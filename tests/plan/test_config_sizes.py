@@ -15,23 +15,15 @@ pytest.importorskip("transformers")
 from kernelpick.integration import CheckpointError
 from kernelpick.plan import linear_layers
 from kernelpick.plan._sizes import MAX_LAYERS, check_sizes
-from tests.support.model_configs import small_llama, write_config
+from tests.support.model_configs import small_llama, small_llava, write_config
 
 _GPT2 = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 64,
          "n_head": 4, "n_layer": 2, "n_positions": 128, "vocab_size": 100}  # fmt: skip
-_LLAVA: dict[str, Any] = {
-    "architectures": ["LlavaForConditionalGeneration"], "model_type": "llava",
-    "text_config": {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
-                    "num_attention_heads": 4, "num_key_value_heads": 2,
-                    "num_hidden_layers": 1, "vocab_size": 1000},
-    "vision_config": {"model_type": "clip_vision_model", "hidden_size": 64,
-                      "intermediate_size": 128, "num_attention_heads": 4,
-                      "num_hidden_layers": 1, "image_size": 28, "patch_size": 14},
-}  # fmt: skip
 
 
 def _nested(key: str, **changes: Any) -> dict[str, Any]:
-    return {**_LLAVA, key: {**_LLAVA[key], **changes}}
+    llava = small_llava()
+    return {**llava, key: {**llava[key], **changes}}
 
 
 @pytest.mark.parametrize(

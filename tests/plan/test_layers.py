@@ -24,7 +24,13 @@ from kernelpick.plan import (
     _layers,
     linear_layers,
 )
-from tests.support.model_configs import CONFIGS, fixture_data, small_llama, write_config
+from tests.support.model_configs import (
+    CONFIGS,
+    fixture_data,
+    small_llama,
+    small_llava,
+    write_config,
+)
 
 
 def _shapes(where: Path | str, ranks: int = 1) -> dict[str, tuple[int, int]]:
@@ -210,3 +216,14 @@ def test_a_config_naming_no_architecture_is_refused_not_built_as_a_bare_backbone
     with pytest.raises(CheckpointError, match="LlamaForCausalLM") as caught:
         linear_layers(where)
     assert (caught.value.key, str(where) in str(caught.value)) == ("architectures", True)
+
+
+def test_each_sub_model_splits_its_qkv_by_its_own_configs_heads(tmp_path: Path) -> None:
+    """A LLaVA's vision tower has 4 heads and no KV heads of its own; its language model 2
+    KV heads for 4: each qkv_proj is split by its own sub-config, not the text config's."""
+    layers = linear_layers(write_config(tmp_path, small_llava()))
+    parts = {layer.name: layer.part.sizes for layer in layers.layers if "qkv" in layer.name}
+    assert parts == {
+        "model.vision_tower.encoder.layers.0.self_attn.qkv_proj": (64, 64, 64),
+        "model.language_model.layers.0.self_attn.qkv_proj": (256, 128, 128),
+    }

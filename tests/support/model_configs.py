@@ -37,6 +37,22 @@ def small_qwen3_moe(**changes: Any) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def small_llava(**changes: Any) -> dict[str, Any]:
+    """A LLaVA of one layer each: a Llama with 2 KV heads for 4 heads, a CLIP vision tower
+    of 4 heads (no KV heads of its own)."""
+    return {
+        "architectures": ["LlavaForConditionalGeneration"], "model_type": "llava",
+        "torch_dtype": "bfloat16",
+        "text_config": {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
+                        "num_attention_heads": 4, "num_key_value_heads": 2,
+                        "num_hidden_layers": 1, "vocab_size": 1000},
+        "vision_config": {"model_type": "clip_vision_model", "hidden_size": 64,
+                          "intermediate_size": 128, "num_attention_heads": 4,
+                          "num_hidden_layers": 1, "image_size": 28, "patch_size": 14},
+        **changes,
+    }  # fmt: skip
+
+
 def write_config(folder: Path, data: dict[str, Any]) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "config.json"
