@@ -5,9 +5,9 @@
   built on the meta device (shapes, no weights; never a checkpoint's own code): q/k/v,
   gate/up and DeepSeek's q_a/kv_a fused by one table, each split over the
   tensor-parallel ranks as vLLM splits it, the layers vLLM keeps in high precision (the
-  output head, MoE routers, BERT's pooler) and the weights no linear method runs (MoE
-  experts, as 3-D parameters or one ``nn.Linear`` per expert: vLLM runs them in FusedMoE)
-  apart.
+  output head, MoE routers but those of the ``QUANTIZED_ROUTERS`` models, BERT's pooler)
+  and the weights no linear method runs (MoE experts, as 3-D parameters or one
+  ``nn.Linear`` per expert: vLLM runs them in FusedMoE) apart.
 - ``plan_model``: each layer's ``QuantConfig`` under a scheme or the checkpoint's own
   ``quantization_config``, refused where loading would refuse it, and a
   ``kernelpick.core.ModelSummary`` of the decisions per device.
@@ -20,13 +20,24 @@ from kernelpick.plan._config import CONFIG_NAME, ModelConfig, read_config
 from kernelpick.plan._layers import EXPERTS, Linear, ModelLayers, linear_layers
 from kernelpick.plan._meta import TransformersUnavailableError, meta_model
 from kernelpick.plan._plan import ModelPlan, plan_model, recipe_for
-from kernelpick.plan._table import FUSED, KEPT, ROUTER_KEPT, SPLITS, Fused, Heads, Part, Split
+from kernelpick.plan._table import (
+    FUSED,
+    KEPT,
+    QUANTIZED_ROUTERS,
+    ROUTER_KEPT,
+    SPLITS,
+    Fused,
+    Heads,
+    Part,
+    Split,
+)
 
 __all__ = [
     "CONFIG_NAME",
     "EXPERTS",
     "FUSED",
     "KEPT",
+    "QUANTIZED_ROUTERS",
     "ROUTER_KEPT",
     "SPLITS",
     "Fused",

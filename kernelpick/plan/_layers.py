@@ -20,7 +20,17 @@ from kernelpick.integration.formats import (
 )
 from kernelpick.plan._config import ModelConfig, read_config
 from kernelpick.plan._meta import meta_model
-from kernelpick.plan._table import FUSED, KEPT, ROUTER_KEPT, Heads, Part, Split, part, split_of
+from kernelpick.plan._table import (
+    FUSED,
+    KEPT,
+    QUANTIZED_ROUTERS,
+    ROUTER_KEPT,
+    Heads,
+    Part,
+    Split,
+    part,
+    split_of,
+)
 
 __all__ = ["EXPERTS", "Linear", "ModelLayers", "linear_layers"]
 
@@ -72,19 +82,33 @@ def _ends(name: str, tail: str) -> bool:
     return name == tail or name.endswith("." + tail)
 
 
-def _kept_reason(name: str, module: torch.nn.Module, heads: set[str]) -> str | None:
+def _router(module: torch.nn.Module) -> bool:
+    return type(module).__name__.endswith("Router")  # transformers' MoE routers (no nn.Linear)
+
+
+def _kept_reason(
+    name: str, module: torch.nn.Module, heads: set[str], routers_quantized: bool
+) -> str | None:
     if name in heads:
         return OUTPUT_HEAD_KEPT
-    if type(module).__name__.endswith("Router"):  # transformers' MoE routers (no nn.Linear)
+    if _router(module) and not routers_quantized:
         return ROUTER_KEPT
     return next((why for tail, why in KEPT.items() if _ends(name, tail)), None)
 
 
+def _stand_in(weight: torch.Tensor, bias: object) -> torch.nn.Linear:
+    """The linear vLLM builds for a module that is no nn.Linear in transformers, from its
+    (N, K) ``weight``: what a checkpoint's layout matches its patterns against."""
+    n, k = weight.shape
+    return torch.nn.Linear(k, n, bias=isinstance(bias, torch.Tensor), device="meta")
+
+
 def _groups(
-    linears: dict[str, torch.nn.Linear],
+    linears: dict[str, torch.nn.Linear], splits: Mapping[str, Split]
 ) -> Iterator[tuple[str, tuple[str, ...], Split | None]]:
     """(vLLM's name, members, split) of every layer, fused ones where the parent holds
-    every shard, in the order of each layer's first member."""
+    every shard, in the order of each layer's first member; ``splits`` those known from
+    what the module is rather than its name."""
     taken: set[str] = set()
     for name in linears:
         if name in taken:
@@ -98,7 +122,7 @@ def _groups(
                 yield prefix + fused.name, members, fused.split
                 break
         else:
-            yield name, (name,), split_of(name)
+            yield name, (name,), splits.get(name) or split_of(name)
 
 
 def _part(name: str, split: Split | None, shards: list[int], k: int, ranks: int,
@@ -123,6 +147,8 @@ def linear_layers(where: str | Path | ModelConfig, tensor_parallel: int = 1) -> 
     itemsize = config.dtype.itemsize
     scope: dict[str, Heads | None] = {}  # each module's heads: its own config's, or its parent's
     linears: dict[str, torch.nn.Linear] = {}
+    splits: dict[str, Split] = {}
+    routers_quantized = config.architectures[0] in QUANTIZED_ROUTERS
     kept: list[KeptLayer] = []
     experts: list[tuple[str, int]] = []
     expert_linears: dict[str, int] = {}  # each experts module's weights
@@ -133,13 +159,17 @@ def linear_layers(where: str | Path | ModelConfig, tensor_parallel: int = 1) -> 
         big = [p for p in module.parameters(recurse=False) if p.dim() >= 3] if own else []
         if big:
             experts.append((name, sum(p.numel() for p in big)))
-        reason = _kept_reason(name, module, heads) if name else None
+        reason = _kept_reason(name, module, heads, routers_quantized) if name else None
         weight = getattr(module, "weight", None)
-        if reason is not None and isinstance(weight, torch.Tensor) and weight.dim() == 2:
-            n, k = weight.shape
+        matrix = weight if isinstance(weight, torch.Tensor) and weight.dim() == 2 else None
+        if reason is not None and matrix is not None:
+            n, k = matrix.shape
             style = Split.VOCAB if name in heads else split_of(name) or Split.REPLICATED
             shape = _part(name, style, [n], k, ranks, scope[name])
             kept.append(KeptLayer(name, (sum(shape.sizes), shape.k), itemsize, reason))
+        elif routers_quantized and _router(module) and matrix is not None:
+            linears[name] = _stand_in(matrix, getattr(module, "bias", None))
+            splits[name] = Split.REPLICATED  # GateLinear is a ReplicatedLinear
         elif isinstance(module, torch.nn.Linear):
             held = experts_module(name)
             if held is None:
@@ -147,7 +177,7 @@ def linear_layers(where: str | Path | ModelConfig, tensor_parallel: int = 1) -> 
             else:  # one expert's: vLLM runs it in FusedMoE
                 expert_linears[held] = expert_linears.get(held, 0) + module.weight.numel()
     layers = []
-    for name, members, split in _groups(linears):
+    for name, members, split in _groups(linears, splits):
         shards = [linears[m].out_features for m in members]
         k = linears[members[0]].in_features
         if any(linears[m].in_features != k for m in members):

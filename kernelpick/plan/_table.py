@@ -1,8 +1,8 @@
 """How vLLM builds a transformers model's linear layers, as tables: which it fuses into one
 layer (q/k/v, gate/up, DeepSeek's q_a/kv_a), how each is split over tensor-parallel ranks,
 and which it keeps in high precision whatever the quantization. Read from vLLM's model
-code (llama.py, qwen2.py, qwen3.py, gemma2.py, bert.py, deepseek_v2.py and linear.py,
-vocab_parallel_embedding.py; vLLM 0.33).
+code (llama.py, qwen2.py, qwen3.py, qwen3_moe.py, gemma2.py, bert.py, deepseek_v2.py and
+linear.py, vocab_parallel_embedding.py; vLLM 0.33).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from kernelpick.core import InvalidValueError
 __all__ = [
     "FUSED",
     "KEPT",
+    "QUANTIZED_ROUTERS",
     "ROUTER_KEPT",
     "SPLITS",
     "Fused",
@@ -73,12 +74,17 @@ SPLITS = {
 }
 
 ROUTER_KEPT = (
-    "an MoE router: kept in high precision, as vLLM builds its routers (GateLinear, "
-    "ReplicatedLinear) without a quantization config"
+    "an MoE router: kept in high precision, as vLLM builds this model's routers (GateLinear) "
+    "without a quantization config"
+)
+# vLLM 0.33 gives these routers quant_config: qwen3_moe.py (reused by qwen3_vl_moe.py), lfm2_moe.py
+QUANTIZED_ROUTERS = frozenset(
+    {"Qwen3MoeForCausalLM", "Qwen3VLMoeForConditionalGeneration", "Lfm2MoeForCausalLM"}
 )
 # Linears vLLM builds without a quantization config, or as a plain nn.Linear no
 # quantization method gets, by the end of their name; routers that are no nn.Linear in
-# transformers (its *Router modules) are found by their class.
+# transformers (its *Router modules) are found by their class, and kept unless their
+# architecture is in QUANTIZED_ROUTERS.
 KEPT = {
     "shared_expert_gate": ROUTER_KEPT,
     "pooler.dense": "the pooler: vLLM builds it as a plain nn.Linear, which no quantization "

@@ -29,6 +29,7 @@ from tests.support.model_configs import (
     fixture_data,
     small_llama,
     small_llava,
+    small_qwen3_moe,
     write_config,
 )
 
@@ -227,3 +228,21 @@ def test_each_sub_model_splits_its_qkv_by_its_own_configs_heads(tmp_path: Path) 
         "model.vision_tower.encoder.layers.0.self_attn.qkv_proj": (64, 64, 64),
         "model.language_model.layers.0.self_attn.qkv_proj": (256, 128, 128),
     }
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_router_vllm_gives_the_quant_config_is_a_replicated_layer(
+    tmp_path: Path, ranks: int
+) -> None:
+    """Qwen3-MoE's routers: vLLM builds them (GateLinear, replicated) with the model's
+    quant_config, so they are planned as layers; DeepSeek's it builds without one."""
+    layers = linear_layers(write_config(tmp_path, small_qwen3_moe()), ranks)
+    routers = [(layer.name, layer.split, layer.weight_shape) for layer in layers.layers
+               if layer.name.endswith(".gate")]  # fmt: skip
+    assert routers == [(f"model.layers.{i}.mlp.gate", Split.REPLICATED, (4, 256)) for i in (0, 1)]
+    assert [layer.name for layer in layers.kept] == ["lm_head"]
+    deepseek = linear_layers(write_config(tmp_path / "deepseek", _mla(1536)), ranks)
+    assert [(k.name, k.reason) for k in deepseek.kept if k.name.endswith(".gate")] == [
+        ("model.layers.1.mlp.gate", ROUTER_KEPT)
+    ]
+    assert not [layer for layer in deepseek.layers if layer.name.endswith(".gate")]

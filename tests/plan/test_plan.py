@@ -189,3 +189,20 @@ def test_experts_are_whole_model_figures_in_the_checkpoints_dtype_or_not_counted
     assert (experts.elements, experts.dtype, experts.weight_bytes) == (elements, None, None)
     assert result.summaries[0].uncovered == result.uncovered
     assert "bytes not counted" in result.summaries[0].render()
+
+
+def test_a_quantized_router_is_kept_where_the_checkpoint_keeps_it(tmp_path: Path) -> None:
+    # Qwen3-MoE FP8 checkpoints list their routers in modules_to_not_convert; vLLM then
+    # skips them, as the plan does.
+    qconfig = {**FP8, "modules_to_not_convert": ["lm_head", "mlp.gate"]}
+    where = write_config(tmp_path, small_qwen3_moe(quantization_config=qconfig))
+    (summary,) = plan_model(where, [H100]).summaries
+    kept = {layer.name: layer.reason for layer in summary.kept}
+    assert kept["model.layers.0.mlp.gate"] == "modules_to_not_convert keeps it in high precision"
+    assert not any(name.endswith(".gate") for group in summary.groups for name in group.names)
+    # A compressed-tensors checkpoint targeting every Linear quantizes them, as vLLM's
+    # GateLinear is one.
+    qconfig = to_config(Scheme.FP8_PER_CHANNEL, ["lm_head"])
+    where = write_config(tmp_path / "ct", small_qwen3_moe(quantization_config=qconfig))
+    (summary,) = plan_model(where, [H100]).summaries
+    assert _group(summary, "model.layers.1.mlp.gate").config.weight_shape == (4, 256)
