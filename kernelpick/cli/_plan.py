@@ -52,7 +52,8 @@ def _describe(result: ModelPlan) -> str:
 
 def _not_covered(uncovered: Sequence[UncoveredWeights]) -> str:
     if not uncovered:
-        return "not covered: nothing; every weight matrix of the model is a layer above"
+        return ("not covered: nothing; every 2-D weight of the model is in a layer above or an "
+                "embedding")  # fmt: skip
     modules = sum(len(u.names) for u in uncovered)
     return (f"not covered on every device: {modules} module(s) whose weights no kernelpick "
             "kernel runs (listed above, whole-model figures, counted in no total)")  # fmt: skip

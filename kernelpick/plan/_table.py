@@ -24,6 +24,8 @@ __all__ = [
     "Heads",
     "Part",
     "Split",
+    "packed_qkv",
+    "part",
     "split_of",
 ]
 
@@ -71,6 +73,11 @@ SPLITS = {
     "intermediate.dense": Split.COLUMN,  # BERT's BertIntermediate
     "output.dense": Split.ROW,  # BERT's BertOutput
     "lm_head": Split.VOCAB,
+    # GPT-2's Conv1D layers (gpt2.py): q, k and v in one module, its projection, its MLP.
+    "attn.c_attn": Split.QKV,
+    "attn.c_proj": Split.ROW,
+    "mlp.c_fc": Split.COLUMN,
+    "mlp.c_proj": Split.ROW,
 }
 
 ROUTER_KEPT = (
@@ -157,6 +164,17 @@ def part(
             return Part((size,), k, rows, k, padded)
         case Split.QKV:
             return _qkv(layer, rows, k, ranks, heads)
+
+
+def packed_qkv(layer: str, rows: int, heads: Heads | None) -> list[int]:
+    """The q, k and v rows of ``layer``, one module of ``rows`` rows holding all three
+    (GPT-2's c_attn), by its ``heads``."""
+    per_head = None if heads is None else heads.heads + 2 * heads.kv_heads
+    if heads is None or per_head is None or rows % per_head:
+        raise InvalidValueError(f"rows of {layer}", rows,
+                                "q, k and v of the config's attention heads")  # fmt: skip
+    size = rows // per_head
+    return [heads.heads * size, heads.kv_heads * size, heads.kv_heads * size]
 
 
 def _qkv(layer: str, rows: tuple[int, ...], k: int, ranks: int, heads: Heads | None) -> Part:

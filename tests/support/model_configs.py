@@ -37,6 +37,15 @@ def small_qwen3_moe(**changes: Any) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def small_gpt2(**changes: Any) -> dict[str, Any]:
+    """A two-layer GPT-2, whose linears are transformers' Conv1D (weights stored K x N)."""
+    return {
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 64, "n_head": 4,
+        "n_layer": 2, "n_positions": 128, "vocab_size": 100, "torch_dtype": "float16",
+        **changes,
+    }  # fmt: skip
+
+
 def small_llava(**changes: Any) -> dict[str, Any]:
     """A LLaVA of one layer each: a Llama with 2 KV heads for 4 heads, a CLIP vision tower
     of 4 heads (no KV heads of its own)."""
