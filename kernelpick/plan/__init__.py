@@ -10,6 +10,9 @@
   apart (MoE experts, as 3-D parameters or one ``nn.Linear`` per expert: vLLM runs them
   in FusedMoE; any other 2-D weight no table places). Every 2-D weight is in one of them
   or an embedding.
+- ``read_config`` refuses a config naming no ``architectures``, and ``check_sizes`` one
+  whose sizes no model has (not positive ints, KV heads not dividing the heads, more than
+  ``MAX_LAYERS`` layers) before transformers builds anything.
 - ``plan_model``: each layer's ``QuantConfig`` under a scheme or the checkpoint's own
   ``quantization_config``, refused where loading would refuse it, and a
   ``kernelpick.core.ModelSummary`` of the decisions per device.
@@ -22,6 +25,7 @@ from kernelpick.plan._config import CONFIG_NAME, ModelConfig, read_config
 from kernelpick.plan._layers import EXPERTS, Linear, ModelLayers, linear_layers
 from kernelpick.plan._meta import TransformersUnavailableError, meta_model
 from kernelpick.plan._plan import ModelPlan, plan_model, recipe_for
+from kernelpick.plan._sizes import MAX_LAYERS
 from kernelpick.plan._table import (
     FUSED,
     KEPT,
@@ -39,6 +43,7 @@ __all__ = [
     "EXPERTS",
     "FUSED",
     "KEPT",
+    "MAX_LAYERS",
     "QUANTIZED_ROUTERS",
     "ROUTER_KEPT",
     "SPLITS",

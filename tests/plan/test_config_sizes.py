@@ -13,12 +13,9 @@ import pytest
 pytest.importorskip("transformers")
 
 from kernelpick.integration import CheckpointError
-from kernelpick.plan import linear_layers
-from kernelpick.plan._sizes import MAX_LAYERS, check_sizes
-from tests.support.model_configs import small_llama, small_llava, write_config
-
-_GPT2 = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 64,
-         "n_head": 4, "n_layer": 2, "n_positions": 128, "vocab_size": 100}  # fmt: skip
+from kernelpick.plan import MAX_LAYERS, linear_layers
+from kernelpick.plan._sizes import check_sizes
+from tests.support.model_configs import small_gpt2, small_llama, small_llava, write_config
 
 
 def _nested(key: str, **changes: Any) -> dict[str, Any]:
@@ -41,7 +38,7 @@ def _nested(key: str, **changes: Any) -> dict[str, Any]:
         (small_llama(num_hidden_layers=-1), "num_hidden_layers", "-1"),
         (small_llama(num_hidden_layers=MAX_LAYERS + 1), "num_hidden_layers", "1025"),
         (small_llama(num_key_value_heads=3), "num_key_value_heads", "3"),  # 4 heads
-        ({**_GPT2, "n_head": 0}, "n_head", "0"),  # the key as the file names it
+        (small_gpt2(n_head=0), "n_head", "0"),  # the key as the file names it
         (_nested("text_config", num_key_value_heads=3), "text_config.num_key_value_heads", "3"),
         (
             _nested("vision_config", num_hidden_layers=MAX_LAYERS + 1),
