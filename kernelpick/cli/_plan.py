@@ -52,10 +52,11 @@ def _describe(result: ModelPlan) -> str:
 
 def _not_covered(uncovered: Sequence[UncoveredWeights]) -> str:
     if not uncovered:
-        return "not covered: nothing; every weight matrix of the model is a layer above"
+        return ("not covered: nothing; every 2-D weight of the model is in a layer above or an "
+                "embedding")  # fmt: skip
     modules = sum(len(u.names) for u in uncovered)
     return (f"not covered on every device: {modules} module(s) whose weights no kernelpick "
-            "kernel runs (listed above with their bytes, counted in no total)")  # fmt: skip
+            "kernel runs (listed above, whole-model figures, counted in no total)")  # fmt: skip
 
 
 def _cell(summary: ModelSummary, index: int) -> str:
@@ -86,7 +87,7 @@ def _markdown(result: ModelPlan, names: Sequence[str]) -> str:
         rest = details[details.index(totals[-1]) + 1 :]  # the rejections and warnings
         if any(line.strip() for line in rest):
             parts += ["", "```text", *[line for line in rest if line != ""], "```"]
-    parts += ["", _not_covered(result.layers.uncovered)]
+    parts += ["", _not_covered(result.uncovered)]
     return "\n".join(parts)
 
 
@@ -101,7 +102,7 @@ def _record(result: ModelPlan, names: Sequence[str]) -> dict[str, Any]:
     }  # fmt: skip
     plans = [{**summary.to_dict(), "profile": name}
              for name, summary in zip(names, result.summaries, strict=True)]  # fmt: skip
-    not_covered = [weights.to_dict() for weights in result.layers.uncovered]
+    not_covered = [weights.to_dict() for weights in result.uncovered]
     return {"schema_version": SCHEMA_VERSION, "model": model, "plans": plans,
             "not_covered": not_covered}  # fmt: skip
 
@@ -127,6 +128,6 @@ def plan(args: argparse.Namespace, env: Mapping[str, str], out: TextIO, err: Tex
         print(_markdown(result, names), file=out)
     else:
         blocks = [_describe(result), *(summary.render() for summary in result.summaries),
-                  _not_covered(result.layers.uncovered)]  # fmt: skip
+                  _not_covered(result.uncovered)]  # fmt: skip
         print("\n\n".join(blocks), file=out)
     return EXIT_REJECTED if result.rejected else EXIT_SELECTED

@@ -7,11 +7,13 @@ so a model of 224 layers reads as its handful of shapes. Pure: decisions, config
 names in; counts, bytes, ``render()`` and ``to_dict()`` out.
 
 Bytes are the checkpoint's: a quantized layer's weight and its scales (and zero points,
-``g_idx``, a static input scale), against the same weight in its high-precision
-``input_dtype``; a layer kept in high precision counts the same on both sides. Weights no
-kernel is chosen for (MoE experts, which vLLM runs in FusedMoE: ``UncoveredWeights``) are
-listed apart, with their bytes, and counted in neither total: the totals are what the
-decisions cover.
+``g_idx``, a static input scale), against the same weight as the high-precision checkpoint
+stores it (``weight_itemsize`` bytes a weight: the dtype the weights are stored in, which
+may differ from the activations' ``input_dtype``; the ``input_dtype``'s when not given); a
+layer kept in high precision counts the same on both sides. Weights no kernel is chosen
+for (MoE experts, which vLLM runs in FusedMoE: ``UncoveredWeights``) are listed apart,
+whole-model figures with their dtype and bytes where a checkpoint's dtype says them, and
+counted in neither total: the totals are what the decisions cover.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ import attrs
 
 from kernelpick.core._decision import SCHEMA_VERSION, Decision, Rejected, Selected, reason_lines
 from kernelpick.core._device import DeviceCaps
-from kernelpick.core._errors import InvalidValueError
+from kernelpick.core._errors import positive_int
 from kernelpick.core._quant import QuantConfig
+from kernelpick.core._summary_parts import KeptLayer, UncoveredWeights, layer_names
 from kernelpick.core._summary_text import collapse_names, columns, size
 from kernelpick.core._typing import assert_never
 
@@ -60,21 +63,22 @@ def stored_bytes(config: QuantConfig) -> int:
     return total
 
 
-def _names(value: object) -> tuple[str, ...]:
-    if isinstance(value, str) or not isinstance(value, (tuple, list)):
-        raise InvalidValueError("layer names", value, "a tuple of layer names")
-    if not value or not all(isinstance(name, str) for name in value):
-        raise InvalidValueError("layer names", value, "one or more names (strings)")
-    return tuple(value)
+def _itemsize(value: object) -> int | None:
+    if value is None:
+        return None
+    return positive_int("weight_itemsize", value, "None or a positive int (bytes a weight)")
 
 
 @attrs.frozen
 class LayerGroup:
-    """The layers (``names``, in model order) that share one ``config`` and ``decision``."""
+    """The layers (``names``, in model order) that share one ``config`` and ``decision``;
+    ``weight_itemsize``: bytes a weight in the high-precision checkpoint (None: the
+    ``input_dtype``'s)."""
 
     config: QuantConfig
     decision: Decision
-    names: tuple[str, ...] = attrs.field(converter=_names)
+    names: tuple[str, ...] = attrs.field(converter=layer_names)
+    weight_itemsize: int | None = attrs.field(default=None, converter=_itemsize)
 
     @property
     def count(self) -> int:
@@ -83,7 +87,8 @@ class LayerGroup:
     @property
     def bytes_before(self) -> int:
         n, k = self.config.weight_shape
-        return self.count * n * k * self.config.input_dtype.itemsize
+        itemsize = self.weight_itemsize or self.config.input_dtype.itemsize
+        return self.count * n * k * itemsize
 
     @property
     def bytes_after(self) -> int:
@@ -99,51 +104,6 @@ class LayerGroup:
             "bytes_after": self.bytes_after,
             "decision": self.decision.to_dict(),
         }
-
-
-@attrs.frozen
-class KeptLayer:
-    """A linear layer left in high precision: its name, ``(N, K)``, dtype bytes per weight
-    and why it was kept (the rule or pattern that kept it)."""
-
-    name: str
-    weight_shape: tuple[int, int]
-    itemsize: int
-    reason: str
-
-    @property
-    def weight_bytes(self) -> int:
-        n, k = self.weight_shape
-        return n * k * self.itemsize
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "weight_shape": list(self.weight_shape),
-                "bytes": self.weight_bytes, "reason": self.reason}  # fmt: skip
-
-
-@attrs.frozen
-class UncoveredWeights:
-    """Weights of a model that are no linear layer kernelpick chooses for (MoE experts
-    vLLM runs in FusedMoE): the modules holding them (``names``), how many elements
-    they hold in all, bytes per element, and why they are not covered."""
-
-    names: tuple[str, ...] = attrs.field(converter=_names)
-    elements: int
-    itemsize: int
-    reason: str
-
-    @property
-    def weight_bytes(self) -> int:
-        return self.elements * self.itemsize
-
-    def render(self) -> str:
-        weights = f"{self.elements:,} weights, {size(self.weight_bytes)}"
-        modules = f"{len(self.names)} module(s), {collapse_names(self.names)}"
-        return f"not covered: {modules} ({weights}): {self.reason}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"count": len(self.names), "names": list(self.names), "elements": self.elements,
-                "bytes": self.weight_bytes, "reason": self.reason}  # fmt: skip
 
 
 @attrs.frozen
@@ -170,12 +130,16 @@ class ModelSummary:
         *,
         tensor_parallel: int = 1,
         uncovered: Iterable[UncoveredWeights] = (),
+        weight_itemsize: int | None = None,
     ) -> ModelSummary:
-        """Group ``layers`` (name, config, decision), in the order each group first appears."""
+        """Group ``layers`` (name, config, decision), in the order each group first appears;
+        ``weight_itemsize``: bytes a weight in the high-precision checkpoint, the same for
+        every layer (None: each config's ``input_dtype``'s)."""
         grouped: dict[tuple[QuantConfig, Decision], list[str]] = {}
         for name, config, decision in layers:
             grouped.setdefault((config, decision), []).append(name)
-        groups = tuple(LayerGroup(c, d, tuple(names)) for (c, d), names in grouped.items())
+        groups = tuple(LayerGroup(c, d, tuple(names), weight_itemsize)
+                       for (c, d), names in grouped.items())  # fmt: skip
         return cls(scheme, caps, groups, tuple(kept), tensor_parallel, tuple(uncovered))
 
     @property

@@ -1,5 +1,6 @@
 """A model's ``config.json``, read as untrusted input: one JSON object, no key given twice,
-its ``model_type`` and ``architectures`` named, and the dtype its weights are stored in."""
+its ``model_type`` and ``architectures`` (one or more) named, and the dtype its weights
+are stored in."""
 
 from __future__ import annotations
 
@@ -37,8 +38,7 @@ class ModelConfig:
         return self.data.get(QUANTIZATION_CONFIG)
 
     def describe(self) -> str:
-        what = ", ".join(self.architectures) or "no architectures"
-        return f"{what} ({self.model_type}) from {self.path}"
+        return f"{', '.join(self.architectures)} ({self.model_type}) from {self.path}"
 
 
 def _path(where: str | Path) -> Path:
@@ -56,10 +56,17 @@ def read_config(where: str | Path) -> ModelConfig:
     if not isinstance(model_type, str) or not model_type:
         expected = "the model's type, as transformers names it (e.g. 'llama')"
         raise CheckpointError(shown, "model_type", repr(model_type), expected)
-    architectures = data.get("architectures") or []
-    if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
-        raise CheckpointError(shown, "architectures", repr(architectures),
-                              "a list of transformers model class names")  # fmt: skip
+    architectures = data.get("architectures")
+    # Without one, transformers' AutoModel would build the bare backbone: no output head,
+    # every name without the checkpoint's prefix, so ignore patterns would match nothing.
+    # vLLM refuses such a config too.
+    if (not isinstance(architectures, list) or not architectures
+            or not all(isinstance(a, str) and a for a in architectures)):  # fmt: skip
+        raise CheckpointError(
+            shown, "architectures", repr(architectures),
+            "a list naming the model's transformers class first (e.g. "
+            "[\"LlamaForCausalLM\"]), as vLLM reads it",
+        )  # fmt: skip
     return ModelConfig(shown, data, model_type, tuple(architectures), _dtype(shown, data))
 
 

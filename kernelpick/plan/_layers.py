@@ -1,6 +1,7 @@
 """A model's linear layers as vLLM builds them, from transformers' modules on the meta
-device: fused by ``FUSED``, split by their ``Split`` over the tensor-parallel ranks, the
-ones vLLM keeps in high precision apart, and the MoE experts vLLM runs in FusedMoE."""
+device (sorted by ``walk``): fused by ``FUSED``, split by their ``Split`` over the
+tensor-parallel ranks, the ones vLLM keeps in high precision apart, and the weights no
+linear method runs (the MoE experts vLLM runs in FusedMoE, 2-D weights no table places)."""
 
 from __future__ import annotations
 
@@ -10,17 +11,21 @@ from pathlib import Path
 import attrs
 import torch
 
-from kernelpick.core import InvalidValueError, KeptLayer, UncoveredWeights, positive_int
-from kernelpick.integration.formats import (
-    EXPERT_LINEARS,
-    FUSED_MOE,
-    OUTPUT_HEAD_KEPT,
-    experts_module,
-    output_heads,
-)
+from kernelpick.core import Dtype, InvalidValueError, KeptLayer, UncoveredWeights, positive_int
+from kernelpick.integration.formats import EXPERT_LINEARS, FUSED_MOE, output_heads
 from kernelpick.plan._config import ModelConfig, read_config
 from kernelpick.plan._meta import meta_model
-from kernelpick.plan._table import FUSED, KEPT, ROUTER_KEPT, Heads, Part, Split, part, split_of
+from kernelpick.plan._table import (
+    FUSED,
+    QUANTIZED_ROUTERS,
+    Heads,
+    Part,
+    Split,
+    packed_qkv,
+    part,
+    split_of,
+)
+from kernelpick.plan._walk import Walk, walk
 
 __all__ = ["EXPERTS", "Linear", "ModelLayers", "linear_layers"]
 
@@ -59,32 +64,12 @@ class ModelLayers:
     modules: Mapping[str, torch.nn.Module]
 
 
-def _heads(model: torch.nn.Module) -> Heads | None:
-    config = getattr(model, "config", None)
-    text = getattr(config, "get_text_config", None)
-    config = text() if callable(text) else config
-    heads = getattr(config, "num_attention_heads", None)
-    kv = getattr(config, "num_key_value_heads", None) or heads
-    return Heads(heads, kv) if isinstance(heads, int) and isinstance(kv, int) else None
-
-
-def _ends(name: str, tail: str) -> bool:
-    return name == tail or name.endswith("." + tail)
-
-
-def _kept_reason(name: str, module: torch.nn.Module, heads: set[str]) -> str | None:
-    if name in heads:
-        return OUTPUT_HEAD_KEPT
-    if type(module).__name__.endswith("Router"):  # transformers' MoE routers (no nn.Linear)
-        return ROUTER_KEPT
-    return next((why for tail, why in KEPT.items() if _ends(name, tail)), None)
-
-
 def _groups(
-    linears: dict[str, torch.nn.Linear],
+    linears: Mapping[str, torch.nn.Linear], splits: Mapping[str, Split]
 ) -> Iterator[tuple[str, tuple[str, ...], Split | None]]:
     """(vLLM's name, members, split) of every layer, fused ones where the parent holds
-    every shard, in the order of each layer's first member."""
+    every shard, in the order of each layer's first member; ``splits`` those known from
+    what the module is rather than its name."""
     taken: set[str] = set()
     for name in linears:
         if name in taken:
@@ -98,7 +83,7 @@ def _groups(
                 yield prefix + fused.name, members, fused.split
                 break
         else:
-            yield name, (name,), split_of(name)
+            yield name, (name,), splits.get(name) or split_of(name)
 
 
 def _part(name: str, split: Split | None, shards: list[int], k: int, ranks: int,
@@ -113,42 +98,33 @@ def _part(name: str, split: Split | None, shards: list[int], k: int, ranks: int,
     return part(name, split, shards, k, ranks, heads)
 
 
+def _stray(walked: Walk, dtype: Dtype) -> Iterator[UncoveredWeights]:
+    for cls, modules in walked.stray.items():
+        why = (f"2-D weights of {cls} modules, which no table of kernelpick plan says how "
+               "vLLM builds: no kernel is chosen for them")  # fmt: skip
+        yield UncoveredWeights(tuple(modules), sum(modules.values()), dtype, why)
+
+
 def linear_layers(where: str | Path | ModelConfig, tensor_parallel: int = 1) -> ModelLayers:
     """The linear layers of the model whose ``config.json`` is at ``where`` (or a directory
-    holding it), as vLLM builds them on one of ``tensor_parallel`` ranks."""
+    holding it), as vLLM builds them on one of ``tensor_parallel`` ranks. Every 2-D weight
+    of the model is in a layer, a kept layer, an embedding or ``uncovered``."""
     ranks = positive_int("--tensor-parallel", tensor_parallel, "a positive int")
     config = where if isinstance(where, ModelConfig) else read_config(where)
     model = meta_model(config)
     heads = output_heads(model)
-    itemsize = config.dtype.itemsize
-    head_count = _heads(model)
-    linears: dict[str, torch.nn.Linear] = {}
-    kept: list[KeptLayer] = []
-    experts: list[tuple[str, int]] = []
-    expert_linears: dict[str, int] = {}  # each experts module's weights
-    for name, module in model.named_modules():
-        # A model's own module with 3-D weights holds experts; torch's (convolutions) do not.
-        own = not type(module).__module__.startswith("torch.")
-        big = [p for p in module.parameters(recurse=False) if p.dim() >= 3] if own else []
-        if big:
-            experts.append((name, sum(p.numel() for p in big)))
-        reason = _kept_reason(name, module, heads) if name else None
-        weight = getattr(module, "weight", None)
-        if reason is not None and isinstance(weight, torch.Tensor) and weight.dim() == 2:
-            n, k = weight.shape
-            style = Split.VOCAB if name in heads else split_of(name) or Split.REPLICATED
-            shape = _part(name, style, [n], k, ranks, head_count)
-            kept.append(KeptLayer(name, (sum(shape.sizes), shape.k), itemsize, reason))
-        elif isinstance(module, torch.nn.Linear):
-            experts_of = experts_module(name)
-            if experts_of is None:
-                linears[name] = module
-            else:  # one expert's: vLLM runs it in FusedMoE
-                count = expert_linears.get(experts_of, 0)
-                expert_linears[experts_of] = count + module.weight.numel()
+    walked = walk(model, heads, config.architectures[0] in QUANTIZED_ROUTERS)
+    linears, scope = walked.linears, walked.heads
+    kept = []
+    for name, n, k, reason in walked.kept:
+        style = Split.VOCAB if name in heads else split_of(name) or Split.REPLICATED
+        shape = _part(name, style, [n], k, ranks, scope[name])
+        kept.append(KeptLayer(name, (sum(shape.sizes), shape.k), config.dtype.itemsize, reason))
     layers = []
-    for name, members, split in _groups(linears):
+    for name, members, split in _groups(linears, walked.splits):
         shards = [linears[m].out_features for m in members]
+        if split is Split.QKV and len(members) == 1:  # q, k and v in one module: GPT-2's c_attn
+            shards = packed_qkv(name, shards[0], scope[name])
         k = linears[members[0]].in_features
         if any(linears[m].in_features != k for m in members):
             inputs = [linears[m].in_features for m in members]
@@ -156,9 +132,12 @@ def linear_layers(where: str | Path | ModelConfig, tensor_parallel: int = 1) -> 
                                     "one K: vLLM fuses them into one layer")  # fmt: skip
         bias = any(linears[m].bias is not None for m in members)
         layers.append(Linear(name, members, split,
-                             _part(name, split, shards, k, ranks, head_count), bias))  # fmt: skip
-    uncovered = []
-    for held, reason in ((dict(experts), EXPERTS), (expert_linears, EXPERT_LINEARS)):
-        if held:
-            uncovered.append(UncoveredWeights(tuple(held), sum(held.values()), itemsize, reason))
+                             _part(name, split, shards, k, ranks, scope[members[0]]),
+                             bias))  # fmt: skip
+    uncovered = [
+        UncoveredWeights(tuple(modules), sum(modules.values()), config.dtype, reason)
+        for modules, reason in ((walked.experts, EXPERTS), (walked.expert_linears, EXPERT_LINEARS))
+        if modules
+    ]  # fmt: skip
+    uncovered += _stray(walked, config.dtype)
     return ModelLayers(config, ranks, tuple(layers), tuple(kept), tuple(uncovered), dict(linears))

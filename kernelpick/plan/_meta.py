@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -15,6 +15,7 @@ from kernelpick.core import KernelpickError
 from kernelpick.integration import CheckpointError
 from kernelpick.integration.formats import QUANTIZATION_CONFIG
 from kernelpick.plan._config import ModelConfig
+from kernelpick.plan._sizes import check_sizes
 
 __all__ = ["TransformersUnavailableError", "meta_model"]
 
@@ -55,6 +56,37 @@ def _quiet(transformers: ModuleType) -> Iterator[None]:
         logging.set_verbosity(level)
 
 
+# What transformers raises for a config it cannot read or build from: its configs are strict
+# dataclasses (huggingface_hub's StrictDataclassError: a float hidden_size, a string
+# tie_word_embeddings, layer_types not one per layer), and a model's __init__ computes
+# with sizes check_sizes does not know by name (ArithmeticError: one of them zero).
+_FAILURES: tuple[type[Exception], ...] = (
+    ValueError, TypeError, KeyError, AttributeError, RuntimeError, ArithmeticError,
+)  # fmt: skip
+
+
+def _failures() -> tuple[type[Exception], ...]:
+    try:
+        strict = importlib.import_module("huggingface_hub.errors").StrictDataclassError
+    except (ImportError, AttributeError):  # an older huggingface_hub: plain TypeErrors
+        return _FAILURES
+    return (*_FAILURES, strict)
+
+
+def _aliases(mapping: Any) -> Callable[[object], Mapping[str, str]]:
+    def aliases(model_type: object) -> Mapping[str, str]:
+        if not isinstance(model_type, str) or model_type not in mapping:
+            return {}
+        found = getattr(mapping[model_type], "attribute_map", None)
+        return found if isinstance(found, dict) else {}
+
+    return aliases
+
+
+def _cause(error: Exception) -> str:
+    return f"{type(error).__name__}: {' '.join(str(error).split())}"  # one line
+
+
 def _remote(config: ModelConfig, what: str) -> CheckpointError:
     code = " (its auto_map names code in the checkpoint)" if config.data.get("auto_map") else ""
     found = config.model_type if what == "model_type" else config.architectures[0]
@@ -66,8 +98,6 @@ def _remote(config: ModelConfig, what: str) -> CheckpointError:
 
 
 def _model_class(transformers: ModuleType, config: ModelConfig) -> Any:
-    if not config.architectures:
-        return transformers.AutoModel
     found = getattr(transformers, config.architectures[0], None)
     if not (isinstance(found, type) and issubclass(found, transformers.PreTrainedModel)):
         raise _remote(config, "architectures")
@@ -76,29 +106,29 @@ def _model_class(transformers: ModuleType, config: ModelConfig) -> Any:
 
 def meta_model(config: ModelConfig) -> torch.nn.Module:
     """``config``'s model built on the meta device by transformers' class for
-    ``architectures[0]`` (``AutoModel`` when none is named). Refused: a model type or
-    class transformers does not implement (remote code), or a config it cannot read."""
+    ``architectures[0]``. Refused: a model type or class transformers does not implement
+    (remote code), a size ``check_sizes`` refuses, or a config transformers cannot read or
+    build."""
     transformers = _transformers()
     mapping = transformers.CONFIG_MAPPING
     if config.model_type not in mapping:
         raise _remote(config, "model_type")
     data = {k: v for k, v in config.data.items() if k != QUANTIZATION_CONFIG}
+    check_sizes(config.path, data, _aliases(mapping))
+    failures = _failures()
     with _quiet(transformers):
         try:
             hf_config = mapping[config.model_type].from_dict(data)
-        except (ValueError, TypeError, KeyError, AttributeError) as error:
-            found = f"a config transformers cannot read ({type(error).__name__}: {error})"
+        except failures as error:
+            found = f"a config transformers cannot read ({_cause(error)})"
             expected = f"a {config.model_type} config transformers reads"
             raise CheckpointError(config.path, "", found, expected) from error
         cls = _model_class(transformers, config)
-        build = cls.from_config if cls is transformers.AutoModel else cls._from_config
         try:
             with torch.device("meta"):
-                model: torch.nn.Module = build(hf_config)
-        except (ValueError, TypeError, KeyError, AttributeError, RuntimeError) as error:
-            found = (
-                f"a config {cls.__name__} cannot be built from ({type(error).__name__}: {error})"
-            )
+                model: torch.nn.Module = cls._from_config(hf_config)
+        except failures as error:
+            found = f"a config {cls.__name__} cannot be built from ({_cause(error)})"
             expected = f"the config of a {cls.__name__}"
             raise CheckpointError(config.path, "", found, expected) from error
     return model

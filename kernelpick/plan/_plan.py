@@ -18,6 +18,7 @@ from kernelpick.core import (
     Policy,
     QuantConfig,
     Scheme,
+    UncoveredWeights,
     choose,
 )
 from kernelpick.integration import CheckpointError, ParallelStyle, Recipe, TensorParallel
@@ -43,14 +44,17 @@ _STYLES = {Split.COLUMN: ParallelStyle.COLUMN, Split.QKV: ParallelStyle.COLUMN,
 class ModelPlan:
     """A model's plan: its ``layers`` (what the config implies), the ``recipe`` they are
     quantized with and where it came from (``source``: "--scheme" or the checkpoint's
-    quantization_config), the ``dtype`` they compute in, and one ``ModelSummary`` per
-    device (``summaries``, in the order the devices were given)."""
+    quantization_config), the ``dtype`` they compute in, one ``ModelSummary`` per
+    device (``summaries``, in the order the devices were given), and the weights no
+    kernel runs (``uncovered``, the same in every summary: their bytes are not counted
+    for a pre-quantized checkpoint, which stores them as its quantization_config says)."""
 
     layers: ModelLayers
     recipe: Recipe
     source: str
     dtype: Dtype
     summaries: tuple[ModelSummary, ...]
+    uncovered: tuple[UncoveredWeights, ...]
 
     @property
     def rejected(self) -> int:
@@ -159,19 +163,25 @@ def plan_model(
     policy = Policy() if policy is None else policy
     quantized: list[tuple[Linear, QuantConfig]] = []
     kept = list(layers.kept)
+    stored = config.dtype.itemsize  # bytes are the checkpoint's, whatever --dtype computes in
+    # A pre-quantized checkpoint stores its experts as its quantization_config says (FP8 and
+    # scales, or high precision where it keeps them): not counted, rather than miscounted.
+    uncovered = tuple(u if recipe.online else attrs.evolve(u, dtype=None)
+                      for u in layers.uncovered)  # fmt: skip
     for layer in layers.layers:
         role = _role(layout, layer, layers.modules)
         if role is True:
             quantized.append((layer, _config(recipe, layer, computes, layers.tensor_parallel)))
         else:
-            kept.append(KeptLayer(layer.name, layer.weight_shape, computes.itemsize, str(role)))
+            kept.append(KeptLayer(layer.name, layer.weight_shape, stored, str(role)))
     summaries = tuple(
         ModelSummary.of(
             recipe.scheme.value, caps,
             [(layer.name, c, choose(caps, c, policy)) for layer, c in quantized],
-            kept, tensor_parallel=layers.tensor_parallel, uncovered=layers.uncovered,
+            kept, tensor_parallel=layers.tensor_parallel, uncovered=uncovered,
+            weight_itemsize=stored,
         )
         for caps in devices
     )  # fmt: skip
     source = "--scheme" if layout is None else QUANTIZATION_CONFIG
-    return ModelPlan(layers, recipe, source, computes, summaries)
+    return ModelPlan(layers, recipe, source, computes, summaries, uncovered)

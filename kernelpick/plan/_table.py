@@ -1,8 +1,8 @@
 """How vLLM builds a transformers model's linear layers, as tables: which it fuses into one
 layer (q/k/v, gate/up, DeepSeek's q_a/kv_a), how each is split over tensor-parallel ranks,
 and which it keeps in high precision whatever the quantization. Read from vLLM's model
-code (llama.py, qwen2.py, qwen3.py, gemma2.py, bert.py, deepseek_v2.py and linear.py,
-vocab_parallel_embedding.py; vLLM 0.33).
+code (llama.py, qwen2.py, qwen3.py, qwen3_moe.py, gemma2.py, bert.py, deepseek_v2.py and
+linear.py, vocab_parallel_embedding.py; vLLM 0.33).
 """
 
 from __future__ import annotations
@@ -17,12 +17,15 @@ from kernelpick.core import InvalidValueError
 __all__ = [
     "FUSED",
     "KEPT",
+    "QUANTIZED_ROUTERS",
     "ROUTER_KEPT",
     "SPLITS",
     "Fused",
     "Heads",
     "Part",
     "Split",
+    "packed_qkv",
+    "part",
     "split_of",
 ]
 
@@ -70,15 +73,25 @@ SPLITS = {
     "intermediate.dense": Split.COLUMN,  # BERT's BertIntermediate
     "output.dense": Split.ROW,  # BERT's BertOutput
     "lm_head": Split.VOCAB,
+    # GPT-2's Conv1D layers (gpt2.py): q, k and v in one module, its projection, its MLP.
+    "attn.c_attn": Split.QKV,
+    "attn.c_proj": Split.ROW,
+    "mlp.c_fc": Split.COLUMN,
+    "mlp.c_proj": Split.ROW,
 }
 
 ROUTER_KEPT = (
-    "an MoE router: kept in high precision, as vLLM builds its routers (GateLinear, "
-    "ReplicatedLinear) without a quantization config"
+    "an MoE router: kept in high precision, as vLLM builds this model's routers (GateLinear) "
+    "without a quantization config"
+)
+# vLLM 0.33 gives these routers quant_config: qwen3_moe.py (reused by qwen3_vl_moe.py), lfm2_moe.py
+QUANTIZED_ROUTERS = frozenset(
+    {"Qwen3MoeForCausalLM", "Qwen3VLMoeForConditionalGeneration", "Lfm2MoeForCausalLM"}
 )
 # Linears vLLM builds without a quantization config, or as a plain nn.Linear no
 # quantization method gets, by the end of their name; routers that are no nn.Linear in
-# transformers (its *Router modules) are found by their class.
+# transformers (its *Router modules) are found by their class, and kept unless their
+# architecture is in QUANTIZED_ROUTERS.
 KEPT = {
     "shared_expert_gate": ROUTER_KEPT,
     "pooler.dense": "the pooler: vLLM builds it as a plain nn.Linear, which no quantization "
@@ -151,6 +164,17 @@ def part(
             return Part((size,), k, rows, k, padded)
         case Split.QKV:
             return _qkv(layer, rows, k, ranks, heads)
+
+
+def packed_qkv(layer: str, rows: int, heads: Heads | None) -> list[int]:
+    """The q, k and v rows of ``layer``, one module of ``rows`` rows holding all three
+    (GPT-2's c_attn), by its ``heads``."""
+    per_head = None if heads is None else heads.heads + 2 * heads.kv_heads
+    if heads is None or per_head is None or rows % per_head:
+        raise InvalidValueError(f"rows of {layer}", rows,
+                                "q, k and v of the config's attention heads")  # fmt: skip
+    size = rows // per_head
+    return [heads.heads * size, heads.kv_heads * size, heads.kv_heads * size]
 
 
 def _qkv(layer: str, rows: tuple[int, ...], k: int, ranks: int, heads: Heads | None) -> Part:

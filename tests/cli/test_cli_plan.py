@@ -91,7 +91,8 @@ _DECISION = OneOf(
     selected={**_COMMON, "kernel": str, "warnings": [_WARNING]},
     rejected={**_COMMON, "kernel": type(None), "warnings": [_WARNING], "hints": [str]},
 )
-_WEIGHTS = {"count": int, "names": [str], "elements": int, "bytes": int, "reason": str}
+_WEIGHTS = {"count": int, "names": [str], "elements": int, "dtype": (str, type(None)),
+            "bytes": (int, type(None)), "reason": str}  # fmt: skip
 _PLAN = {
     "schema_version": int, "scheme": str, "profile": str,
     "device": {"name": str, "description": str}, "tensor_parallel": int, "layers": int,

@@ -107,18 +107,44 @@ def test_kept_layers_of_one_shape_and_reason_read_as_one_line() -> None:
 
 def test_weights_no_decision_covers_are_listed_with_their_bytes_and_in_no_total() -> None:
     names = ("model.layers.3.mlp.experts", "model.layers.4.mlp.experts")
-    experts = UncoveredWeights(names, 2 * 8 * 3 * 64 * 32, 2, "MoE experts stored as 3-D weights")
+    experts = UncoveredWeights(names, 2 * 8 * 3 * 64 * 32, "bfloat16", "MoE experts as 3-D weights")
     layers = _layers(H100, "fp8_block", DEEPSEEK, 1)
     summary = ModelSummary.of("fp8_block", H100, layers, uncovered=[experts])
     assert summary.bytes_before == ModelSummary.of("fp8_block", H100, layers).bytes_before
     assert experts.weight_bytes == 2 * 8 * 3 * 64 * 32 * 2
-    assert ("not covered: 2 module(s), model.layers.{3..4}.mlp.experts (98,304 weights, "
-            "192.0 KiB): MoE experts stored as 3-D weights") in summary.render()  # fmt: skip
+    assert ("not covered: 2 module(s), model.layers.{3..4}.mlp.experts (98,304 weights in the "
+            "whole model, 192.0 KiB in bfloat16): MoE experts as 3-D weights"
+            ) in summary.render()  # fmt: skip
     record = json.loads(json.dumps(summary.to_dict()))
     assert record["uncovered"] == [{"count": 2, "names": list(experts.names), "elements": 98304,
-                                    "bytes": 196608, "reason": experts.reason}]  # fmt: skip
+                                    "dtype": "bfloat16", "bytes": 196608,
+                                    "reason": experts.reason}]  # fmt: skip
     with pytest.raises(kp.InvalidValueError):
-        UncoveredWeights((), 1, 2, "none")
+        UncoveredWeights((), 1, "bfloat16", "none")
+
+
+def test_weights_a_quantization_config_stores_say_their_count_and_no_bytes() -> None:
+    # A pre-quantized checkpoint's experts: FP8 and scales, or whatever its config says;
+    # the config dtype's bytes would be a figure of a checkpoint that does not exist.
+    experts = UncoveredWeights(("model.layers.3.mlp.experts",), 1000, None, "experts")
+    assert experts.weight_bytes is None
+    assert ("(1,000 weights in the whole model, stored as the checkpoint's quantization_config "
+            "says: bytes not counted)") in experts.render()  # fmt: skip
+    assert (experts.to_dict()["dtype"], experts.to_dict()["bytes"]) == (None, None)
+
+
+def test_before_is_the_stored_weights_bytes_whatever_dtype_the_activations_compute_in() -> None:
+    # A bfloat16 checkpoint planned with float32 activations: 2 bytes a weight before.
+    config = kp.quant_config("fp8_per_channel", weight_shape=(64, 128), input_dtype="float32")
+    layers = [("model.layers.0.mlp.up_proj", config, kp.choose(H100, config))]
+    summary = ModelSummary.of("fp8_per_channel", H100, layers, weight_itemsize=2)
+    assert summary.groups[0].weight_itemsize == 2
+    assert summary.bytes_before == 64 * 128 * 2
+    assert summary.to_dict()["groups"][0]["bytes_before"] == 64 * 128 * 2
+    # Given nothing, the activations' dtype, as before.
+    assert ModelSummary.of("fp8_per_channel", H100, layers).bytes_before == 64 * 128 * 4
+    with pytest.raises(kp.InvalidValueError, match="weight_itemsize"):
+        ModelSummary.of("fp8_per_channel", H100, layers, weight_itemsize=0)
 
 
 @pytest.mark.parametrize(

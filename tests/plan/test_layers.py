@@ -24,7 +24,14 @@ from kernelpick.plan import (
     _layers,
     linear_layers,
 )
-from tests.support.model_configs import CONFIGS, fixture_data, small_llama, write_config
+from tests.support.model_configs import (
+    CONFIGS,
+    fixture_data,
+    small_llama,
+    small_llava,
+    small_qwen3_moe,
+    write_config,
+)
 
 
 def _shapes(where: Path | str, ranks: int = 1) -> dict[str, tuple[int, int]]:
@@ -184,7 +191,11 @@ def test_a_model_transformers_does_not_implement_is_refused_never_run(
         ('{"model_type": "llama", "model_type": "mistral"}', "given twice"),
         ("[1, 2]", "list"),
         ('{"architectures": ["LlamaForCausalLM"]}', "None"),
-        ('{"model_type": "llama", "torch_dtype": "float8_e4m3fn"}', "float8_e4m3fn"),
+        (
+            '{"model_type": "llama", "architectures": ["LlamaForCausalLM"], '
+            '"torch_dtype": "float8_e4m3fn"}',
+            "float8_e4m3fn",
+        ),
     ],
 )
 def test_a_config_that_could_be_read_two_ways_or_not_at_all_is_refused(
@@ -193,3 +204,45 @@ def test_a_config_that_could_be_read_two_ways_or_not_at_all_is_refused(
     (tmp_path / "config.json").write_text(text)
     with pytest.raises(CheckpointError, match=found):
         linear_layers(tmp_path)
+
+
+@pytest.mark.parametrize("architectures", [None, [], [""]])
+def test_a_config_naming_no_architecture_is_refused_not_built_as_a_bare_backbone(
+    tmp_path: Path, architectures: list[str] | None
+) -> None:
+    data = small_llama(architectures=architectures)
+    if architectures is None:
+        data.pop("architectures")
+    where = write_config(tmp_path, data)
+    with pytest.raises(CheckpointError, match="LlamaForCausalLM") as caught:
+        linear_layers(where)
+    assert (caught.value.key, str(where) in str(caught.value)) == ("architectures", True)
+
+
+def test_each_sub_model_splits_its_qkv_by_its_own_configs_heads(tmp_path: Path) -> None:
+    """A LLaVA's vision tower has 4 heads and no KV heads of its own; its language model 2
+    KV heads for 4: each qkv_proj is split by its own sub-config, not the text config's."""
+    layers = linear_layers(write_config(tmp_path, small_llava()))
+    parts = {layer.name: layer.part.sizes for layer in layers.layers if "qkv" in layer.name}
+    assert parts == {
+        "model.vision_tower.encoder.layers.0.self_attn.qkv_proj": (64, 64, 64),
+        "model.language_model.layers.0.self_attn.qkv_proj": (256, 128, 128),
+    }
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_router_vllm_gives_the_quant_config_is_a_replicated_layer(
+    tmp_path: Path, ranks: int
+) -> None:
+    """Qwen3-MoE's routers: vLLM builds them (GateLinear, replicated) with the model's
+    quant_config, so they are planned as layers; DeepSeek's it builds without one."""
+    layers = linear_layers(write_config(tmp_path, small_qwen3_moe()), ranks)
+    routers = [(layer.name, layer.split, layer.weight_shape) for layer in layers.layers
+               if layer.name.endswith(".gate")]  # fmt: skip
+    assert routers == [(f"model.layers.{i}.mlp.gate", Split.REPLICATED, (4, 256)) for i in (0, 1)]
+    assert [layer.name for layer in layers.kept] == ["lm_head"]
+    deepseek = linear_layers(write_config(tmp_path / "deepseek", _mla(1536)), ranks)
+    assert [(k.name, k.reason) for k in deepseek.kept if k.name.endswith(".gate")] == [
+        ("model.layers.1.mlp.gate", ROUTER_KEPT)
+    ]
+    assert not [layer for layer in deepseek.layers if layer.name.endswith(".gate")]

@@ -11,12 +11,12 @@ import pytest
 pytest.importorskip("transformers")
 
 import kernelpick as kp
-from kernelpick.core import InvalidValueError, RejectCode, Scheme, Selected
+from kernelpick.core import Dtype, InvalidValueError, RejectCode, Scheme, Selected
 from kernelpick.integration import CheckpointError
 from kernelpick.integration.formats.compressed_tensors import to_config
 from kernelpick.plan import plan_model
 from tests.plan.test_layers import _mla
-from tests.support.model_configs import CONFIGS, small_llama, write_config
+from tests.support.model_configs import CONFIGS, small_llama, small_qwen3_moe, write_config
 
 H100 = kp.device_profile("h100")
 FP8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
@@ -143,3 +143,66 @@ def test_every_device_gets_its_own_summary_in_order(tmp_path: Path) -> None:
     assert [s.caps for s in result.summaries] == devices
     assert [s.rejected for s in result.summaries] == [8, 0, 0]
     assert result.rejected == 8
+
+
+@pytest.mark.parametrize("ignore", [None, ["lm_head", "re:.*mlp\\.down_proj$"]])
+def test_the_activations_dtype_changes_no_byte_the_checkpoint_holds(
+    tmp_path: Path, ignore: list[str] | None
+) -> None:
+    """A bfloat16 checkpoint computed in float32: 2 bytes a weight before, in every layer,
+    quantized, kept by default or kept by the checkpoint's ignore list alike."""
+    if ignore is None:
+        where, scheme = write_config(tmp_path, small_llama()), "fp8_per_channel"
+    else:
+        qconfig = to_config(Scheme.FP8_PER_CHANNEL, ignore)
+        where, scheme = write_config(tmp_path, small_llama(quantization_config=qconfig)), None
+    plans = {dtype: plan_model(where, [H100], scheme, dtype=dtype).summaries[0]
+             for dtype in ("bfloat16", "float32")}  # fmt: skip
+    wide, narrow = plans["float32"], plans["bfloat16"]
+    assert wide.groups[0].config.input_dtype is Dtype.FLOAT32
+    assert (wide.bytes_before, wide.bytes_after) == (narrow.bytes_before, narrow.bytes_after)
+    assert {layer.itemsize for layer in wide.kept} == {2}
+    n, k = wide.groups[0].config.weight_shape
+    assert wide.groups[0].bytes_before == wide.groups[0].count * n * k * 2
+
+
+def test_experts_are_whole_model_figures_in_the_checkpoints_dtype_or_not_counted(
+    tmp_path: Path,
+) -> None:
+    """Quantized as it loads, the experts stay as the bfloat16 checkpoint stores them, all
+    ranks together; a pre-quantized checkpoint stores them as its quantization_config
+    says (FP8 and scales here), so no bytes are claimed for them."""
+    online = write_config(tmp_path / "online", small_qwen3_moe())
+    elements = 2 * 4 * 3 * 128 * 256  # layers x experts x (gate, up, down) x I x H
+    for ranks in (1, 2):
+        result = plan_model(online, [H100], "fp8_per_channel", tensor_parallel=ranks)
+        (experts,) = result.uncovered
+        assert (experts.elements, experts.dtype, experts.weight_bytes) == (
+            elements,
+            Dtype.BFLOAT16,
+            elements * 2,
+        )
+        assert result.summaries[0].uncovered == result.uncovered
+    pre = write_config(tmp_path / "pre", small_qwen3_moe(quantization_config=FP8))
+    result = plan_model(pre, [H100], tensor_parallel=2)
+    (experts,) = result.uncovered
+    assert (experts.elements, experts.dtype, experts.weight_bytes) == (elements, None, None)
+    assert result.summaries[0].uncovered == result.uncovered
+    assert "bytes not counted" in result.summaries[0].render()
+
+
+def test_a_quantized_router_is_kept_where_the_checkpoint_keeps_it(tmp_path: Path) -> None:
+    # Qwen3-MoE FP8 checkpoints list their routers in modules_to_not_convert; vLLM then
+    # skips them, as the plan does.
+    qconfig = {**FP8, "modules_to_not_convert": ["lm_head", "mlp.gate"]}
+    where = write_config(tmp_path, small_qwen3_moe(quantization_config=qconfig))
+    (summary,) = plan_model(where, [H100]).summaries
+    kept = {layer.name: layer.reason for layer in summary.kept}
+    assert kept["model.layers.0.mlp.gate"] == "modules_to_not_convert keeps it in high precision"
+    assert not any(name.endswith(".gate") for group in summary.groups for name in group.names)
+    # A compressed-tensors checkpoint targeting every Linear quantizes them, as vLLM's
+    # GateLinear is one.
+    qconfig = to_config(Scheme.FP8_PER_CHANNEL, ["lm_head"])
+    where = write_config(tmp_path / "ct", small_qwen3_moe(quantization_config=qconfig))
+    (summary,) = plan_model(where, [H100]).summaries
+    assert _group(summary, "model.layers.1.mlp.gate").config.weight_shape == (4, 256)

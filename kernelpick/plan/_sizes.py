@@ -1,0 +1,75 @@
+"""The sizes a model's config gives, checked as the file states them before transformers
+reads them: it builds whatever it is given (a zero head count divides by zero deep in a
+config's or a model's ``__init__``, a negative size fails in torch, 200,000 layers take
+minutes and gigabytes even on the meta device), so each is refused here, a
+``CheckpointError`` naming the file, the key and the value."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from kernelpick.integration import CheckpointError
+
+__all__ = ["MAX_LAYERS", "check_sizes"]
+
+# The deepest published transformer language models have about 130 layers (Llama-3.1-405B
+# 126). A Llama-3-8B layer takes about 1.3 ms and 40 KiB to build on the meta device and
+# plan (measured on the 2-core VM: 1024 layers in 2.3 s), so the 200,000 a config may say
+# would take minutes and gigabytes before anything could be refused.
+MAX_LAYERS = 1024
+
+# The sizes that make a model's layers, by transformers' common names; a config class's
+# attribute_map gives its own (GPT-2 stores hidden_size as n_embd).
+_SIZES = ("hidden_size", "intermediate_size", "moe_intermediate_size", "num_attention_heads",
+          "num_key_value_heads", "head_dim", "vocab_size")  # fmt: skip
+_LAYER_COUNTS = ("num_hidden_layers", "num_decoder_layers", "encoder_layers", "decoder_layers")
+
+# A model type's attribute_map (common name -> the name its config stores it under).
+Aliases = Callable[[object], Mapping[str, str]]
+
+
+def _configs(data: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """``data`` and every sub-config it holds (a LLaVA's text_config and vision_config),
+    each with the prefix of its keys in the file."""
+    yield prefix, data
+    for key, value in data.items():
+        if key.endswith("_config") and isinstance(value, dict):
+            yield from _configs(value, f"{prefix}{key}.")
+
+
+def _given(data: Mapping[str, Any], aliases: Mapping[str, str], name: str) -> tuple[str, Any]:
+    """The key ``name`` is stored under in ``data`` and its value (None: not given)."""
+    for key in dict.fromkeys((name, aliases.get(name, name))):
+        if data.get(key) is not None:
+            return key, data[key]
+    return aliases.get(name, name), None
+
+
+def check_sizes(path: str, data: Mapping[str, Any], aliases: Aliases) -> None:
+    """Refuse, in the config ``data`` read from ``path``, a size that is no positive int,
+    more than ``MAX_LAYERS`` layers, and KV heads that do not divide the attention heads
+    (vLLM gives each KV head as many query heads). ``aliases`` gives a model type's
+    attribute_map."""
+    for prefix, each in _configs(data, ""):
+        names = aliases(each.get("model_type"))
+        for name in (*_SIZES, *_LAYER_COUNTS):
+            key, value = _given(each, names, name)
+            if value is None:
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise CheckpointError(path, prefix + key, repr(value), "a positive int")
+            if name in _LAYER_COUNTS and value > MAX_LAYERS:
+                raise CheckpointError(
+                    path, prefix + key, repr(value),
+                    f"at most {MAX_LAYERS} layers, eight times the deepest published model's; "
+                    "building more would take minutes and gigabytes",
+                )  # fmt: skip
+        heads_key, heads = _given(each, names, "num_attention_heads")
+        kv_key, kv = _given(each, names, "num_key_value_heads")
+        if heads is not None and kv is not None and heads % kv:
+            raise CheckpointError(
+                path, prefix + kv_key, repr(kv),
+                f"a divisor of {prefix + heads_key} ({heads}): vLLM gives each KV head the "
+                "same number of query heads",
+            )  # fmt: skip

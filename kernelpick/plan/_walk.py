@@ -1,0 +1,130 @@
+"""Every module of a transformers model on the meta device, sorted by what vLLM makes of it:
+a linear layer (an ``nn.Linear``, or the linear vLLM builds for GPT-2's ``Conv1D`` and
+for a router it quantizes), a layer it keeps in high precision, MoE experts it runs in
+FusedMoE, an embedding, or a 2-D weight no table here places, which is never dropped
+silently: ``Walk.stray`` lists it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+import torch
+
+from kernelpick.integration.formats import OUTPUT_HEAD_KEPT, experts_module
+from kernelpick.plan._table import KEPT, ROUTER_KEPT, Heads, Split
+
+__all__ = ["Walk", "walk"]
+
+
+@attrs.frozen(eq=False)  # holds modules, compared by identity
+class Walk:
+    """A model's modules by what vLLM makes of them: ``linears`` (by name, the linear vLLM
+    builds; ``splits`` for those whose split their kind says, not their name), ``kept``
+    (name, N, K, why), ``experts`` and ``expert_linears`` (each experts module's weights),
+    ``stray`` (each class's modules holding 2-D weights no rule places, and their
+    weights), and ``heads``, each module's attention heads (its config's, or its parent's)."""
+
+    linears: Mapping[str, torch.nn.Linear]
+    splits: Mapping[str, Split]
+    kept: tuple[tuple[str, int, int, str], ...]
+    experts: Mapping[str, int]
+    expert_linears: Mapping[str, int]
+    stray: Mapping[str, Mapping[str, int]]
+    heads: Mapping[str, Heads | None]
+
+
+def _own_heads(module: torch.nn.Module) -> Heads | None:
+    """The heads of the config ``module`` holds, if it holds one that has them: a LLaVA's
+    vision tower and language model each hold their own sub-config."""
+    config = getattr(module, "config", None)
+    heads = getattr(config, "num_attention_heads", None)
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    return Heads(heads, kv) if isinstance(heads, int) and isinstance(kv, int) else None
+
+
+def _router(module: torch.nn.Module) -> bool:
+    return type(module).__name__.endswith("Router")  # transformers' MoE routers (no nn.Linear)
+
+
+def _conv1d(module: torch.nn.Module) -> bool:
+    # transformers.pytorch_utils.Conv1D (GPT-2's layers): a linear with its weight K x N.
+    cls = type(module)
+    return cls.__name__ == "Conv1D" and cls.__module__.startswith("transformers.")
+
+
+def _ends(name: str, tail: str) -> bool:
+    return name == tail or name.endswith("." + tail)
+
+
+def _kept_reason(
+    name: str, module: torch.nn.Module, heads: set[str], routers_quantized: bool
+) -> str | None:
+    if name in heads:
+        return OUTPUT_HEAD_KEPT
+    if _router(module) and not routers_quantized:
+        return ROUTER_KEPT
+    return next((why for tail, why in KEPT.items() if _ends(name, tail)), None)
+
+
+def _stand_in(weight: torch.Tensor, bias: object) -> torch.nn.Linear:
+    """The linear vLLM builds for a module that is no nn.Linear in transformers, from its
+    (N, K) ``weight``: what a checkpoint's layout matches its patterns against."""
+    n, k = weight.shape
+    return torch.nn.Linear(k, n, bias=isinstance(bias, torch.Tensor), device="meta")
+
+
+def _linear(
+    module: torch.nn.Module, matrix: torch.Tensor | None, routers_quantized: bool
+) -> torch.nn.Linear | None:
+    """The linear vLLM builds for ``module``, or None: GPT-2's Conv1D layers are its
+    QKVParallelLinear, Column- and RowParallelLinear (gpt2.py, which transposes their
+    weights as it loads them), a router of QUANTIZED_ROUTERS its GateLinear."""
+    if isinstance(module, torch.nn.Linear):
+        return module
+    if matrix is None:
+        return None
+    if _conv1d(module):
+        return _stand_in(matrix.T, getattr(module, "bias", None))
+    if routers_quantized and _router(module):
+        return _stand_in(matrix, getattr(module, "bias", None))
+    return None
+
+
+def walk(model: torch.nn.Module, heads: set[str], routers_quantized: bool) -> Walk:
+    """``model``'s modules sorted (see ``Walk``); ``heads`` its output heads, and
+    ``routers_quantized`` whether vLLM builds its MoE routers with quant_config."""
+    linears: dict[str, torch.nn.Linear] = {}
+    splits: dict[str, Split] = {}
+    kept: list[tuple[str, int, int, str]] = []
+    experts: dict[str, int] = {}
+    expert_linears: dict[str, int] = {}
+    stray: dict[str, dict[str, int]] = {}
+    scope: dict[str, Heads | None] = {}
+    for name, module in model.named_modules():
+        scope[name] = _own_heads(module) or scope.get(name.rpartition(".")[0])
+        # A model's own module with 3-D weights holds experts; torch's (convolutions) do not.
+        own = not type(module).__module__.startswith("torch.")
+        big = [p for p in module.parameters(recurse=False) if p.dim() >= 3] if own else []
+        if big:
+            experts[name] = sum(p.numel() for p in big)
+        reason = _kept_reason(name, module, heads, routers_quantized) if name else None
+        weight = getattr(module, "weight", None)
+        matrix = weight if isinstance(weight, torch.Tensor) and weight.dim() == 2 else None
+        linear = _linear(module, matrix, routers_quantized)
+        if reason is not None and matrix is not None:
+            n, k = matrix.shape
+            kept.append((name, n, k, reason))
+        elif linear is not None:
+            held = experts_module(name)
+            if held is None:
+                linears[name] = linear
+                if _router(module):
+                    splits[name] = Split.REPLICATED  # GateLinear is a ReplicatedLinear
+            else:  # one expert's: vLLM runs it in FusedMoE
+                expert_linears[held] = expert_linears.get(held, 0) + linear.weight.numel()
+        elif not big and not isinstance(module, torch.nn.Embedding):
+            matrices = [p.numel() for p in module.parameters(recurse=False) if p.dim() == 2]
+            if matrices:
+                stray.setdefault(type(module).__name__, {})[name] = sum(matrices)
+    return Walk(linears, splits, tuple(kept), experts, expert_linears, stray, scope)

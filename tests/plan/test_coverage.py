@@ -1,0 +1,89 @@
+"""Every 2-D weight of a model is in a planned layer, a kept layer or an embedding, or is
+listed as not covered: GPT-2's Conv1D layers are planned as vLLM's gpt2.py builds them,
+and a 2-D weight no rule places is listed with its class, never dropped silently."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from kernelpick.plan import Split, _layers, linear_layers, meta_model, read_config
+from tests.support.model_configs import (
+    CONFIGS,
+    small_gpt2,
+    small_llama,
+    small_llava,
+    small_qwen3_moe,
+    write_config,
+)
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_gpt2s_conv1d_layers_are_planned_as_vllm_builds_them(tmp_path: Path, ranks: int) -> None:
+    """Conv1D stores its weight K x N; vLLM builds c_attn as a QKVParallelLinear (q, k and
+    v of 4 heads of 16 in one module), c_proj row- and c_fc column-parallel."""
+    layers = linear_layers(write_config(tmp_path, small_gpt2()), ranks)
+    h = "transformer.h.0"
+    first = {layer.name: (layer.split, layer.part.sizes, layer.part.k, layer.bias)
+             for layer in layers.layers if layer.name.startswith(f"{h}.")}  # fmt: skip
+    assert first == {
+        f"{h}.attn.c_attn": (Split.QKV, (64 // ranks,) * 3, 64, True),
+        f"{h}.attn.c_proj": (Split.ROW, (64,), 64 // ranks, True),
+        f"{h}.mlp.c_fc": (Split.COLUMN, (256 // ranks,), 64, True),
+        f"{h}.mlp.c_proj": (Split.ROW, (64,), 256 // ranks, True),
+    }
+    assert len(layers.layers) == 8
+    assert [layer.name for layer in layers.kept] == ["lm_head"]
+    assert layers.uncovered == ()
+
+
+def test_a_2d_weight_no_rule_places_is_listed_with_its_class(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Mixer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.table = torch.nn.Parameter(torch.empty(8, 32))
+
+    with torch.device("meta"):
+        model = torch.nn.ModuleDict({
+            "embed_tokens": torch.nn.Embedding(100, 32), "attn": torch.nn.MultiheadAttention(32, 4),
+            "mixers": torch.nn.ModuleList([Mixer(), Mixer()]), "proj": torch.nn.Linear(32, 64),
+        })  # fmt: skip
+    monkeypatch.setattr(_layers, "meta_model", lambda config: model)
+    layers = linear_layers(write_config(tmp_path, small_llama()))
+    # The attention's out_proj is an nn.Linear: a layer like any.
+    assert [layer.name for layer in layers.layers] == ["attn.out_proj", "proj"]
+    found = {u.names: (u.elements, u.reason.split(" modules")[0]) for u in layers.uncovered}
+    assert found == {
+        ("attn",): (3 * 32 * 32, "2-D weights of MultiheadAttention"),
+        ("mixers.0", "mixers.1"): (2 * 8 * 32, "2-D weights of Mixer"),
+    }
+
+
+def _small(name: str) -> dict[str, Any]:
+    return {"llama": small_llama, "gpt2": small_gpt2, "llava": small_llava,
+            "qwen3_moe": small_qwen3_moe}[name]()  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2", "llava", "qwen3_moe", "bert"])
+def test_every_2d_weight_is_a_layer_a_kept_layer_an_embedding_or_not_covered(
+    tmp_path: Path, name: str
+) -> None:
+    where = CONFIGS / "all-minilm-l6-v2" if name == "bert" else write_config(tmp_path, _small(name))
+    layers = linear_layers(where)
+    placed = {member for layer in layers.layers for member in layer.members}
+    placed |= {layer.name for layer in layers.kept}
+    placed |= {module for weights in layers.uncovered for module in weights.names}
+    model = meta_model(read_config(where))
+    for module_name, module in model.named_modules():
+        matrices = [p for p in module.parameters(recurse=False) if p.dim() == 2]
+        if not matrices or isinstance(module, torch.nn.Embedding):
+            continue
+        within = any(module_name.startswith(f"{held}.") for held in placed)  # an expert's
+        assert module_name in placed or within, module_name
