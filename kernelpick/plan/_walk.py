@@ -11,7 +11,7 @@ from collections.abc import Mapping
 import attrs
 import torch
 
-from kernelpick.integration.formats import OUTPUT_HEAD_KEPT, experts_module
+from kernelpick.integration.formats import OUTPUT_HEAD_KEPT, experts_module, is_conv1d
 from kernelpick.plan._table import KEPT, ROUTER_KEPT, Heads, Split
 
 __all__ = ["Walk", "walk"]
@@ -47,12 +47,6 @@ def _router(module: torch.nn.Module) -> bool:
     return type(module).__name__.endswith("Router")  # transformers' MoE routers (no nn.Linear)
 
 
-def _conv1d(module: torch.nn.Module) -> bool:
-    # transformers.pytorch_utils.Conv1D (GPT-2's layers): a linear with its weight K x N.
-    cls = type(module)
-    return cls.__name__ == "Conv1D" and cls.__module__.startswith("transformers.")
-
-
 def _ends(name: str, tail: str) -> bool:
     return name == tail or name.endswith("." + tail)
 
@@ -84,7 +78,7 @@ def _linear(
         return module
     if matrix is None:
         return None
-    if _conv1d(module):
+    if is_conv1d(module):
         return _stand_in(matrix.T, getattr(module, "bias", None))
     if routers_quantized and _router(module):
         return _stand_in(matrix, getattr(module, "bias", None))

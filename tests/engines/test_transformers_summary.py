@@ -15,13 +15,20 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import AutoModel, BioGptConfig, BioGptForCausalLM, LlamaForCausalLM
+from transformers import (
+    AutoModel,
+    BioGptConfig,
+    BioGptForCausalLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaForCausalLM,
+)
 
 import kernelpick as kp
 from kernelpick.core import KeptLayer
 from kernelpick.engines.transformers import KernelpickConfig
 from kernelpick.integration import QuantizedLinear, model_summary
-from kernelpick.integration.formats import OUTPUT_HEAD_KEPT
+from kernelpick.integration.formats import CONV1D_KEPT, OUTPUT_HEAD_KEPT
 from tests.engines.hf_models import linears, llama_dir, load, minilm
 from tests.support.tiny_llama import llama
 
@@ -207,3 +214,23 @@ def test_minilm_loads_with_its_summary_logged(caplog: pytest.LogCaptureFixture) 
     assert (
         records[0].getMessage() == f"BertModel from_pretrained with kernelpick:\n{summary.render()}"
     )
+
+
+def test_a_model_of_conv1d_layers_warns_that_nothing_was_quantized_and_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """GPT-2's layers are transformers' Conv1D, which the quantizer does not convert: the
+    load says so at WARNING, each layer kept with why, rather than loading in silence."""
+    config = GPT2Config(
+        n_layer=2, n_embd=64, n_head=4, vocab_size=100, n_positions=32, bos_token_id=0,
+        eos_token_id=0,
+    )  # fmt: skip
+    GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        model = load(tmp_path / "gpt2", quantization_config=KernelpickConfig())
+    assert linears(model, QuantizedLinear) == []
+    [record] = _summaries(caplog)
+    assert record.levelno == logging.WARNING
+    message = record.getMessage()
+    assert "quantized no layer" in message
+    assert f"transformer.h.{{0..1}}.attn.c_attn (2 x 192 x 64): {CONV1D_KEPT}" in message

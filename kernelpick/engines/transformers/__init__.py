@@ -51,7 +51,7 @@ from transformers.quantizers.base import HfQuantizer
 from transformers.utils.quantization_config import QuantizationConfigMixin, QuantizationMethod
 
 from kernelpick.adapters import default_caps
-from kernelpick.core import DeviceCaps, InvalidValueError, Policy, Scheme
+from kernelpick.core import DeviceCaps, InvalidValueError, ModelSummary, Policy, Scheme
 from kernelpick.engines.transformers._kept import keep_rule
 from kernelpick.engines.transformers._layers import HfLayers
 from kernelpick.engines.transformers._stored import check_high_precision
@@ -252,7 +252,8 @@ class KernelpickHfQuantizer(HfQuantizer):
     def _process_model_after_weight_loading(self, model: Any, **kwargs: Any) -> Any:
         layers = self._hf_layers()
         layers.finish()
-        record_kept(model, kept_layers(model, layers.kept))  # their loaded shapes and dtypes
+        kept = kept_layers(model, layers.kept)  # their loaded shapes and dtypes
+        record_kept(model, kept)
         if layers.layers:  # what save_pretrained writes: compressed-tensors, not this config
             model.config.quantization_config = quantization_config(model)
             accept_before_loading(model)
@@ -260,6 +261,11 @@ class KernelpickHfQuantizer(HfQuantizer):
                 summary = model_summary(model).render()
                 LOGGER.info("%s from_pretrained with kernelpick:\n%s", type(model).__name__,
                             summary)  # fmt: skip
+        else:  # every linear kept, or none an nn.Linear (GPT-2's Conv1D): never in silence
+            steps = layers.steps
+            nothing = ModelSummary.of(steps.scheme.value, steps.caps, (), kept).render()
+            LOGGER.warning("%s from_pretrained with kernelpick quantized no layer:\n%s",
+                           type(model).__name__, nothing)  # fmt: skip
         return model
 
     def get_state_dict_and_metadata(self, model: Any) -> tuple[None, dict[str, Any]]:

@@ -11,7 +11,13 @@ import torch
 
 from kernelpick.integration.convert._report import SkippedLayer
 from kernelpick.integration.convert._swap import dropped_by_swap
-from kernelpick.integration.formats import OUTPUT_HEAD_KEPT, fp32_modules, output_heads
+from kernelpick.integration.formats import (
+    CONV1D_KEPT,
+    OUTPUT_HEAD_KEPT,
+    fp32_modules,
+    is_conv1d,
+    output_heads,
+)
 from kernelpick.integration.formats import kept as kept_by
 
 __all__ = ["Found", "Skip", "eligible_linears", "kept_reason", "weight_groups"]
@@ -44,14 +50,18 @@ def eligible_linears(
     """Each eligible linear with every path to it, and the linears kept: the output head
     (unless ``quantize_head``), those ``skip`` keeps and those a transformers model keeps
     in fp32. Only exact ``nn.Linear``: subclasses such as MultiheadAttention's
-    ``out_proj`` are read by their owners as linears. A module kept at one path is kept
-    at all of them."""
+    ``out_proj`` are read by their owners as linears; transformers' ``Conv1D`` (GPT-2's
+    linears) is kept, with ``CONV1D_KEPT``. A module kept at one path is kept at all of
+    them."""
     found: dict[int, tuple[torch.nn.Linear, list[str]]] = {}
     kept: set[int] = set()
     skipped: list[SkippedLayer] = []
     fp32 = fp32_modules(model)
     heads = set() if quantize_head else output_heads(model)
     for name, module in model.named_modules(remove_duplicate=False):
+        if is_conv1d(module):
+            skipped.append(SkippedLayer(name, CONV1D_KEPT))
+            continue
         if type(module) is not torch.nn.Linear:
             continue
         why = kept_reason(name, module, heads, fp32)

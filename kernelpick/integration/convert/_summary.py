@@ -19,6 +19,7 @@ from kernelpick.core import (
     scheme_of,
 )
 from kernelpick.integration.convert._report import SkippedLayer
+from kernelpick.integration.formats import is_conv1d
 from kernelpick.integration.layer import find_state
 
 __all__ = ["kept_layers", "model_summary", "record_kept"]
@@ -30,14 +31,15 @@ _KEPT = "kernelpick_kept"
 
 def kept_layers(model: torch.nn.Module, skipped: Iterable[SkippedLayer]) -> tuple[KeptLayer, ...]:
     """``skipped`` (name and reason) as ``KeptLayer`` values, their shapes read from
-    ``model``; a name that is not a linear module of it is left out."""
+    ``model`` (N x K; a ``Conv1D`` stores K x N); a name that is not a linear module of it
+    is left out."""
     modules = dict(model.named_modules(remove_duplicate=False))
     kept = []
     for layer in skipped:
         module = modules.get(layer.name)
         weight = getattr(module, "weight", None)
         if isinstance(weight, torch.Tensor) and weight.dim() == 2:
-            n, k = weight.shape
+            k, n = weight.shape if module is not None and is_conv1d(module) else weight.T.shape
             kept.append(KeptLayer(layer.name, (n, k), weight.element_size(), layer.reason))
     return tuple(kept)
 

@@ -23,6 +23,7 @@ from kernelpick.integration.formats._config_dtype import (
     VALID_DTYPES,
     config_dtype,
 )
+from kernelpick.integration.formats._conv1d import CONV1D_KEPT, is_conv1d
 from kernelpick.integration.formats._head import HEAD_PATTERNS, OUTPUT_HEAD_KEPT, output_heads
 from kernelpick.integration.formats._json_file import MAX_JSON_BYTES, read_json_object
 from kernelpick.integration.formats._layout import (
@@ -50,6 +51,7 @@ from kernelpick.integration.formats._patterns import check_patterns, kept
 from kernelpick.integration.formats._read import read_layout
 
 __all__ = [
+    "CONV1D_KEPT",
     "DTYPE_KEY",
     "DTYPE_KEYS",
     "EMBEDDINGS",
@@ -69,6 +71,7 @@ __all__ = [
     "config_dtype",
     "experts_module",
     "fp32_modules",
+    "is_conv1d",
     "kept",
     "output_heads",
     "quantization_config",

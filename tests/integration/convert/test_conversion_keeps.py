@@ -16,7 +16,7 @@ from kernelpick.integration import (
     quantize_model,
 )
 from kernelpick.integration.convert import _swap as swap
-from kernelpick.integration.formats import OUTPUT_HEAD_KEPT
+from kernelpick.integration.formats import CONV1D_KEPT, OUTPUT_HEAD_KEPT
 from kernelpick.integration.layer import _accept as steps_module
 from kernelpick.kernels._canonical import quantize_canonical
 from tests.support.snapshots import snapshot
@@ -268,3 +268,30 @@ def test_a_load_state_dict_pre_hook_moves_to_the_converted_layer() -> None:
     quantize_model(model, caps=CPU, policy=kp.Policy())
     model.load_state_dict(model.state_dict())
     assert seen == [QuantizedLinear]
+
+
+def _tiny_gpt2() -> torch.nn.Module:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(
+        n_layer=2, n_embd=64, n_head=4, vocab_size=100, n_positions=32, bos_token_id=0,
+        eos_token_id=0,
+    )  # fmt: skip
+    model: torch.nn.Module = transformers.GPT2LMHeadModel(config)
+    return model
+
+
+def test_gpt2s_conv1d_layers_are_kept_by_name_never_passed_over_in_silence() -> None:
+    """transformers' Conv1D stores its weight K x N: no exact nn.Linear, so quantize_model
+    keeps each one, with why and its N x K, and every 2-D weight of the model is then an
+    embedding, a converted layer or a kept one."""
+    model = _tiny_gpt2()
+    report = quantize_model(model, "fp8_per_channel", caps=CPU)
+    kept = {layer.name: (layer.weight_shape, layer.reason) for layer in report.summary.kept}
+    assert kept["transformer.h.0.attn.c_attn"] == ((192, 64), CONV1D_KEPT)
+    assert kept["transformer.h.1.mlp.c_proj"] == ((64, 256), CONV1D_KEPT)
+    assert report.layers == ()
+    matrices = {
+        name.removesuffix(".weight") for name, p in model.named_parameters() if p.dim() == 2
+    }
+    assert matrices - set(kept) == {"transformer.wte", "transformer.wpe"}
+    assert f"c_attn (2 x 192 x 64): {CONV1D_KEPT}" in report.summary.render()
