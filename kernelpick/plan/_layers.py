@@ -100,7 +100,7 @@ def _part(name: str, split: Split | None, shards: list[int], k: int, ranks: int,
 
 def _stray(walked: Walk, dtype: Dtype) -> Iterator[UncoveredWeights]:
     for cls, modules in walked.stray.items():
-        why = (f"2-D weights of {cls} modules, which no table of kernelpick plan says how "
+        why = (f"weights of {cls} modules, which no table of kernelpick plan says how "
                "vLLM builds: no kernel is chosen for them")  # fmt: skip
         yield UncoveredWeights(tuple(modules), sum(modules.values()), dtype, why)
 

@@ -98,9 +98,17 @@ def _remote(config: ModelConfig, what: str) -> CheckpointError:
 
 
 def _model_class(transformers: ModuleType, config: ModelConfig) -> Any:
-    found = getattr(transformers, config.architectures[0], None)
+    name = config.architectures[0]
+    found = getattr(transformers, name, None)
     if not (isinstance(found, type) and issubclass(found, transformers.PreTrainedModel)):
         raise _remote(config, "architectures")
+    # A *PreTrainedModel is the abstract base of a model type's classes: it builds no
+    # layers, so its plan would be empty, and vLLM registers no such architecture.
+    if name.endswith("PreTrainedModel"):
+        raise CheckpointError(
+            config.path, "architectures", repr(name),
+            "a model class (LlamaForCausalLM, BertModel, ...), not the abstract base of one",
+        )  # fmt: skip
     return found
 
 
@@ -122,7 +130,7 @@ def meta_model(config: ModelConfig) -> torch.nn.Module:
         except failures as error:
             found = f"a config transformers cannot read ({_cause(error)})"
             expected = f"a {config.model_type} config transformers reads"
-            raise CheckpointError(config.path, "", found, expected) from error
+            raise CheckpointError(config.path, "model_type", found, expected) from error
         cls = _model_class(transformers, config)
         try:
             with torch.device("meta"):
@@ -130,5 +138,5 @@ def meta_model(config: ModelConfig) -> torch.nn.Module:
         except failures as error:
             found = f"a config {cls.__name__} cannot be built from ({_cause(error)})"
             expected = f"the config of a {cls.__name__}"
-            raise CheckpointError(config.path, "", found, expected) from error
+            raise CheckpointError(config.path, "architectures", found, expected) from error
     return model

@@ -29,6 +29,10 @@ _LAYER_COUNTS = ("num_hidden_layers", "num_decoder_layers", "encoder_layers", "d
 Aliases = Callable[[object], Mapping[str, str]]
 
 
+def _positive(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
 def _configs(data: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
     """``data`` and every sub-config it holds (a LLaVA's text_config and vision_config),
     each with the prefix of its keys in the file."""
@@ -47,8 +51,9 @@ def _given(data: Mapping[str, Any], aliases: Mapping[str, str], name: str) -> tu
 
 
 def check_sizes(path: str, data: Mapping[str, Any], aliases: Aliases) -> None:
-    """Refuse, in the config ``data`` read from ``path``, a size that is no positive int,
-    more than ``MAX_LAYERS`` layers, and KV heads that do not divide the attention heads
+    """Refuse, in the config ``data`` read from ``path``, a size that is no positive int
+    (or list of them, a size per layer; a ``head_dim`` of 0 is MLA's, unused), more than
+    ``MAX_LAYERS`` layers, and KV heads that do not divide the attention heads
     (vLLM gives each KV head as many query heads). ``aliases`` gives a model type's
     attribute_map."""
     for prefix, each in _configs(data, ""):
@@ -57,8 +62,14 @@ def check_sizes(path: str, data: Mapping[str, Any], aliases: Aliases) -> None:
             key, value = _given(each, names, name)
             if value is None:
                 continue
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise CheckpointError(path, prefix + key, repr(value), "a positive int")
+            # Some models give a size per layer (Gemma 3n's intermediate_size, Ernie-4.5-VL's
+            # moe_intermediate_size), and MLA models a head_dim of 0, unused (GLM-5).
+            sizes = value if isinstance(value, list) and name not in _LAYER_COUNTS else [value]
+            if name == "head_dim" and value == 0:
+                continue
+            if not sizes or not all(_positive(size) for size in sizes):
+                expected = "a positive int" + (", or a list of them" if name in _SIZES else "")
+                raise CheckpointError(path, prefix + key, repr(value), expected)
             if name in _LAYER_COUNTS and value > MAX_LAYERS:
                 raise CheckpointError(
                     path, prefix + key, repr(value),
@@ -67,7 +78,7 @@ def check_sizes(path: str, data: Mapping[str, Any], aliases: Aliases) -> None:
                 )  # fmt: skip
         heads_key, heads = _given(each, names, "num_attention_heads")
         kv_key, kv = _given(each, names, "num_key_value_heads")
-        if heads is not None and kv is not None and heads % kv:
+        if _positive(heads) and _positive(kv) and heads % kv:
             raise CheckpointError(
                 path, prefix + kv_key, repr(kv),
                 f"a divisor of {prefix + heads_key} ({heads}): vLLM gives each KV head the "

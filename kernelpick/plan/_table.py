@@ -85,9 +85,11 @@ ROUTER_KEPT = (
     "without a quantization config"
 )
 # vLLM 0.33 gives these routers quant_config: qwen3_moe.py (reused by qwen3_vl_moe.py), lfm2_moe.py
-QUANTIZED_ROUTERS = frozenset(
-    {"Qwen3MoeForCausalLM", "Qwen3VLMoeForConditionalGeneration", "Lfm2MoeForCausalLM"}
-)
+# and qwen3_omni_moe_thinker.py, which builds the thinker on qwen3_moe's Qwen3MoeModel.
+QUANTIZED_ROUTERS = frozenset({
+    "Qwen3MoeForCausalLM", "Qwen3VLMoeForConditionalGeneration", "Lfm2MoeForCausalLM",
+    "Qwen3OmniMoeForConditionalGeneration",
+})  # fmt: skip
 # Linears vLLM builds without a quantization config, or as a plain nn.Linear no
 # quantization method gets, by the end of their name; routers that are no nn.Linear in
 # transformers (its *Router modules) are found by their class, and kept unless their
@@ -96,6 +98,9 @@ KEPT = {
     "shared_expert_gate": ROUTER_KEPT,
     "pooler.dense": "the pooler: vLLM builds it as a plain nn.Linear, which no quantization "
     "method gets",
+    # bert.py's BertForSequenceClassification and token classification: ReplicatedLinear(...)
+    # with no quant_config.
+    "classifier": "a classification head: vLLM builds it without a quantization config",
 }
 
 _VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE

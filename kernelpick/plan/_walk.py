@@ -47,16 +47,20 @@ def _router(module: torch.nn.Module) -> bool:
     return type(module).__name__.endswith("Router")  # transformers' MoE routers (no nn.Linear)
 
 
+def _experts(name: str, module: torch.nn.Module) -> bool:
+    # Fused experts by their class or name (MixtralExperts, GraniteMoeParallelExperts,
+    # mlp.experts); other 3-D parameters (a ViT's cls_token, SigLIP's probe) are no experts.
+    return "expert" in type(module).__name__.lower() or "expert" in name.rpartition(".")[2]
+
+
 def _ends(name: str, tail: str) -> bool:
     return name == tail or name.endswith("." + tail)
 
 
-def _kept_reason(
-    name: str, module: torch.nn.Module, heads: set[str], routers_quantized: bool
-) -> str | None:
+def _kept_reason(name: str, router: bool, heads: set[str], routers_quantized: bool) -> str | None:
     if name in heads:
         return OUTPUT_HEAD_KEPT
-    if _router(module) and not routers_quantized:
+    if router and not routers_quantized:
         return ROUTER_KEPT
     return next((why for tail, why in KEPT.items() if _ends(name, tail)), None)
 
@@ -69,7 +73,7 @@ def _stand_in(weight: torch.Tensor, bias: object) -> torch.nn.Linear:
 
 
 def _linear(
-    module: torch.nn.Module, matrix: torch.Tensor | None, routers_quantized: bool
+    module: torch.nn.Module, matrix: torch.Tensor | None, router: bool, routers_quantized: bool
 ) -> torch.nn.Linear | None:
     """The linear vLLM builds for ``module``, or None: GPT-2's Conv1D layers are its
     QKVParallelLinear, Column- and RowParallelLinear (gpt2.py, which transposes their
@@ -80,7 +84,7 @@ def _linear(
         return None
     if is_conv1d(module):
         return _stand_in(matrix.T, getattr(module, "bias", None))
-    if routers_quantized and _router(module):
+    if routers_quantized and router:
         return _stand_in(matrix, getattr(module, "bias", None))
     return None
 
@@ -95,17 +99,26 @@ def walk(model: torch.nn.Module, heads: set[str], routers_quantized: bool) -> Wa
     expert_linears: dict[str, int] = {}
     stray: dict[str, dict[str, int]] = {}
     scope: dict[str, Heads | None] = {}
+    routers: set[str] = set()
     for name, module in model.named_modules():
-        scope[name] = _own_heads(module) or scope.get(name.rpartition(".")[0])
-        # A model's own module with 3-D weights holds experts; torch's (convolutions) do not.
+        parent = name.rpartition(".")[0]
+        scope[name] = _own_heads(module) or scope.get(parent)
+        # A router's own linear (Afmoe's router.gate, LongcatFlash's router.classifier) is
+        # the router: vLLM builds the whole as its GateLinear.
+        router = _router(module) or (bool(name) and parent in routers)
+        if router:
+            routers.add(name)
+        # A model's own module with 3-D weights; torch's (convolutions) have them too.
         own = not type(module).__module__.startswith("torch.")
         big = [p for p in module.parameters(recurse=False) if p.dim() >= 3] if own else []
-        if big:
+        if big and _experts(name, module):
             experts[name] = sum(p.numel() for p in big)
-        reason = _kept_reason(name, module, heads, routers_quantized) if name else None
+        elif big:
+            stray.setdefault(type(module).__name__, {})[name] = sum(p.numel() for p in big)
+        reason = _kept_reason(name, router, heads, routers_quantized) if name else None
         weight = getattr(module, "weight", None)
         matrix = weight if isinstance(weight, torch.Tensor) and weight.dim() == 2 else None
-        linear = _linear(module, matrix, routers_quantized)
+        linear = _linear(module, matrix, router, routers_quantized)
         if reason is not None and matrix is not None:
             n, k = matrix.shape
             kept.append((name, n, k, reason))
@@ -113,12 +126,13 @@ def walk(model: torch.nn.Module, heads: set[str], routers_quantized: bool) -> Wa
             held = experts_module(name)
             if held is None:
                 linears[name] = linear
-                if _router(module):
+                if router:
                     splits[name] = Split.REPLICATED  # GateLinear is a ReplicatedLinear
             else:  # one expert's: vLLM runs it in FusedMoE
                 expert_linears[held] = expert_linears.get(held, 0) + linear.weight.numel()
-        elif not big and not isinstance(module, torch.nn.Embedding):
+        elif name not in experts and not isinstance(module, torch.nn.Embedding):
             matrices = [p.numel() for p in module.parameters(recurse=False) if p.dim() == 2]
             if matrices:
-                stray.setdefault(type(module).__name__, {})[name] = sum(matrices)
+                of_class = stray.setdefault(type(module).__name__, {})
+                of_class[name] = of_class.get(name, 0) + sum(matrices)
     return Walk(linears, splits, tuple(kept), experts, expert_linears, stray, scope)

@@ -42,26 +42,32 @@ def _given_quant_config(module: str) -> bool | None:
     return given.pop()
 
 
+def _imports_from(module: str) -> set[str]:
+    """The sibling model modules ``module`` imports names from (``from .qwen3_moe import``)."""
+    tree = ast.parse((_models() / f"{module}.py").read_text())
+    found = {node.module or "" for node in ast.walk(tree)
+             if isinstance(node, ast.ImportFrom) and node.level == 1}  # fmt: skip
+    return {name.split(".")[0] for name in found}
+
+
 def test_the_models_whose_routers_vllm_quantizes_are_the_table() -> None:
     import transformers
     from vllm.model_executor.models.registry import _VLLM_MODELS
 
     quantizing = {p.stem for p in _models().glob("*.py") if _given_quant_config(p.stem)}
     assert quantizing == {"qwen3_moe", "lfm2_moe", "k2_horizon"}  # vLLM 0.33
-    # Qwen3-VL-MoE's decoder layers are Qwen3-MoE's, router and all (read from its source:
-    # importing it needs torchvision).
-    tree = ast.parse((_models() / "qwen3_vl_moe.py").read_text())
-    imported = {(node.module, alias.name) for node in ast.walk(tree)
-                if isinstance(node, ast.ImportFrom) for alias in node.names}  # fmt: skip
-    assert ("qwen3_moe", "Qwen3MoeDecoderLayer") in imported
-    classes = {node.name: node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
-    bases = classes["Qwen3VLMoeDecoderLayer"].bases
-    assert [ast.unparse(base) for base in bases] == ["Qwen3MoeDecoderLayer"]
+    # A module that builds on a quantizing module's classes builds its routers too (Qwen3-VL-
+    # MoE's decoder layers are Qwen3-MoE's, Qwen3-Omni's thinker its Qwen3MoeModel): read
+    # from their sources, as importing some needs torchvision.
+    building = {p.stem for p in _models().glob("*.py") if _imports_from(p.stem) & quantizing}
+    assert {"qwen3_vl_moe", "qwen3_omni_moe_thinker"} <= building
     modules = {arch: module for arch, (module, _) in _VLLM_MODELS.items()}
-    assert {modules[arch] for arch in QUANTIZED_ROUTERS} == {"qwen3_moe", "qwen3_vl_moe",
-                                                              "lfm2_moe"}  # fmt: skip
-    # Every transformers model vLLM builds from a quantizing module is in the table.
-    built = {arch for arch, module in modules.items() if module in quantizing}
+    assert {modules[arch] for arch in QUANTIZED_ROUTERS} == {
+        "qwen3_moe", "qwen3_vl_moe", "lfm2_moe", "qwen3_omni_moe_thinker"
+    }  # fmt: skip
+    # Every transformers model vLLM builds from a quantizing module, or one building on it,
+    # is in the table.
+    built = {arch for arch, module in modules.items() if module in quantizing | building}
     assert {arch for arch in built if hasattr(transformers, arch)} <= QUANTIZED_ROUTERS
     for arch in ("DeepseekV3ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM"):
         assert _given_quant_config(modules[arch]) is False

@@ -27,7 +27,6 @@ def _nested(key: str, **changes: Any) -> dict[str, Any]:
     ("data", "key", "found"),
     [
         (small_llama(num_attention_heads=0), "num_attention_heads", "0"),  # ZeroDivisionError
-        (small_llama(head_dim=0), "head_dim", "0"),  # ZeroDivisionError in the rotary init
         (small_llama(num_key_value_heads=0), "num_key_value_heads", "0"),
         (small_llama(hidden_size=-256), "hidden_size", "-256"),
         (small_llama(hidden_size=256.5), "hidden_size", "256.5"),
@@ -82,3 +81,24 @@ def test_layers_up_to_the_cap_are_read_and_one_more_is_refused() -> None:
     with pytest.raises(CheckpointError, match=r"text_config\.n_layer"):
         check_sizes("config.json", {"text_config": {"n_layer": MAX_LAYERS + 1}},
                     lambda _: {"num_hidden_layers": "n_layer"})  # fmt: skip
+
+
+def test_a_size_per_layer_and_mlas_unused_head_dim_are_read_as_the_models_give_them() -> None:
+    """Gemma 3n gives intermediate_size per layer, Ernie-4.5-VL moe_intermediate_size as a
+    list, GLM-5 a head_dim of 0 it does not use: real configs, not refused here."""
+    check_sizes("config.json", {"intermediate_size": [16384, 8192]}, lambda _: {})
+    check_sizes("config.json", {"text_config": {"head_dim": 0}}, lambda _: {})
+    for bad in ([16384, 0], [], [16384, 1.5]):
+        with pytest.raises(CheckpointError, match="a positive int, or a list of them"):
+            check_sizes("config.json", {"intermediate_size": bad}, lambda _: {})
+    with pytest.raises(CheckpointError, match=r"a positive int$"):
+        check_sizes("config.json", {"num_hidden_layers": [2, 2]}, lambda _: {})
+
+
+def test_a_head_dim_of_0_a_model_uses_is_refused_when_transformers_builds_it(
+    tmp_path: Path,
+) -> None:
+    where = write_config(tmp_path, small_llama(head_dim=0))  # ZeroDivisionError in rotary
+    with pytest.raises(CheckpointError, match="cannot be built from") as caught:
+        linear_layers(where)
+    assert (caught.value.path, caught.value.key) == (str(where), "architectures")

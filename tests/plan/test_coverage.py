@@ -12,9 +12,12 @@ import torch
 
 pytest.importorskip("transformers")
 
+from kernelpick.integration import CheckpointError
 from kernelpick.plan import Split, _layers, linear_layers, meta_model, read_config
+from kernelpick.plan._table import ROUTER_KEPT
 from tests.support.model_configs import (
     CONFIGS,
+    fixture_data,
     small_gpt2,
     small_llama,
     small_llava,
@@ -61,9 +64,58 @@ def test_a_2d_weight_no_rule_places_is_listed_with_its_class(
     assert [layer.name for layer in layers.layers] == ["attn.out_proj", "proj"]
     found = {u.names: (u.elements, u.reason.split(" modules")[0]) for u in layers.uncovered}
     assert found == {
-        ("attn",): (3 * 32 * 32, "2-D weights of MultiheadAttention"),
-        ("mixers.0", "mixers.1"): (2 * 8 * 32, "2-D weights of Mixer"),
+        ("attn",): (3 * 32 * 32, "weights of MultiheadAttention"),
+        ("mixers.0", "mixers.1"): (2 * 8 * 32, "weights of Mixer"),
     }
+
+
+def test_a_routers_own_linear_is_the_router_and_3d_parameters_are_experts_only_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Afmoe's router holds its gate as an nn.Linear (vLLM: one GateLinear without a
+    quant_config): kept as a router, not planned. A ViT's cls_token is 3-D and no expert:
+    listed by its class, not as MoE experts."""
+
+    class AfmoeTokenChoiceRouter(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate = torch.nn.Linear(32, 8, bias=False)
+
+    class Experts(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate_up_proj = torch.nn.Parameter(torch.empty(8, 128, 32))
+
+    class VisionEmbeddings(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.cls_token = torch.nn.Parameter(torch.empty(1, 1, 32))
+
+    with torch.device("meta"):
+        mlp = torch.nn.ModuleDict({"router": AfmoeTokenChoiceRouter(), "experts": Experts()})
+        model = torch.nn.ModuleDict({"mlp": mlp, "embeddings": VisionEmbeddings()})
+    monkeypatch.setattr(_layers, "meta_model", lambda config: model)
+    layers = linear_layers(write_config(tmp_path, small_llama()))
+    assert layers.layers == ()
+    assert [(k.name, k.reason) for k in layers.kept] == [("mlp.router.gate", ROUTER_KEPT)]
+    found = {u.names: u.reason.split(" modules")[0][:40] for u in layers.uncovered}
+    assert found == {("mlp.experts",): _layers.EXPERTS[:40],
+                     ("embeddings",): "weights of VisionEmbeddings"}  # fmt: skip
+
+
+def test_the_abstract_base_of_a_model_is_refused_not_planned_empty(tmp_path: Path) -> None:
+    where = write_config(tmp_path, small_llama(architectures=["LlamaPreTrainedModel"]))
+    with pytest.raises(CheckpointError, match="not the abstract base") as caught:
+        linear_layers(where)
+    assert caught.value.key == "architectures"
+
+
+def test_a_classification_head_vllm_builds_without_quant_config_is_kept(tmp_path: Path) -> None:
+    data = {**fixture_data("all-minilm-l6-v2"), "architectures": ["BertForSequenceClassification"]}
+    layers = linear_layers(write_config(tmp_path, data))
+    kept = {k.name: k.reason for k in layers.kept}
+    assert kept["classifier"].startswith("a classification head")
+    assert "classifier" not in {layer.name for layer in layers.layers}
 
 
 def _small(name: str) -> dict[str, Any]:
