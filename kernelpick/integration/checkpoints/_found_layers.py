@@ -2,8 +2,10 @@
 layers and the layers it keeps in high precision.
 
 Each module is decided by its layout's own rule, ``Layout.role``, as ``load_quantized``
-decides it, the module read as its name says (``formats.stand_in``: an embedding, an MoE
-router, or a linear) since headers hold names, not modules. A quantized layer is a module
+decides it (``Layout.loaded_role``), the module read as its name says
+(``formats.stand_in``: an embedding, an MoE router, GPT-2's Conv1D by config.json's model
+type, or a linear) since headers hold names, not modules. A Conv1D is kept, its N x K its
+stored K x N transposed; one with a stored scale is refused, as loading refuses it. A quantized layer is a module
 whose weight scale is stored (``Layout.scale_name``, ``scaled_modules``) and whose role is
 quantized. Its N x K is its ``weight``'s shape, or, for a pack-quantized layer, the two
 ints of its stored ``weight_shape``: the packed width ``ceil(K * bits / 32)`` words fits
@@ -33,7 +35,7 @@ from kernelpick.integration._errors import CheckpointError
 from kernelpick.integration.checkpoints._headers import FileHeader, TensorEntry, read_ints
 from kernelpick.integration.checkpoints._safetensors_io import DTYPES
 from kernelpick.integration.checkpoints._stored import Stored
-from kernelpick.integration.formats import Layout, experts_module, stand_in
+from kernelpick.integration.formats import Layout, is_conv1d, moe_block, stand_in
 from kernelpick.integration.layer import SHAPE_NAME, LayerPlan, Recipe
 
 __all__ = [
@@ -139,23 +141,32 @@ class Roles:
     layout: Layout
     stored: Stored
     moe_blocks: frozenset[str]  # the modules holding stored experts: a gate there routes
+    conv1d: frozenset[str]  # the names that are Conv1D in the model (formats.conv1d_names)
 
     @classmethod
-    def read(cls, layout: Layout, stored: Stored) -> Roles:
-        held = (experts_module(name) for name in stored.names())
-        return cls(layout, stored, frozenset(e.rpartition(".")[0] for e in held if e))
+    def read(cls, layout: Layout, stored: Stored, conv1d: frozenset[str]) -> Roles:
+        found = ((name, stored.get(name)) for name in stored.names())
+        held = (moe_block(name, len(at[1].shape)) for name, at in found if at is not None)
+        return cls(layout, stored, frozenset(block for block in held if block is not None),
+                   conv1d)  # fmt: skip
+
+    def module(self, prefix: str) -> torch.nn.Module:
+        """What the module ``prefix`` is read as (``formats.stand_in``)."""
+        return stand_in(prefix, self.moe_blocks, self.conv1d)
 
     def role(self, prefix: str) -> bool | str | None:
-        """``Layout.role`` of the module ``prefix``, read as its name says."""
+        """``Layout.loaded_role`` of the module ``prefix``, read as its name says."""
 
         def held(tensor: str) -> bool:
             return self.stored.get(f"{prefix}.{tensor}") is not None
 
-        return self.layout.role(prefix, stand_in(prefix, self.moe_blocks), held)
+        return self.layout.loaded_role(prefix, self.module(prefix), held)
 
     def read_as(self, prefix: str) -> str:
         """What ``stand_in`` reads the module as, in words."""
-        module = stand_in(prefix, self.moe_blocks)
+        module = self.module(prefix)
+        if is_conv1d(module):
+            return "a transformers Conv1D, by config.json's model type"
         if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
             return f"an nn.{type(module).__name__}"
         return "an MoE router, which is no nn.Linear"
@@ -181,6 +192,12 @@ def located_layers(roles: Roles) -> tuple[Located, ...]:
     layers = []
     for prefix, scale in scaled_modules(layout, stored).items():
         role = roles.role(prefix)  # FineGrainedFP8's rule refuses a kept module's scale itself
+        if is_conv1d(roles.module(prefix)):  # loading swaps nn.Linear only
+            raise CheckpointError(
+                _where(stored.entries[scale]), scale, f"a scale for {roles.read_as(prefix)}",
+                f"no {layout.scale_name} for {prefix}: kernelpick loads nn.Linear layers "
+                "only, and keeps a Conv1D in high precision",
+            )  # fmt: skip
         if role is not True:
             found = ("a scale for a module the config keeps in high precision" if role else
                      f"a scale for a module the config does not quantize, read by its name "
@@ -233,6 +250,13 @@ def kept_layers(roles: Roles, quantized: tuple[Located, ...]) -> tuple[KeptLayer
         if role is None:
             continue
         stored_as = f"{entry.dtype} {list(entry.shape)}, and no {layout.scale_name}"
+        conv1d = is_conv1d(roles.module(prefix))
+        if not isinstance(role, str) and conv1d:  # compressed-tensors: targets naming it
+            raise CheckpointError(
+                str(header.path), name, stored_as,
+                f"an ignore entry naming {prefix}, or targets that leave it: it is read as "
+                f"{roles.read_as(prefix)}, and loading swaps nn.Linear only",
+            )  # fmt: skip
         if not isinstance(role, str):  # compressed-tensors: its targets match it, no ignore
             raise CheckpointError(
                 str(header.path), name, stored_as,
@@ -247,6 +271,6 @@ def kept_layers(roles: Roles, quantized: tuple[Located, ...]) -> tuple[KeptLayer
                 f"a float weight of 16 bits or more, which loading casts to the model's "
                 f"dtype: the module is kept in high precision ({role})",
             )  # fmt: skip
-        n, k = entry.shape
+        n, k = entry.shape[::-1] if conv1d else entry.shape  # a Conv1D stores K x N
         kept.append(KeptLayer(prefix, (n, k), dtype.itemsize, role))
     return tuple(kept)
