@@ -5,18 +5,20 @@ Each module is decided by its layout's own rule, ``Layout.role``, as ``load_quan
 decides it (``Layout.loaded_role``), the module read as its name says
 (``formats.stand_in``: an embedding, an MoE router, GPT-2's Conv1D by config.json's model
 type, or a linear) since headers hold names, not modules. A Conv1D is kept, its N x K its
-stored K x N transposed; one with a stored scale is refused, as loading refuses it. A quantized layer is a module
-whose weight scale is stored (``Layout.scale_name``, ``scaled_modules``) and whose role is
-quantized. Its N x K is its ``weight``'s shape, or, for a pack-quantized layer, the two
-ints of its stored ``weight_shape``: the packed width ``ceil(K * bits / 32)`` words fits
-several K, so it is only checked against them, never read as K. Either way the layer's
-stored weight must be the dtype and shape its ``QuantConfig`` implies
-(``LayerPlan.params_of``), so the scheme reported is the one the tensors hold. Every other
-module storing a 2-D weight is decided by the same rule: one it quantizes, whose scale is
-not stored, is refused (compressed-tensors: its config targets it, and loading refuses it
-too); one it keeps in high precision (an ``ignore`` or ``modules_to_not_convert`` entry;
-in FineGrainedFP8, any linear stored without a scale) is a ``KeptLayer`` with the rule's
-reason, its weight a high-precision float, as loading requires.
+stored K x N transposed; one with a stored scale is refused, as loading refuses it.
+
+A quantized layer is a module whose weight scale is stored (``Layout.scale_name``,
+``scaled_modules``) and whose role is quantized. Its N x K is its ``weight``'s shape,
+or, for a pack-quantized layer, the two ints of its stored ``weight_shape``: the packed
+width ``ceil(K * bits / 32)`` words fits several K, so it is only checked against them,
+never read as K. Either way the layer's stored weight must be the dtype and shape its
+``QuantConfig`` implies (``LayerPlan.params_of``), so the scheme reported is the one the
+tensors hold. Every other module storing a 2-D weight is decided by the same rule: one
+it quantizes, whose scale is not stored, is refused (compressed-tensors: its config
+targets it, and loading refuses it too); one it keeps in high precision (an ``ignore``
+or ``modules_to_not_convert`` entry; in FineGrainedFP8, any linear stored without a
+scale) is a ``KeptLayer`` with the rule's reason, its weight a high-precision float, as
+loading requires.
 """
 
 from __future__ import annotations
@@ -231,7 +233,8 @@ def quantized_layers(
 
 def kept_layers(roles: Roles, quantized: tuple[Located, ...]) -> tuple[KeptLayer, ...]:
     """Every other module storing a 2-D ``weight`` or ``weight_packed`` (an alias of
-    another tensor counts: a head tied to the embedding) that the layout keeps in high
+    another tensor counts: a head tied to the embedding; an alias of a quantized layer's
+    weight is that layer at another path) that the layout keeps in high
     precision, with its reason; a ``CheckpointError`` for one the layout quantizes (its
     scale is not stored) or keeps with a weight that is no high-precision float."""
     layout, stored = roles.layout, roles.stored
@@ -242,6 +245,10 @@ def kept_layers(roles: Roles, quantized: tuple[Located, ...]) -> tuple[KeptLayer
         found = stored.get(name)
         # The root module is the model, which loading never replaces.
         if tensor not in ("weight", "weight_packed") or not prefix or prefix in taken:
+            continue
+        # save_quantized stores a quantized module reachable at two paths once, the other
+        # path's tensors its aliases: loading reads it as one layer, at its first path.
+        if stored.aliases.get(name, "").rpartition(".")[0] in taken:
             continue
         if found is None:
             continue

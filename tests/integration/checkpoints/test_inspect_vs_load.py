@@ -184,3 +184,27 @@ def test_gpt2s_conv1d_is_kept_with_its_n_by_k_as_load_keeps_it(
         "transformer.h.0.mlp.c_fc": ((256, 64), CONV1D_KEPT),
         "transformer.h.0.mlp.c_proj": ((64, 256), CONV1D_KEPT),
     }
+
+
+class _Shared(torch.nn.Module):
+    """One linear reachable at two paths, ``a`` and ``b``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(128, 128)
+        self.b = self.a
+        self.c = torch.nn.Linear(128, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.as_tensor(self.c(self.b(self.a(x))))
+
+
+def test_a_linear_at_two_paths_is_one_quantized_layer_as_load_reads_it(tmp_path: Path) -> None:
+    """save_quantized stores ``b``'s tensors as aliases of ``a``'s: one layer, at ``a``."""
+    torch.manual_seed(0)
+    model = _Shared()
+    quantize_model(model, "fp8_per_channel", CPU, kp.Policy())
+    save_quantized(model, tmp_path)
+    assert dict(inspect_checkpoint(tmp_path).aliases)["b.weight"] == "a.weight"
+    summary = _same_as_loaded(tmp_path, _Shared())
+    assert (summary.layers, summary.kept) == (2, ())
