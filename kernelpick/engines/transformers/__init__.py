@@ -268,7 +268,7 @@ class KernelpickHfQuantizer(HfQuantizer):
                            type(model).__name__, nothing)  # fmt: skip
             # Nothing kernelpick made is left: the model is a plain high-precision one, and
             # save_pretrained must write it so (not quant_method "kernelpick").
-            self.remove_quantization_config(model)
+            self.remove_quantization_config(model)  # type: ignore[no-untyped-call]
         return model
 
     def get_state_dict_and_metadata(self, model: Any) -> tuple[None, dict[str, Any]]:
