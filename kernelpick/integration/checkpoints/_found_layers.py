@@ -38,7 +38,7 @@ from kernelpick.integration.checkpoints._headers import FileHeader, TensorEntry,
 from kernelpick.integration.checkpoints._safetensors_io import DTYPES
 from kernelpick.integration.checkpoints._stored import Stored
 from kernelpick.integration.formats import Layout, is_conv1d, moe_block, stand_in
-from kernelpick.integration.layer import SHAPE_NAME, LayerPlan, Recipe
+from kernelpick.integration.layer import SHAPE_NAME, LayerPlan
 
 __all__ = [
     "Located",
@@ -106,10 +106,12 @@ def _located(
 
 
 def _config(
-    recipe: Recipe, header: FileHeader, entry: TensorEntry, shape: tuple[int, int], bias: bool,
+    layout: Layout, header: FileHeader, entry: TensorEntry, shape: tuple[int, int], bias: bool,
     dtype: Dtype,
-) -> QuantConfig:  # fmt: skip
-    """The layer's config, its stored weight checked to be the one the config implies."""
+) -> tuple[QuantConfig, frozenset[str]]:  # fmt: skip
+    """The layer's config, its stored weight checked to be the one the config implies, and
+    the names the layer may store its tensors under (its params', a bias)."""
+    recipe = layout.recipe
     n, k = shape
     try:
         config = recipe.config(n, k, dtype, bias=bias)
@@ -126,7 +128,8 @@ def _config(
             f"{dtype_name} {list(wanted.shape)}, what {recipe.scheme.value} stores for "
             f"[{n}, {k}] ({config.render()})",
         )  # fmt: skip
-    return config
+    shape_name = [SHAPE_NAME] if layout.scheme in INTEGER_WEIGHT_ONLY else []  # N and K
+    return config, frozenset({*(layout.stored_name(p.name) for p in params), "bias", *shape_name})
 
 
 def scaled_modules(layout: Layout, stored: Stored) -> dict[str, str]:
@@ -184,6 +187,7 @@ class Located:
     entry: TensorEntry
     shape: tuple[int, int]
     bias: bool
+    tensors: tuple[tuple[str, str], ...]  # each tensor stored under it: its name, its file
 
 
 def located_layers(roles: Roles) -> tuple[Located, ...]:
@@ -191,8 +195,13 @@ def located_layers(roles: Roles) -> tuple[Located, ...]:
     scale of a module the layout does not quantize or one without its weight."""
     layout, stored = roles.layout, roles.stored
     weight = "weight_packed" if layout.scheme in INTEGER_WEIGHT_ONLY else "weight"
+    scaled = scaled_modules(layout, stored)
+    held: dict[str, list[tuple[str, str]]] = {prefix: [] for prefix in scaled}
+    for name, at in stored.entries.items():
+        prefix, _, tensor = name.rpartition(".")
+        held.get(prefix, []).append((tensor, _where(at)))
     layers = []
-    for prefix, scale in scaled_modules(layout, stored).items():
+    for prefix, scale in scaled.items():
         role = roles.role(prefix)  # FineGrainedFP8's rule refuses a kept module's scale itself
         if is_conv1d(roles.module(prefix)):  # loading swaps nn.Linear only
             raise CheckpointError(
@@ -210,7 +219,7 @@ def located_layers(roles: Roles) -> tuple[Located, ...]:
             )  # fmt: skip
         header, entry, n, k = _located(layout, stored, prefix, weight)
         bias = stored.get(f"{prefix}.bias") is not None
-        layers.append(Located(prefix, header, entry, (n, k), bias))
+        layers.append(Located(prefix, header, entry, (n, k), bias, tuple(held[prefix])))
     return tuple(layers)
 
 
@@ -218,16 +227,25 @@ def quantized_layers(
     layout: Layout, located: tuple[Located, ...], dtype: Dtype
 ) -> tuple[QuantizedLayer, ...]:
     """Each located layer with its config made in ``dtype``; a ``CheckpointError`` for one
-    whose weight is not what its config implies."""
-    recipe = layout.recipe
+    whose weight is not what its config implies, or that stores a tensor its scheme does
+    not have (loading refuses it: an ``input_scale`` under dynamic activations would be
+    dropped, a ``weight_zero_point`` under a symmetric scheme misread)."""
     # Made once a distinct layer: a checkpoint of thousands of experts has a few shapes.
-    made: dict[tuple[object, ...], QuantConfig] = {}
+    made: dict[tuple[object, ...], tuple[QuantConfig, frozenset[str]]] = {}
     layers = []
     for layer in located:
         key = (layer.shape, layer.bias, layer.entry.dtype, layer.entry.shape)
         if key not in made:
-            made[key] = _config(recipe, layer.header, layer.entry, layer.shape, layer.bias, dtype)
-        layers.append(QuantizedLayer(layer.name, made[key]))
+            made[key] = _config(layout, layer.header, layer.entry, layer.shape, layer.bias, dtype)
+        config, names = made[key]
+        extra = [(tensor, path) for tensor, path in layer.tensors if tensor not in names]
+        if extra:
+            raise CheckpointError(
+                extra[0][1], f"{layer.name}.{extra[0][0]}", "a tensor of the layer",
+                f"only what {layout.scheme.value} stores for it ({config.render()}): "
+                f"{', '.join(sorted(names))}",
+            )  # fmt: skip
+        layers.append(QuantizedLayer(layer.name, config))
     return tuple(layers)
 
 

@@ -208,3 +208,30 @@ def test_a_linear_at_two_paths_is_one_quantized_layer_as_load_reads_it(tmp_path:
     assert dict(inspect_checkpoint(tmp_path).aliases)["b.weight"] == "a.weight"
     summary = _same_as_loaded(tmp_path, _Shared())
     assert (summary.layers, summary.kept) == (2, ())
+
+
+@pytest.mark.parametrize(
+    ("scheme", "extra"),
+    [("fp8_per_channel", "input_scale"), ("int4_weight_only", "weight_zero_point")],
+)
+def test_a_layer_storing_a_tensor_its_scheme_has_not_is_refused_as_load_does(
+    tmp_path: Path, scheme: str, extra: str
+) -> None:
+    """An input_scale under dynamic activations, a zero point under a symmetric scheme:
+    read as the config says, the tensor would be dropped or the layer misread."""
+    model = llama(seed=0, intermediate=256)
+    quantize_model(model, scheme, CPU, kp.Policy())
+    save_quantized(model, tmp_path)
+    name = f"model.layers.0.mlp.down_proj.{extra}"
+    path = tmp_path / "model.safetensors"
+    with safetensors.safe_open(str(path), framework="pt") as file:
+        metadata = file.metadata()
+    state = safetensors.torch.load_file(str(path))
+    state[name] = torch.zeros(1, dtype=torch.float32 if extra == "input_scale" else torch.int32)
+    safetensors.torch.save_file(state, str(path), metadata=metadata)
+    with pytest.raises(CheckpointError) as refused:
+        inspect_checkpoint(tmp_path)
+    assert (refused.value.path, refused.value.key) == (str(path), name)
+    assert refused.value.expected.startswith(f"only what {scheme} stores for it")
+    with pytest.raises(CheckpointError, match=name):
+        load_quantized(llama(seed=1, intermediate=256), tmp_path, CPU, kp.Policy())
