@@ -9,6 +9,7 @@ package ships it, so it loads offline) is slow.
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -234,3 +235,22 @@ def test_a_model_of_conv1d_layers_warns_that_nothing_was_quantized_and_why(
     message = record.getMessage()
     assert "quantized no layer" in message
     assert f"transformer.h.{{0..1}}.attn.c_attn (2 x 192 x 64): {CONV1D_KEPT}" in message
+
+
+def test_a_load_that_quantized_no_layer_saves_a_plain_model(tmp_path: Path) -> None:
+    """With no layer quantized, nothing of kernelpick is left: save_pretrained writes no
+    quantization_config, and the saved model loads without kernelpick's config."""
+    config = GPT2Config(
+        n_layer=1, n_embd=64, n_head=4, vocab_size=100, n_positions=32, bos_token_id=0,
+        eos_token_id=0,
+    )  # fmt: skip
+    GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
+    model = load(tmp_path / "gpt2", quantization_config=KernelpickConfig())
+    assert not hasattr(model.config, "quantization_config")
+    assert getattr(model, "hf_quantizer", None) is None
+    model.save_pretrained(tmp_path / "saved")
+    saved = json.loads((tmp_path / "saved" / "config.json").read_text())
+    assert "quantization_config" not in saved
+    again = load(tmp_path / "saved")
+    assert getattr(again, "hf_quantizer", None) is None
+    torch.testing.assert_close(again.state_dict(), model.state_dict())

@@ -266,6 +266,9 @@ class KernelpickHfQuantizer(HfQuantizer):
             nothing = ModelSummary.of(steps.scheme.value, steps.caps, (), kept).render()
             LOGGER.warning("%s from_pretrained with kernelpick quantized no layer:\n%s",
                            type(model).__name__, nothing)  # fmt: skip
+            # Nothing kernelpick made is left: the model is a plain high-precision one, and
+            # save_pretrained must write it so (not quant_method "kernelpick").
+            self.remove_quantization_config(model)  # type: ignore[no-untyped-call]
         return model
 
     def get_state_dict_and_metadata(self, model: Any) -> tuple[None, dict[str, Any]]:

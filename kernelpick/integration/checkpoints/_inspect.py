@@ -45,7 +45,13 @@ from kernelpick.integration.checkpoints._found_layers import (
 from kernelpick.integration.checkpoints._safetensors_io import read_json
 from kernelpick.integration.checkpoints._save_load import CONFIG_NAME
 from kernelpick.integration.checkpoints._stored import read_stored
-from kernelpick.integration.formats import QUANTIZATION_CONFIG, Layout, config_dtype, read_layout
+from kernelpick.integration.formats import (
+    QUANTIZATION_CONFIG,
+    Layout,
+    config_dtype,
+    conv1d_names,
+    read_layout,
+)
 from kernelpick.integration.formats import compressed_tensors as ct
 from kernelpick.integration.formats import kernelpick_v1 as v1
 
@@ -178,7 +184,7 @@ class CheckpointInfo:
         if layout is None:
             return cls(str(root), None, None, "", files, (), (), aliases)
         stated = config_dtype(str(config_path), config)
-        roles = Roles.read(layout, stored)
+        roles = Roles.read(layout, stored, conv1d_names(config))
         located = located_layers(roles)
         kept = kept_layers(roles, located)
         # After the layers: one refused is a surer answer than the dtype its tensors imply.

@@ -145,7 +145,7 @@ def plan(
         module, first = modules[key], names[0]
         if not first:
             continue
-        role = layout.role(first, module, _stored_in(checkpoint, first))
+        role = layout.loaded_role(first, module, _stored_in(checkpoint, first))
         if role is None:
             continue
         if isinstance(role, str):

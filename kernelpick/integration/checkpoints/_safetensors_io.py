@@ -84,6 +84,9 @@ def checkpoint_files(directory: Path) -> dict[Path, set[str] | None]:
     weight_map = read_json(index).get("weight_map")
     if not isinstance(weight_map, dict):
         raise CheckpointError(str(index), "weight_map", repr(weight_map), "a mapping")
+    if not weight_map:  # no tensor at all, or a model.safetensors beside it read as none
+        raise CheckpointError(str(index), "weight_map", "{}",
+                              "each tensor's key mapped to the file holding it")  # fmt: skip
     files: dict[str, set[str]] = {}
     beside = single.is_file()
     for key, name in weight_map.items():

@@ -9,7 +9,8 @@ that read a model's own settings.
   (mxfp8's ``weight_scale``, stored as its uint8 bytes: ``kernelpick.kernels.E8M0_STORED``).
 - What a module is from its name alone (a checkpoint's headers): ``experts_module``, the
   MoE experts vLLM runs in FusedMoE (``FUSED_MOE``), which ``kernelpick plan`` reads too;
-  ``stand_in``, the module a stored weight is read as (an embedding, a router, a linear).
+  ``stand_in``, the module a stored weight is read as (an embedding, a router, GPT-2's
+  ``Conv1D`` by the model type's names, ``conv1d_names``, or a linear).
 - ``modules_to_not_convert``: transformers' pattern rule (``check_patterns``, ``kept``),
   the one rule every engine applies; the output head's one default (``output_heads``).
 - A model's quantization config: ``quantization_config``, ``record`` (what
@@ -23,7 +24,7 @@ from kernelpick.integration.formats._config_dtype import (
     VALID_DTYPES,
     config_dtype,
 )
-from kernelpick.integration.formats._conv1d import CONV1D_KEPT, is_conv1d
+from kernelpick.integration.formats._conv1d import CONV1D_KEPT, Conv1D, conv1d_names, is_conv1d
 from kernelpick.integration.formats._head import HEAD_PATTERNS, OUTPUT_HEAD_KEPT, output_heads
 from kernelpick.integration.formats._json_file import MAX_JSON_BYTES, read_json_object
 from kernelpick.integration.formats._layout import (
@@ -45,6 +46,7 @@ from kernelpick.integration.formats._module_names import (
     FUSED_MOE,
     ROUTERS,
     experts_module,
+    moe_block,
     stand_in,
 )
 from kernelpick.integration.formats._patterns import check_patterns, kept
@@ -63,16 +65,19 @@ __all__ = [
     "QUANTIZATION_CONFIG",
     "ROUTERS",
     "VALID_DTYPES",
+    "Conv1D",
     "Layout",
     "Stored",
     "check_e8m0_dtype",
     "check_one_config",
     "check_patterns",
     "config_dtype",
+    "conv1d_names",
     "experts_module",
     "fp32_modules",
     "is_conv1d",
     "kept",
+    "moe_block",
     "output_heads",
     "quantization_config",
     "quantized_layers",

@@ -13,6 +13,7 @@ import torch
 
 from kernelpick.core import Scheme
 from kernelpick.integration._errors import CheckpointError
+from kernelpick.integration.formats._conv1d import CONV1D_KEPT, is_conv1d
 from kernelpick.integration.layer import CheckpointFormat, Recipe
 from kernelpick.kernels import E8M0_DTYPES
 
@@ -62,6 +63,13 @@ class Layout:
         """True for a quantized layer of the checkpoint; for a linear it keeps in high
         precision, why; None for any other module."""
         raise NotImplementedError(f"{type(self).__name__} must define role")
+
+    def loaded_role(self, name: str, module: torch.nn.Module, stored: Stored) -> bool | str | None:
+        """``role`` as ``load_quantized`` takes it: a transformers ``Conv1D`` it does not
+        quantize is kept, with ``CONV1D_KEPT`` (one it quantizes is refused: loading swaps
+        nn.Linear only)."""
+        role = self.role(name, module, stored)
+        return CONV1D_KEPT if is_conv1d(module) and role is not True else role
 
     def expected_role(self, name: str, module: torch.nn.Module) -> bool | str | None:
         """``role`` in a checkpoint that stores what this config says, as a plan made

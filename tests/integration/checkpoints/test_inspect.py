@@ -20,6 +20,7 @@ import torch
 import kernelpick as kp
 from kernelpick.core import KeptLayer, Rejected, Selected
 from kernelpick.integration import (
+    CheckpointError,
     CheckpointInfo,
     inspect_checkpoint,
     quantize_model,
@@ -195,6 +196,17 @@ def test_an_index_naming_model_safetensors_alone_agrees_with_it(tmp_path: Path) 
     index = {"weight_map": dict.fromkeys(keys, "model.safetensors")}
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
     assert inspect_checkpoint(tmp_path).to_dict() == whole
+
+
+def test_an_empty_index_beside_model_safetensors_is_refused(tmp_path: Path) -> None:
+    """An index naming no tensor would read as a checkpoint of none, model.safetensors
+    passed over."""
+    _saved(tmp_path, "fp8_per_channel", {})
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {}}))
+    with pytest.raises(CheckpointError) as refused:
+        inspect_checkpoint(tmp_path)
+    assert (refused.value.path, refused.value.key) == (str(index), "weight_map")
 
 
 def _expected(info: CheckpointInfo, caps: kp.DeviceCaps, name: str) -> kp.Decision:

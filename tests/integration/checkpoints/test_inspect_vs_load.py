@@ -5,6 +5,7 @@ the dtype load computes in (the config's, else the stored high-precision tensors
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ from kernelpick.integration import (
     quantize_model,
     save_quantized,
 )
+from kernelpick.integration.formats import CONV1D_KEPT
+from kernelpick.integration.formats.compressed_tensors import to_config as ct_config
 from tests.support.tiny_llama import edit_config, llama
 from tests.support.written_checkpoints import finegrained_fp8_checkpoint
 
@@ -107,4 +110,128 @@ def test_a_module_the_config_quantizes_stored_without_its_scale_is_refused_as_lo
     assert refused.value.found == "F32 [128, 256], and no weight_scale"
     assert f"{name}.weight_scale beside it" in refused.value.expected
     with pytest.raises(kp.KernelpickError, match=f"{name}.weight"):
+        load_quantized(llama(seed=1, intermediate=256), tmp_path, CPU, kp.Policy())
+
+
+def _same_as_loaded(directory: Path, skeleton: torch.nn.Module) -> ModelSummary:
+    """What inspect says of ``directory``, checked to be what loading it into ``skeleton``
+    does (a head tied to the embedding is stored nowhere: no header shows it)."""
+    info = inspect_checkpoint(directory, CPU)
+    assert info.summary is not None
+    loaded = _by_name(load_quantized(skeleton, directory, CPU, kp.Policy()).summary)
+    inspected = _by_name(info.summary)
+    if "lm_head" not in inspected["kept"]:
+        loaded["kept"].pop("lm_head", None)
+    assert (inspected["layers"], inspected["kept"]) == (loaded["layers"], loaded["kept"])
+    return info.summary
+
+
+def test_t5s_relative_attention_bias_is_read_as_the_embedding_it_is(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.T5Config(vocab_size=64, d_model=64, d_kv=16, d_ff=128, num_layers=1,
+                                   num_heads=4, decoder_start_token_id=0)  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.T5ForConditionalGeneration(config)
+    quantize_model(model, "fp8_per_channel", CPU, kp.Policy())
+    save_quantized(model, tmp_path)
+    torch.manual_seed(1)
+    summary = _same_as_loaded(tmp_path, transformers.T5ForConditionalGeneration(config))
+    assert summary.layers == 14  # every linear but the two wo, kept in fp32 by T5
+
+
+def test_gpt_oss_router_beside_fused_experts_is_no_linear(tmp_path: Path) -> None:
+    """GPT-OSS stores its experts fused (``mlp.experts.gate_up_proj``, 3-D, no
+    ``experts.N`` names): its ``mlp.router`` routes, and is no nn.Linear."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GptOssConfig(
+        vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+        num_experts_per_tok=2, layer_types=["full_attention"], tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.GptOssForCausalLM(config)
+    quantize_model(model, "fp8_per_channel", CPU, kp.Policy())
+    save_quantized(model, tmp_path)
+    summary = _same_as_loaded(tmp_path, transformers.GptOssForCausalLM(config))
+    assert summary.layers == 4
+    assert {layer.name for layer in summary.kept} == {"lm_head"}
+
+
+@pytest.mark.parametrize("quant_method", ["fp8", "compressed-tensors"])
+def test_gpt2s_conv1d_is_kept_with_its_n_by_k_as_load_keeps_it(
+    tmp_path: Path, quant_method: str
+) -> None:
+    """transformers' Conv1D stores its weight K x N and is no nn.Linear: load keeps it, with
+    CONV1D_KEPT, and inspect (knowing it by config.json's model type) says the same."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=1, n_embd=64, n_head=4, n_inner=256,
+                                     vocab_size=100, n_positions=32)  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config)
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    safetensors.torch.save_file(state, str(tmp_path / "model.safetensors"))
+    written = config.to_dict()
+    written["quantization_config"] = (
+        {"quant_method": "fp8", "weight_block_size": [128, 128]} if quant_method == "fp8"
+        else ct_config(kp.Scheme.FP8_PER_CHANNEL, ["lm_head"])
+    )  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(written))
+    summary = _same_as_loaded(tmp_path, transformers.GPT2LMHeadModel(config))
+    kept = {layer.name: (layer.weight_shape, layer.reason) for layer in summary.kept}
+    assert kept == {
+        "transformer.h.0.attn.c_attn": ((192, 64), CONV1D_KEPT),
+        "transformer.h.0.attn.c_proj": ((64, 64), CONV1D_KEPT),
+        "transformer.h.0.mlp.c_fc": ((256, 64), CONV1D_KEPT),
+        "transformer.h.0.mlp.c_proj": ((64, 256), CONV1D_KEPT),
+    }
+
+
+class _Shared(torch.nn.Module):
+    """One linear reachable at two paths, ``a`` and ``b``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(128, 128)
+        self.b = self.a
+        self.c = torch.nn.Linear(128, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.as_tensor(self.c(self.b(self.a(x))))
+
+
+def test_a_linear_at_two_paths_is_one_quantized_layer_as_load_reads_it(tmp_path: Path) -> None:
+    """save_quantized stores ``b``'s tensors as aliases of ``a``'s: one layer, at ``a``."""
+    torch.manual_seed(0)
+    model = _Shared()
+    quantize_model(model, "fp8_per_channel", CPU, kp.Policy())
+    save_quantized(model, tmp_path)
+    assert dict(inspect_checkpoint(tmp_path).aliases)["b.weight"] == "a.weight"
+    summary = _same_as_loaded(tmp_path, _Shared())
+    assert (summary.layers, summary.kept) == (2, ())
+
+
+@pytest.mark.parametrize(
+    ("scheme", "extra"),
+    [("fp8_per_channel", "input_scale"), ("int4_weight_only", "weight_zero_point")],
+)
+def test_a_layer_storing_a_tensor_its_scheme_has_not_is_refused_as_load_does(
+    tmp_path: Path, scheme: str, extra: str
+) -> None:
+    """An input_scale under dynamic activations, a zero point under a symmetric scheme:
+    read as the config says, the tensor would be dropped or the layer misread."""
+    model = llama(seed=0, intermediate=256)
+    quantize_model(model, scheme, CPU, kp.Policy())
+    save_quantized(model, tmp_path)
+    name = f"model.layers.0.mlp.down_proj.{extra}"
+    path = tmp_path / "model.safetensors"
+    with safetensors.safe_open(str(path), framework="pt") as file:
+        metadata = file.metadata()
+    state = safetensors.torch.load_file(str(path))
+    state[name] = torch.zeros(1, dtype=torch.float32 if extra == "input_scale" else torch.int32)
+    safetensors.torch.save_file(state, str(path), metadata=metadata)
+    with pytest.raises(CheckpointError) as refused:
+        inspect_checkpoint(tmp_path)
+    assert (refused.value.path, refused.value.key) == (str(path), name)
+    assert refused.value.expected.startswith(f"only what {scheme} stores for it")
+    with pytest.raises(CheckpointError, match=name):
         load_quantized(llama(seed=1, intermediate=256), tmp_path, CPU, kp.Policy())
