@@ -49,11 +49,34 @@ def _failed(path: Path, what: str, error: OSError, expected: str) -> CheckpointE
     return CheckpointError(str(path), what, error.strerror or str(error), expected)
 
 
+def _missing(path: Path) -> list[Path]:
+    """``path`` and those of its parents that do not exist, deepest first."""
+    missing = []
+    for folder in (path, *path.parents):
+        if folder.exists() or folder.is_symlink():
+            break
+        missing.append(folder)
+    return missing
+
+
 @contextlib.contextmanager
 def locked(path: Path) -> Iterator[Directory]:
     """``path``, created if needed (with its parents), opened and locked against every
-    other ``locked`` of it, in this process or another, until the block ends."""
+    other ``locked`` of it, in this process or another, until the block ends. When the
+    block fails, the folders made for it are removed again where still empty: a failed
+    save leaves the file system as it was."""
     expected = "a directory kernelpick can create, open and write into"
+    created = _missing(path)
+    try:
+        yield from _opened(path, expected)
+    except BaseException:
+        for folder in created:  # deepest first; one another save has filled stays
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
+
+
+def _opened(path: Path, expected: str) -> Iterator[Directory]:
     try:
         if path.exists() and not path.is_dir():
             found = "a file that is not a directory"

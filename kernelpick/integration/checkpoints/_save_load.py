@@ -63,16 +63,15 @@ CONFIG_NAME = "config.json"
 
 
 def _model_config(model: torch.nn.Module) -> dict[str, Any]:
-    """A transformers model's config as its ``save_pretrained`` writes it: with the model's
-    class (``architectures``, which readers build it by) and the dtype its layers compute
-    in (``dtype``: the quantized layers' activations'). Where they compute in several, none
-    is written: the config's own could be stale, and would be read as theirs. Nothing for
-    another model: it has no config to merge into."""
+    """A model's config as transformers' ``save_pretrained`` writes it: for a transformers
+    model, its config with its class (``architectures``, which readers build it by); for
+    any model, the dtype its layers compute in (``dtype``: the quantized layers'
+    activations', which the stored tensors do not say). Where they compute in several,
+    none is written: the config's own could be stale, and would be read as theirs."""
     to_json = getattr(getattr(model, "config", None), "to_json_string", None)
-    if not callable(to_json):
-        return {}
-    config: dict[str, Any] = json.loads(to_json())
-    config["architectures"] = [type(model).__name__]
+    config: dict[str, Any] = json.loads(to_json()) if callable(to_json) else {}
+    if callable(to_json):
+        config["architectures"] = [type(model).__name__]
     for key in DTYPE_KEYS:  # transformers before 4.56 wrote torch_dtype
         config.pop(key, None)
     dtypes = {state.config.input_dtype for state in quantized_layers(model).values()}

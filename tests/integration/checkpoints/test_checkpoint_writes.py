@@ -172,6 +172,28 @@ def test_a_tensor_safetensors_cannot_hold_is_refused_before_anything_changes(
     assert _listing(tmp_path) == before
 
 
+def test_a_failed_save_into_new_folders_removes_them_and_keeps_the_ones_there(
+    tmp_path: Path,
+) -> None:
+    """The folders a save made for itself go with its failure; one that was there stays,
+    and so does one another writer filled meanwhile."""
+    model = _model(1)
+    model.register_buffer("extra", torch.empty(3, device="meta"))  # refused as it writes
+    target = tmp_path / "new" / "deeper" / "checkpoint"
+    with pytest.raises(CheckpointError):
+        save_quantized(model, target)
+    assert list(tmp_path.iterdir()) == []
+
+    def stopped_after_another_writer() -> None:
+        with locked(target):
+            (tmp_path / "new" / "theirs").write_text("another writer's")
+            raise RuntimeError("stopped")
+
+    with pytest.raises(RuntimeError):
+        stopped_after_another_writer()
+    assert sorted(p.name for p in (tmp_path / "new").iterdir()) == ["theirs"]
+
+
 def test_every_dtype_the_reader_knows_is_written_as_safetensors_writes_it(tmp_path: Path) -> None:
     """The writer streams the format itself (no path is reopened): the bytes and the header
     safetensors' own reader finds are those of every tensor, for every dtype, E8M0 included."""

@@ -242,10 +242,13 @@ def test_save_writes_no_dtype_for_layers_of_several(tmp_path: Path) -> None:
     assert ("dtype" in written, written["architectures"]) == (False, ["LlamaForCausalLM"])
 
 
-def test_save_of_a_model_without_a_config_writes_its_quantization_config_alone(
+def test_save_of_a_model_without_a_config_writes_its_dtype_and_quantization_config(
     tmp_path: Path,
 ) -> None:
-    assert list(_written_config(tmp_path, _model())) == ["quantization_config"]
+    """No class to name, but the dtype its layers compute in, which inspect reads."""
+    written = _written_config(tmp_path, _model())
+    assert sorted(written) == ["dtype", "quantization_config"]
+    assert written["dtype"] == "float32"
 
 
 def test_a_meta_skeleton_loads_without_a_high_precision_weight(tmp_path: Path) -> None:
