@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 
 from kernelpick.integration import CheckpointError
 from kernelpick.plan import MAX_LAYERS, linear_layers
-from kernelpick.plan._sizes import check_sizes
+from kernelpick.plan._sizes import MAX_EXPERTS, check_sizes
 from tests.support.model_configs import small_gpt2, small_llama, small_llava, write_config
 
 
@@ -73,6 +73,20 @@ def test_a_config_transformers_strict_classes_refuse_is_a_checkpoint_error(
     assert "\n" not in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("key", "cap"),
+    [("num_global_layers", MAX_LAYERS), ("n_routed_experts", MAX_EXPERTS),
+     ("num_experts", MAX_EXPERTS)],
+)  # fmt: skip
+def test_a_count_of_modules_under_any_name_is_capped(key: str, cap: int) -> None:
+    """Mllama's vision num_global_layers, SwitchTransformers' num_experts: modules to build,
+    whatever the key, capped as the layer counts are (8,000 took 6 to 13 s)."""
+    check_sizes("config.json", {"vision_config": {key: cap}}, lambda _: {})
+    with pytest.raises(CheckpointError, match=f"at most {cap} ") as caught:
+        check_sizes("config.json", {"vision_config": {key: cap + 1}}, lambda _: {})
+    assert caught.value.key == f"vision_config.{key}"
+
+
 def test_layers_up_to_the_cap_are_read_and_one_more_is_refused() -> None:
     check_sizes("config.json", {"num_hidden_layers": MAX_LAYERS}, lambda _: {})
     with pytest.raises(CheckpointError, match=f"at most {MAX_LAYERS} layers"):
@@ -91,8 +105,12 @@ def test_a_size_per_layer_and_mlas_unused_head_dim_are_read_as_the_models_give_t
     for bad in ([16384, 0], [], [16384, 1.5]):
         with pytest.raises(CheckpointError, match="a positive int, or a list of them"):
             check_sizes("config.json", {"intermediate_size": bad}, lambda _: {})
-    with pytest.raises(CheckpointError, match=r"a positive int$"):
-        check_sizes("config.json", {"num_hidden_layers": [2, 2]}, lambda _: {})
+    # LXMERT counts its layers per stack: each is a count, and capped.
+    check_sizes("config.json", {"num_hidden_layers": {"vision": 5, "language": 9}}, lambda _: {})
+    with pytest.raises(CheckpointError, match="a positive int, or a list of them"):
+        check_sizes("config.json", {"num_hidden_layers": {"vision": 0}}, lambda _: {})
+    with pytest.raises(CheckpointError, match=f"at most {MAX_LAYERS} layers"):
+        check_sizes("config.json", {"num_hidden_layers": {"vision": MAX_LAYERS + 1}}, lambda _: {})
 
 
 def test_a_head_dim_of_0_a_model_uses_is_refused_when_transformers_builds_it(
