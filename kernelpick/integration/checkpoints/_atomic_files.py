@@ -49,14 +49,16 @@ def _failed(path: Path, what: str, error: OSError, expected: str) -> CheckpointE
     return CheckpointError(str(path), what, error.strerror or str(error), expected)
 
 
-def _missing(path: Path) -> list[Path]:
-    """``path`` and those of its parents that do not exist, deepest first."""
-    missing = []
-    for folder in (path, *path.parents):
-        if folder.exists() or folder.is_symlink():
-            break
-        missing.append(folder)
-    return missing
+def _make(path: Path, made: list[Path]) -> None:
+    """Make ``path`` and its missing parents one level at a time, from the root down,
+    adding to ``made`` each folder this call made: only what ``mkdir`` itself created, so
+    a folder another process makes meanwhile, or one ``new/../kept`` names, is not ours."""
+    for folder in (*reversed(path.parents), path):
+        try:
+            os.mkdir(folder)
+        except FileExistsError:
+            continue
+        made.append(folder)
 
 
 @contextlib.contextmanager
@@ -66,35 +68,31 @@ def locked(path: Path) -> Iterator[Directory]:
     block fails, the folders made for it are removed again where still empty: a failed
     save leaves the file system as it was."""
     expected = "a directory kernelpick can create, open and write into"
-    created = _missing(path)
+    made: list[Path] = []
     try:
-        yield from _opened(path, expected)
+        try:
+            if path.exists() and not path.is_dir():
+                found = "a file that is not a directory"
+                raise CheckpointError(str(path), "directory", found, expected)
+            _make(path, made)
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as error:
+            raise _failed(path, "directory", error, expected) from error
+        try:
+            lock = _lock(path, fd)
+            try:
+                yield Directory(path, fd)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(LOCK_NAME, dir_fd=fd)  # before letting go: see _lock
+                os.close(lock)
+        finally:
+            os.close(fd)
     except BaseException:
-        for folder in created:  # deepest first; one another save has filled stays
+        for folder in reversed(made):  # deepest first; one another save has filled stays
             with contextlib.suppress(OSError):
                 folder.rmdir()
         raise
-
-
-def _opened(path: Path, expected: str) -> Iterator[Directory]:
-    try:
-        if path.exists() and not path.is_dir():
-            found = "a file that is not a directory"
-            raise CheckpointError(str(path), "directory", found, expected)
-        path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as error:
-        raise _failed(path, "directory", error, expected) from error
-    try:
-        lock = _lock(path, fd)
-        try:
-            yield Directory(path, fd)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(LOCK_NAME, dir_fd=fd)  # before letting go: see _lock
-            os.close(lock)
-    finally:
-        os.close(fd)
 
 
 def _lock(path: Path, fd: int) -> int:

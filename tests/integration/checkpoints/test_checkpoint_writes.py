@@ -194,6 +194,25 @@ def test_a_failed_save_into_new_folders_removes_them_and_keeps_the_ones_there(
     assert sorted(p.name for p in (tmp_path / "new").iterdir()) == ["theirs"]
 
 
+def test_a_failed_save_removes_only_folders_it_made_whatever_the_path_says(
+    tmp_path: Path,
+) -> None:
+    """``new/../kept`` names a folder that was there: new is made, kept is not, so only new
+    goes with the failure, and kept stays though empty."""
+    (tmp_path / "kept").mkdir()
+    model = _model(1)
+    model.register_buffer("extra", torch.empty(3, device="meta"))
+    with pytest.raises(CheckpointError):
+        save_quantized(model, tmp_path / "new" / ".." / "kept")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]
+
+
+def test_a_name_the_file_system_refuses_is_a_checkpoint_error(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="a directory kernelpick can create"):
+        save_quantized(_model(1), tmp_path / ("a" * 300))
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_every_dtype_the_reader_knows_is_written_as_safetensors_writes_it(tmp_path: Path) -> None:
     """The writer streams the format itself (no path is reopened): the bytes and the header
     safetensors' own reader finds are those of every tensor, for every dtype, E8M0 included."""
