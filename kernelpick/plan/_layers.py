@@ -17,6 +17,8 @@ from kernelpick.plan._config import ModelConfig, read_config
 from kernelpick.plan._meta import meta_model
 from kernelpick.plan._table import (
     FUSED,
+    NOT_BUILT,
+    NOT_BUILT_REASON,
     QUANTIZED_ROUTERS,
     Heads,
     Part,
@@ -113,7 +115,9 @@ def linear_layers(where: str | Path | ModelConfig, tensor_parallel: int = 1) -> 
     config = where if isinstance(where, ModelConfig) else read_config(where)
     model = meta_model(config)
     heads = output_heads(model)
-    walked = walk(model, heads, config.architectures[0] in QUANTIZED_ROUTERS)
+    architecture = config.architectures[0]
+    skip = NOT_BUILT.get(architecture, ())
+    walked = walk(model, heads, architecture in QUANTIZED_ROUTERS, skip)
     linears, scope = walked.linears, walked.heads
     kept = []
     for name, n, k, reason in walked.kept:
@@ -140,4 +144,8 @@ def linear_layers(where: str | Path | ModelConfig, tensor_parallel: int = 1) -> 
         if modules
     ]  # fmt: skip
     uncovered += _stray(walked, config.dtype)
+    if walked.not_built:
+        parts = walked.not_built
+        uncovered.append(UncoveredWeights(tuple(parts), sum(parts.values()), config.dtype,
+                                          NOT_BUILT_REASON))  # fmt: skip
     return ModelLayers(config, ranks, tuple(layers), tuple(kept), tuple(uncovered), dict(linears))

@@ -92,7 +92,7 @@ def check_sizes(path: str, data: Mapping[str, Any], aliases: Aliases) -> None:
             per_stack = isinstance(value, dict) and name in _LAYER_COUNTS
             sizes = list(value.values()) if per_stack else value
             sizes = sizes if isinstance(sizes, list) else [sizes]
-            if name == "head_dim" and value == 0:
+            if name == "head_dim" and type(value) is int and value == 0:
                 continue
             if not sizes or not all(_positive(size) for size in sizes):
                 expected = "a positive int, or a list of them"

@@ -17,6 +17,8 @@ from kernelpick.core import InvalidValueError
 __all__ = [
     "FUSED",
     "KEPT",
+    "NOT_BUILT",
+    "NOT_BUILT_REASON",
     "QUANTIZED_ROUTERS",
     "ROUTER_KEPT",
     "SPLITS",
@@ -90,6 +92,14 @@ QUANTIZED_ROUTERS = frozenset({
     "Qwen3MoeForCausalLM", "Qwen3VLMoeForConditionalGeneration", "Lfm2MoeForCausalLM",
     "Qwen3OmniMoeForConditionalGeneration",
 })  # fmt: skip
+# The parts of a transformers model vLLM never builds for an architecture: its loader maps
+# their weights to None (hf_to_vllm_mapper of qwen2_5_omni_thinker.py and
+# qwen3_omni_moe_thinker.py: vLLM serves the thinker alone).
+NOT_BUILT = {
+    "Qwen2_5OmniForConditionalGeneration": ("talker", "token2wav"),
+    "Qwen3OmniMoeForConditionalGeneration": ("talker", "code2wav"),
+}
+NOT_BUILT_REASON = "parts vLLM does not build for this architecture (its loader drops them)"
 # Linears vLLM builds without a quantization config, or as a plain nn.Linear no
 # quantization method gets, by the end of their name; routers that are no nn.Linear in
 # transformers (its *Router modules) are found by their class, and kept unless their

@@ -23,7 +23,8 @@ class Walk:
     builds; ``splits`` for those whose split their kind says, not their name), ``kept``
     (name, N, K, why), ``experts`` and ``expert_linears`` (each experts module's weights),
     ``stray`` (each class's modules holding 2-D weights no rule places, and their
-    weights), and ``heads``, each module's attention heads (its config's, or its parent's)."""
+    weights), ``heads``, each module's attention heads (its config's, or its parent's),
+    and ``not_built``, the parts ``walk``'s ``skip`` names, with their weights."""
 
     linears: Mapping[str, torch.nn.Linear]
     splits: Mapping[str, Split]
@@ -32,6 +33,7 @@ class Walk:
     expert_linears: Mapping[str, int]
     stray: Mapping[str, Mapping[str, int]]
     heads: Mapping[str, Heads | None]
+    not_built: Mapping[str, int]  # each part vLLM does not build, and its weights
 
 
 def _own_heads(module: torch.nn.Module) -> Heads | None:
@@ -89,9 +91,12 @@ def _linear(
     return None
 
 
-def walk(model: torch.nn.Module, heads: set[str], routers_quantized: bool) -> Walk:
-    """``model``'s modules sorted (see ``Walk``); ``heads`` its output heads, and
-    ``routers_quantized`` whether vLLM builds its MoE routers with quant_config."""
+def walk(
+    model: torch.nn.Module, heads: set[str], routers_quantized: bool, skip: tuple[str, ...] = ()
+) -> Walk:
+    """``model``'s modules sorted (see ``Walk``); ``heads`` its output heads,
+    ``routers_quantized`` whether vLLM builds its MoE routers with quant_config, and
+    ``skip`` the top-level parts vLLM does not build (``NOT_BUILT``)."""
     linears: dict[str, torch.nn.Linear] = {}
     splits: dict[str, Split] = {}
     kept: list[tuple[str, int, int, str]] = []
@@ -100,7 +105,12 @@ def walk(model: torch.nn.Module, heads: set[str], routers_quantized: bool) -> Wa
     stray: dict[str, dict[str, int]] = {}
     scope: dict[str, Heads | None] = {}
     routers: set[str] = set()
+    not_built = {part: 0 for part in skip}
     for name, module in model.named_modules():
+        part = name.partition(".")[0]
+        if part in not_built:
+            not_built[part] += sum(p.numel() for p in module.parameters(recurse=False))
+            continue
         parent = name.rpartition(".")[0]
         scope[name] = _own_heads(module) or scope.get(parent)
         # A router's own linear (Afmoe's router.gate, LongcatFlash's router.classifier) is
@@ -135,4 +145,5 @@ def walk(model: torch.nn.Module, heads: set[str], routers_quantized: bool) -> Wa
             if matrices:
                 of_class = stray.setdefault(type(module).__name__, {})
                 of_class[name] = of_class.get(name, 0) + sum(matrices)
-    return Walk(linears, splits, tuple(kept), experts, expert_linears, stray, scope)
+    built = {part: count for part, count in not_built.items() if count}
+    return Walk(linears, splits, tuple(kept), experts, expert_linears, stray, scope, built)

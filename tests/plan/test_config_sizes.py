@@ -102,6 +102,9 @@ def test_a_size_per_layer_and_mlas_unused_head_dim_are_read_as_the_models_give_t
     list, GLM-5 a head_dim of 0 it does not use: real configs, not refused here."""
     check_sizes("config.json", {"intermediate_size": [16384, 8192]}, lambda _: {})
     check_sizes("config.json", {"text_config": {"head_dim": 0}}, lambda _: {})
+    for not_zero in (False, 0.0):  # equal to 0, but no int
+        with pytest.raises(CheckpointError, match="a positive int"):
+            check_sizes("config.json", {"head_dim": not_zero}, lambda _: {})
     for bad in ([16384, 0], [], [16384, 1.5]):
         with pytest.raises(CheckpointError, match="a positive int, or a list of them"):
             check_sizes("config.json", {"intermediate_size": bad}, lambda _: {})

@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 
 from kernelpick.integration import CheckpointError
 from kernelpick.plan import Split, _layers, linear_layers, meta_model, read_config
-from kernelpick.plan._table import ROUTER_KEPT
+from kernelpick.plan._table import NOT_BUILT_REASON, ROUTER_KEPT
 from tests.support.model_configs import (
     CONFIGS,
     fixture_data,
@@ -139,3 +139,37 @@ def test_every_2d_weight_is_a_layer_a_kept_layer_an_embedding_or_not_covered(
             continue
         within = any(module_name.startswith(f"{held}.") for held in placed)  # an expert's
         assert module_name in placed or within, module_name
+
+
+def test_the_parts_vllm_does_not_build_are_listed_apart_never_planned(tmp_path: Path) -> None:
+    """vLLM serves Qwen3-Omni's thinker alone (its loader drops talker. and code2wav.):
+    their layers are no plan's, but their weights are listed, not dropped."""
+    small = {
+        "num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 64,
+        "moe_intermediate_size": 32, "num_attention_heads": 2, "num_key_value_heads": 1,
+        "head_dim": 32, "num_experts": 4, "num_experts_per_tok": 2, "vocab_size": 128,
+        "shared_expert_intermediate_size": 32,
+    }  # fmt: skip
+    data = {
+        "architectures": ["Qwen3OmniMoeForConditionalGeneration"],
+        "model_type": "qwen3_omni_moe", "enable_audio_output": True,
+        "thinker_config": {
+            "text_config": small,
+            "audio_config": {"num_hidden_layers": 1, "encoder_layers": 1, "d_model": 64,
+                             "encoder_attention_heads": 2, "encoder_ffn_dim": 64,
+                             "output_dim": 64},
+            "vision_config": {"depth": 1, "hidden_size": 64, "intermediate_size": 64,
+                              "num_heads": 2, "out_hidden_size": 64},
+        },
+        "talker_config": {"text_config": small, "code_predictor_config": small,
+                          "thinker_hidden_size": 64, "spatial_merge_size": 2},
+        "code2wav_config": {"hidden_size": 64, "num_hidden_layers": 1,
+                            "num_attention_heads": 2, "num_key_value_heads": 1,
+                            "intermediate_size": 64},
+    }  # fmt: skip
+    layers = linear_layers(write_config(tmp_path, data))
+    assert {layer.name.split(".")[0] for layer in layers.layers} == {"thinker"}
+    assert {k.name.split(".")[0] for k in layers.kept} <= {"thinker"}
+    [apart] = [u for u in layers.uncovered if u.reason == NOT_BUILT_REASON]
+    assert apart.names == ("talker", "code2wav")
+    assert apart.elements > 0
