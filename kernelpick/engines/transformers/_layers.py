@@ -19,7 +19,7 @@ from kernelpick.core import InvalidValueError, KernelpickError
 from kernelpick.engines.transformers._kept import Keep
 from kernelpick.integration import CheckpointError, ModelConversionError
 from kernelpick.integration.convert import SkippedLayer, Swaps
-from kernelpick.integration.formats import CONV1D_KEPT, is_conv1d
+from kernelpick.integration.formats import is_conv1d
 from kernelpick.integration.layer import (
     INT_NAMES,
     IntWeights,
@@ -72,16 +72,14 @@ class HfLayers:
     def swap(self, model: torch.nn.Module, keep: Keep) -> None:
         """Select a kernel for every eligible linear (exact ``nn.Linear`` that ``keep``
         gives no reason to keep, each kept one in ``kept``, as is each transformers
-        ``Conv1D``), then put an
+        ``Conv1D``: ``keep`` keeps it), then put an
         ``QuantizedLinear`` on the meta device at each. A rejection raises
         ``KernelSelectionError`` with every reason before anything changes or is
         allocated."""
         found: list[tuple[str, torch.nn.Linear]] = []
         for name, module in model.named_modules():
-            if is_conv1d(module):
-                self.kept.append(SkippedLayer(name, CONV1D_KEPT))
-                continue
-            if type(module) is not torch.nn.Linear or not name:
+            # A Conv1D is a linear no swap takes: keep keeps it, with why.
+            if not name or not (type(module) is torch.nn.Linear or is_conv1d(module)):
                 continue
             why = keep(name, module)
             if why is not None:

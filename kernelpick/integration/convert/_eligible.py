@@ -31,9 +31,12 @@ def kept_reason(
     name: str, linear: torch.nn.Module, heads: Collection[str], fp32: Sequence[str]
 ) -> str | None:
     """Why every conversion leaves ``linear`` (at ``name``) in high precision, by the rules
-    they all share, first match first: it holds what a swap would drop, it is an output
-    head kept (``heads``: ``output_heads`` of the model, or none), or the model keeps it
-    in fp32 (``fp32``: ``fp32_modules``). None where none of them keeps it."""
+    they all share, first match first: it is transformers' ``Conv1D``, which no swap takes
+    (``CONV1D_KEPT``), it holds what a swap would drop, it is an output head kept
+    (``heads``: ``output_heads`` of the model, or none), or the model keeps it in fp32
+    (``fp32``: ``fp32_modules``). None where none of them keeps it."""
+    if is_conv1d(linear):
+        return CONV1D_KEPT
     extra = dropped_by_swap(linear)
     if extra:
         return f"it also holds {', '.join(extra)}, which a QuantizedLinear would drop"
@@ -51,7 +54,7 @@ def eligible_linears(
     (unless ``quantize_head``), those ``skip`` keeps and those a transformers model keeps
     in fp32. Only exact ``nn.Linear``: subclasses such as MultiheadAttention's
     ``out_proj`` are read by their owners as linears; transformers' ``Conv1D`` (GPT-2's
-    linears) is kept, with ``CONV1D_KEPT``. A module kept at one path is kept at all of
+    linears) is kept (``kept_reason``). A module kept at one path is kept at all of
     them."""
     found: dict[int, tuple[torch.nn.Linear, list[str]]] = {}
     kept: set[int] = set()
@@ -59,10 +62,7 @@ def eligible_linears(
     fp32 = fp32_modules(model)
     heads = set() if quantize_head else output_heads(model)
     for name, module in model.named_modules(remove_duplicate=False):
-        if is_conv1d(module):
-            skipped.append(SkippedLayer(name, CONV1D_KEPT))
-            continue
-        if type(module) is not torch.nn.Linear:
+        if type(module) is not torch.nn.Linear and not is_conv1d(module):
             continue
         why = kept_reason(name, module, heads, fp32)
         if not why and skip is not None and skip(name, module):
