@@ -7,7 +7,15 @@ import re
 from typing import Any, NoReturn
 
 from kernelpick._version import __version__
-from kernelpick.core import InvalidValueError, KernelpickError, Scheme, device_profiles
+from kernelpick.core import (
+    ENV_DISABLED,
+    ENV_FORCE,
+    ENV_STRICT,
+    InvalidValueError,
+    KernelpickError,
+    Scheme,
+    device_profiles,
+)
 
 __all__ = ["AUTO", "UsageError", "parser", "shape"]
 
@@ -25,6 +33,10 @@ class _Parser(argparse.ArgumentParser):
     # rejection; raising lets main() exit 1 instead.
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+# What a command that decides reads, as its help says it.
+_READS_POLICY = f"{ENV_DISABLED}, {ENV_FORCE} and {ENV_STRICT}"
 
 
 def shape(text: str) -> tuple[int, int]:
@@ -61,7 +73,7 @@ def _inspect_parser(commands: Any) -> None:
         "tensors and bytes by dtype per file, the quantized layers), read from config.json "
         "and the safetensors headers; no tensor data but each pack-quantized layer's "
         "weight_shape. With --device, what each layer would run there (reads "
-        "KERNELPICK_DISABLED_KERNELS, KERNELPICK_FORCE_KERNEL and KERNELPICK_STRICT). Exit "
+        f"{_READS_POLICY}). Exit "
         "status 2 when --device is given and a layer is rejected there.",
     )
     inspect.add_argument("directory", metavar="DIR", help="the checkpoint directory")
@@ -89,8 +101,7 @@ def parser() -> argparse.ArgumentParser:
         "explain",
         help="the decision for one layer, with every kernel's verdict and reasons",
         description="The decision for one layer on one device, with every kernel's verdict "
-        "and reasons. Reads KERNELPICK_DISABLED_KERNELS, KERNELPICK_FORCE_KERNEL and "
-        "KERNELPICK_STRICT; a flag wins over the environment.",
+        f"and reasons. Reads {_READS_POLICY}; a flag wins over the environment.",
     )
     explain.add_argument(
         "--device", default=AUTO, help=f"a profile ({_profiles()}), or auto: this machine (default)"
@@ -156,7 +167,7 @@ def _plan_parser(commands: Any) -> None:
         "config.json alone (shapes from transformers' own model class on the meta device; "
         "q/k/v and gate/up fused and split over tensor-parallel ranks as vLLM does), before "
         "anything is downloaded: groups, bytes, every rejection and speed warning. Reads "
-        "KERNELPICK_DISABLED_KERNELS, KERNELPICK_FORCE_KERNEL and KERNELPICK_STRICT. Exit "
+        f"{_READS_POLICY}. Exit "
         "status 2 when any layer is rejected on any device. Needs transformers.",
     )
     plan.add_argument("config", help="a model's config.json, or a directory holding one")
