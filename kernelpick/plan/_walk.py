@@ -67,7 +67,7 @@ def _kept_reason(name: str, router: bool, heads: set[str], routers_quantized: bo
     return next((why for tail, why in KEPT.items() if _ends(name, tail)), None)
 
 
-def _stand_in(weight: torch.Tensor, bias: object) -> torch.nn.Linear:
+def _meta_linear(weight: torch.Tensor, bias: object) -> torch.nn.Linear:
     """The linear vLLM builds for a module that is no nn.Linear in transformers, from its
     (N, K) ``weight``: what a checkpoint's layout matches its patterns against."""
     n, k = weight.shape
@@ -85,9 +85,9 @@ def _linear(
     if matrix is None:
         return None
     if is_conv1d(module):
-        return _stand_in(matrix.T, getattr(module, "bias", None))
+        return _meta_linear(matrix.T, getattr(module, "bias", None))
     if routers_quantized and router:
-        return _stand_in(matrix, getattr(module, "bias", None))
+        return _meta_linear(matrix, getattr(module, "bias", None))
     return None
 
 
